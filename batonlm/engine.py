@@ -1,0 +1,179 @@
+"""`batonlm.Engine`: the whole engine in-process, with a blocking Python API.
+
+The scheduler runs in its own process exactly as under the server; this object plays the
+frontend, running the TokenizerManager on an asyncio loop in a background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from batonlm.config import EMBEDDED_MODEL, ServerArgs
+from batonlm.sampling_params import SamplingParams
+from batonlm.tokenizer_manager.manager import GenerationChunk, RequestRejected, TokenizerManager
+from batonlm.tokenizer_manager.tokenizer import load_tokenizer
+
+_DONE = object()
+
+
+class Engine:
+    """Load a model (the embedded stories260K when `model` is None) and generate from it.
+
+    Server arguments are `batonlm.config.ServerArgs` fields, e.g. `disable_overlap=True`,
+    `max_running_requests=64`, `max_total_tokens=100_000`, `dtype="float32"`, `device="cpu"`.
+    """
+
+    def __init__(self, model: str | None = None, **server_args: Any) -> None:
+        self.args = ServerArgs.from_kwargs(model=model or EMBEDDED_MODEL, **server_args)
+        self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="batonlm-engine-loop", daemon=True)
+        self._thread.start()
+        self._manager = TokenizerManager(self.args, self.tokenizer)
+        try:
+            self.info = self._call(self._manager.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------------ plumbing
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10.0)
+
+    def _prepare(
+        self,
+        prompt: str | list[str] | None,
+        input_ids: list[int] | list[list[int]] | None,
+        sampling_params: dict | list[dict] | None,
+    ) -> tuple[bool, list[list[int]], list[SamplingParams]]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt and input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            prompts = [prompt] if single else list(prompt)
+            if not all(isinstance(p, str) for p in prompts):
+                raise ValueError("prompt must be a string or a list of strings")
+            ids = [self._manager.tokenize(p) for p in prompts]
+        else:
+            single = not input_ids or isinstance(input_ids[0], int)
+            ids = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[arg-type]
+            if not all(isinstance(t, int) and not isinstance(t, bool) for x in ids for t in x):
+                raise ValueError("input_ids must be a list of ints or a list of lists of ints")
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(ids):
+                raise ValueError(f"{len(sampling_params)} sampling_params for {len(ids)} prompts")
+            params = [SamplingParams.from_dict(p) for p in sampling_params]
+        else:
+            params = [SamplingParams.from_dict(sampling_params)] * len(ids)
+        for i, (x, p) in enumerate(zip(ids, params)):
+            try:
+                self._manager.validate_prompt(x, p)
+            except ValueError as e:
+                raise RequestRejected(f"prompt {i}: {e}") from None
+        return single, ids, params
+
+    # ------------------------------------------------------------------ API
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+    ) -> dict | list[dict]:
+        """Generate to completion. One prompt gives one dict, a list gives a list of dicts with
+        `text`, `output_ids`, `finish_reason`, `prompt_tokens`, `completion_tokens`."""
+        single, ids, params = self._prepare(prompt, input_ids, sampling_params)
+
+        async def one(x: list[int], p: SamplingParams) -> dict:
+            result = {"text": "", "output_ids": [], "finish_reason": None, "prompt_tokens": len(x), "completion_tokens": 0}
+            async for chunk in self._manager.generate(x, p):
+                _merge(result, chunk)
+            return result
+
+        async def run() -> list[dict]:
+            return list(await asyncio.gather(*(one(x, p) for x, p in zip(ids, params))))
+
+        results = self._call(run())
+        return results[0] if single else results
+
+    def generate_stream(
+        self,
+        prompt: str | list[str] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+    ) -> Iterator[dict]:
+        """Yield chunks as they are produced: `index` (the prompt's), `text` and `output_ids`
+        (what is new), `finish_reason` (set on a prompt's last chunk). Stopping the iteration
+        early aborts the unfinished requests."""
+        _, ids, params = self._prepare(prompt, input_ids, sampling_params)
+        out: queue.Queue = queue.Queue()
+
+        async def one(i: int, x: list[int], p: SamplingParams) -> None:
+            async for chunk in self._manager.generate(x, p):
+                out.put({"index": i, "text": chunk.text, "output_ids": chunk.token_ids,
+                         "finish_reason": chunk.finish_reason, **({"error": chunk.error} if chunk.error else {})})
+
+        async def run() -> None:
+            try:
+                await asyncio.gather(*(one(i, x, p) for i, (x, p) in enumerate(zip(ids, params))))
+            except BaseException as e:
+                out.put(e)
+                raise
+            finally:
+                out.put(_DONE)
+
+        fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        try:
+            while (item := out.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not fut.done():
+                fut.cancel()  # cancels each request's stream, which aborts it
+
+    def get_stats(self) -> dict:
+        """Scheduler counters: running/waiting requests, KV and request slots in use."""
+        import msgspec
+
+        return msgspec.structs.asdict(self._call(self._manager.get_stats()))
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self._manager.shutdown())
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self.shutdown()
+            except Exception:
+                pass
+
+
+def _merge(result: dict, chunk: GenerationChunk) -> None:
+    result["text"] += chunk.text
+    result["output_ids"].extend(chunk.token_ids)
+    result["completion_tokens"] = chunk.completion_tokens
+    if chunk.finish_reason is not None:
+        result["finish_reason"] = chunk.finish_reason
+        if chunk.error:
+            result["error"] = chunk.error

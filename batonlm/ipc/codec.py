@@ -1,0 +1,54 @@
+"""The one codec for every message that crosses a process boundary (msgpack via msgspec)."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from batonlm.ipc.device_messages import (
+    BatchLaunch,
+    BatchSampled,
+    SampleLaunch,
+    WorkerFailed,
+    WorkerReady,
+    WorkerShutdown,
+)
+from batonlm.ipc.messages import (
+    AbortRequest,
+    BatchOutput,
+    GenerateRequest,
+    SchedulerFailed,
+    SchedulerInfo,
+    SchedulerStats,
+    ShutdownRequest,
+    StatsRequest,
+)
+
+Message = Union[
+    GenerateRequest,
+    AbortRequest,
+    StatsRequest,
+    ShutdownRequest,
+    BatchOutput,
+    SchedulerInfo,
+    SchedulerStats,
+    SchedulerFailed,
+    BatchLaunch,
+    SampleLaunch,
+    BatchSampled,
+    WorkerFailed,
+    WorkerReady,
+    WorkerShutdown,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    return _decoder.decode(data)

@@ -1,0 +1,78 @@
+"""Messages between the frontend (main process) and the scheduler process."""
+
+from __future__ import annotations
+
+import msgspec
+
+from batonlm.sampling_params import SamplingParams
+
+
+class GenerateRequest(msgspec.Struct, tag=True, frozen=True):
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+
+
+class AbortRequest(msgspec.Struct, tag=True, frozen=True):
+    rid: str
+
+
+class StatsRequest(msgspec.Struct, tag=True, frozen=True):
+    """Ask the scheduler for a `SchedulerStats` snapshot."""
+
+
+class ShutdownRequest(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
+    """New tokens of one request in one iteration; `finish_reason` set on its last one.
+
+    `finish_reason` is "stop", "length" or "abort"; `error` explains an abort the scheduler
+    decided (a request it rejected), and is None for a client's own abort.
+    """
+
+    rid: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    error: str | None = None
+    # Id that triggered a "stop" (an EOS or a stop_token_id), for the frontend's accounting.
+    matched_stop: int | None = None
+
+
+class BatchOutput(msgspec.Struct, tag=True, frozen=True):
+    """Everything that advanced in one scheduler iteration."""
+
+    outputs: list[TokenOutput]
+
+
+class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
+    """Sent once when the scheduler is ready: the limits the frontend validates against."""
+
+    model_path: str
+    context_length: int
+    vocab_size: int
+    max_total_tokens: int
+    max_running_requests: int
+    eos_token_ids: list[int]
+    device: str
+    dtype: str
+    overlap: bool
+
+
+class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
+    num_running: int
+    num_waiting: int
+    kv_slots_used: int
+    kv_slots_total: int
+    req_slots_used: int
+    req_slots_total: int
+    iterations: int
+    prompt_tokens: int
+    generated_tokens: int
+
+
+class SchedulerFailed(msgspec.Struct, tag=True, frozen=True):
+    """The scheduler is going down because of an internal error."""
+
+    message: str

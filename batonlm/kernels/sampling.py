@@ -1,0 +1,104 @@
+"""Sampling: plain-torch reference functions (the CPU path).
+
+Semantics shared with the Triton kernels (which live beside these references):
+* greedy rows (temperature 0) take the first maximal logit;
+* sampled rows use probabilities p = softmax(logits / temperature) and keep token i iff
+  p_i > 0 and p_i >= max(t_k, t_p, t_m), where t_k is the k-th largest probability (top-k),
+  t_p the largest t with sum(p_j >= t, j within top-k) >= top_p * (mass within top-k) (top-p
+  relative to the top-k-renormalised distribution), t_m = min_p * max(p) (min-p); ties at a
+  threshold are all kept;
+* the token is drawn by an exponential race, argmax_i p_i / E_i with E_i = -log(u_i), where
+  u_i comes from a counter-based hash of (seed, output position, token id): a seeded request
+  draws the same token whatever batch it runs in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+# Odd constants of the lowbias32 finalizer and of the key schedule.
+_M1, _M2 = 0x7FEB352D, 0x846CA68B
+_SEED_SALT, _POS_SALT, _TOKEN_SALT = 0x9E3779B9, 0x85EBCA6B, 0xC2B2AE35
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 finalizer on uint32 values held in int64 (the low 32 bits of every product)."""
+    x = x ^ (x >> 16)
+    x = (x * _M1) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * _M2) & _MASK32
+    return x ^ (x >> 16)
+
+
+def row_keys(seed_lo: torch.Tensor, seed_hi: torch.Tensor, out_index: torch.Tensor) -> torch.Tensor:
+    """32-bit key of each (seed, output position) pair; all inputs int64 in [0, 2**32)."""
+    seed_key = mix32(seed_lo ^ mix32((seed_hi + _SEED_SALT) & _MASK32))
+    return mix32(seed_key ^ mix32((out_index * _POS_SALT + _POS_SALT) & _MASK32))
+
+
+def token_salts(vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    ids = torch.arange(vocab_size, dtype=torch.int64, device=device)
+    return mix32((ids * _TOKEN_SALT + _SEED_SALT) & _MASK32)
+
+
+def counter_uniform(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, V] float32 uniforms in (0, 1), a pure function of (row key, token id)."""
+    h = mix32(keys[:, None] ^ token_salts(vocab_size, keys.device)[None, :])
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def split_seed(seed: int) -> tuple[int, int]:
+    """A 64-bit seed (negative values wrap) as (low, high) 32-bit halves."""
+    s = seed & 0xFFFFFFFFFFFFFFFF
+    return s & _MASK32, s >> 32
+
+
+def suppress_tokens(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+    """Set logits[b, banned[b, j]] = -inf for every banned id >= 0 (ids < 0 are padding)."""
+    if banned.numel() == 0:
+        return logits
+    rows = torch.arange(logits.shape[0], device=logits.device)[:, None].expand_as(banned)
+    valid = banned >= 0
+    logits = logits.clone()
+    logits[rows[valid], banned[valid]] = float("-inf")
+    return logits
+
+
+def keep_mask_reference(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """[B, V] bool: the tokens top-k, top-p and min-p keep (sort-based reference)."""
+    b, v = probs.shape
+    ordered = probs.sort(dim=-1, descending=True).values
+    k = torch.where(top_k < 1, torch.full_like(top_k, v), top_k.clamp(max=v))
+    t_k = ordered.gather(1, (k - 1)[:, None])
+    within_k = torch.where(ordered >= t_k, ordered, torch.zeros_like(ordered))
+    mass_k = (probs * (probs >= t_k)).sum(-1, keepdim=True)
+    csum = within_k.cumsum(-1)
+    j = (csum < top_p[:, None] * mass_k).sum(-1, keepdim=True).clamp(max=v - 1)
+    t_p = torch.where(top_p[:, None] >= 1.0, torch.zeros_like(t_k), ordered.gather(1, j))
+    t_m = min_p[:, None] * ordered[:, :1]
+    threshold = torch.maximum(torch.maximum(t_k, t_p), t_m)
+    return (probs >= threshold) & (probs > 0)
+
+
+def sample_reference(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    keys: torch.Tensor,
+) -> torch.Tensor:
+    """[B] int64 next tokens for float32 logits [B, V] (see the module docstring)."""
+    greedy = logits.argmax(dim=-1)
+    is_greedy = temperature <= 0
+    if bool(is_greedy.all()):
+        return greedy
+    temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+    probs = torch.softmax(logits / temp[:, None], dim=-1)
+    keep = keep_mask_reference(probs, top_k, top_p, min_p)
+    race = -torch.log(counter_uniform(keys, logits.shape[-1]))
+    scores = torch.where(keep, probs / race, torch.full_like(probs, -1.0))
+    return torch.where(is_greedy, greedy, scores.argmax(dim=-1))

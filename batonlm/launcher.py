@@ -1,0 +1,83 @@
+"""Start the scheduler process and connect to it over ZMQ in a private temporary directory."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+from batonlm.config import ServerArgs
+from batonlm.ipc import codec
+from batonlm.ipc.messages import SchedulerFailed, SchedulerInfo
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER_START_TIMEOUT_S = 600.0
+
+
+class SchedulerStartError(RuntimeError):
+    """The scheduler process could not load the model or start its device."""
+
+
+@dataclass
+class SchedulerHandle:
+    process: mp.process.BaseProcess
+    request_endpoint: str
+    output_endpoint: str
+    info: SchedulerInfo
+    ipc_dir: str
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Wait for the process to exit (after a ShutdownRequest), kill it if it won't."""
+        self.process.join(timeout_s)
+        if self.process.is_alive():
+            logger.warning("scheduler did not exit within %.0f s; terminating it", timeout_s)
+            self.process.terminate()
+            self.process.join(5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5.0)
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def new_endpoints() -> tuple[str, str, str]:
+    """(ipc dir, request endpoint, output endpoint): unique per server instance."""
+    d = tempfile.mkdtemp(prefix="batonlm-ipc-")
+    return d, f"ipc://{d}/requests", f"ipc://{d}/outputs"
+
+
+def start_scheduler(args: ServerArgs, ipc_dir: str, request_endpoint: str, output_endpoint: str) -> SchedulerHandle:
+    """Spawn the scheduler and wait until it reports ready. The caller must already have bound
+    both endpoints (PUSH on requests, PULL on outputs)."""
+    from batonlm.scheduler.process import run_scheduler_process
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=run_scheduler_process,
+        args=(args, request_endpoint, output_endpoint, child),
+        name="batonlm-scheduler",
+        daemon=False,
+    )
+    proc.start()
+    child.close()
+    deadline = time.monotonic() + SCHEDULER_START_TIMEOUT_S
+    while not parent.poll(0.1):
+        if not proc.is_alive():
+            raise SchedulerStartError(f"the scheduler process exited during start-up (exit code {proc.exitcode})")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SchedulerStartError(f"the scheduler did not start within {SCHEDULER_START_TIMEOUT_S:.0f} s")
+    try:
+        msg = codec.decode(parent.recv_bytes())
+    except EOFError:
+        proc.join(5.0)
+        raise SchedulerStartError(f"the scheduler process exited during start-up (exit code {proc.exitcode})") from None
+    if isinstance(msg, SchedulerFailed):
+        proc.join(5.0)
+        raise SchedulerStartError(msg.message)
+    assert isinstance(msg, SchedulerInfo)
+    return SchedulerHandle(proc, request_endpoint, output_endpoint, msg, ipc_dir)

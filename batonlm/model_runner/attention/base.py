@@ -1,0 +1,70 @@
+"""The attention-backend interface and its registry."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from batonlm.model_runner.forward_batch import ForwardBatch
+from batonlm.model_runner.kv_pool import KVPool
+from batonlm.model_runner.req_to_token import ReqToTokenPool
+
+
+class AttentionBackend(ABC):
+    """Paged attention over the token-level KV pool.
+
+    `prepare` builds per-forward metadata once (shared by every layer); `forward` writes the new
+    tokens' K/V into the pool and attends each query over its request's cached prefix plus the
+    new tokens up to itself (causal), honouring a per-layer sliding window.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        req_to_token: ReqToTokenPool,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        sliding_windows: tuple[int | None, ...],
+    ) -> None:
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.sliding_windows = sliding_windows
+        self.scale = head_dim**-0.5
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Set `batch.attn_metadata` for this forward pass."""
+
+    @abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q: [T, heads, d], k/v: [T, kv_heads, d] -> [T, heads * d]."""
+
+
+ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {}
+
+
+def register_attention_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
+    ATTENTION_BACKENDS[cls.name] = cls
+    return cls
+
+
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    # Import for the registration side effect.
+    from batonlm.model_runner.attention import torch_backend  # noqa: F401
+
+    try:
+        return ATTENTION_BACKENDS[name]
+    except KeyError:
+        raise ValueError(
+            f"attention backend {name!r} is not known (known: {sorted(ATTENTION_BACKENDS)})"
+        ) from None

@@ -1,0 +1,94 @@
+"""ForwardBatch: the device-side inputs of one forward pass over a flattened batch of tokens."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class ForwardMode(enum.IntEnum):
+    IDLE = 0
+    PREFILL = 1  # every row extends a request by its new prompt tokens
+    DECODE = 2  # every row adds one token whose id comes from the previous iteration
+    MIXED = 3  # prefill rows and decode rows together
+
+    @property
+    def is_extend(self) -> bool:
+        """True when the batch computes any prompt tokens (prefill or mixed)."""
+        return self in (ForwardMode.PREFILL, ForwardMode.MIXED)
+
+
+@dataclass
+class ForwardBatch:
+    """Rows are requests; each row `b` computes `extend_lens[b]` tokens at positions
+    `prefix_lens[b] .. seq_lens[b] - 1`, stored flat in request order ([T] tensors)."""
+
+    mode: ForwardMode
+    input_ids: torch.Tensor | None  # [T]; may be set after build (it can depend on positions)
+    positions: torch.Tensor  # [T]
+    out_cache_loc: torch.Tensor  # [T] KV slot each new token is written to
+    req_slots: torch.Tensor  # [B]
+    prefix_lens: torch.Tensor  # [B]
+    extend_lens: torch.Tensor  # [B]
+    seq_lens: torch.Tensor  # [B]
+    extend_starts: torch.Tensor  # [B] offset of each row's first token in the flat arrays
+    last_token_index: torch.Tensor  # [B] flat index of each row's last token
+    # Host-side facts the attention backend needs to size its work without a device sync.
+    max_extend_len: int
+    max_seq_len: int
+    num_tokens: int
+    attn_metadata: Any = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.req_slots.shape[0])
+
+    @classmethod
+    def build(
+        cls,
+        mode: ForwardMode,
+        out_cache_loc: torch.Tensor,
+        req_slots: list[int],
+        prefix_lens: list[int],
+        extend_lens: list[int],
+        device: torch.device | str,
+        input_ids: torch.Tensor | None = None,
+    ) -> ForwardBatch:
+        """Derive positions and offsets from per-row host lists (one small H2D copy each)."""
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+        starts = [0] * len(extend_lens)
+        acc = 0
+        for i, e in enumerate(extend_lens):
+            starts[i] = acc
+            acc += e
+        positions: list[int] = []
+        for p, e in zip(prefix_lens, extend_lens):
+            positions.extend(range(p, p + e))
+        last = [s + e - 1 for s, e in zip(starts, extend_lens)]
+
+        pin = torch.device(device).type == "cuda"
+
+        def t(x: list[int]) -> torch.Tensor:
+            host = torch.tensor(x, dtype=torch.int64)
+            if not pin:
+                return host
+            return host.pin_memory().to(device, non_blocking=True)
+
+        return cls(
+            mode=mode,
+            input_ids=input_ids,
+            positions=t(positions),
+            out_cache_loc=out_cache_loc,
+            req_slots=t(req_slots),
+            prefix_lens=t(prefix_lens),
+            extend_lens=t(extend_lens),
+            seq_lens=t(seq_lens),
+            extend_starts=t(starts),
+            last_token_index=t(last),
+            max_extend_len=max(extend_lens) if extend_lens else 0,
+            max_seq_len=max(seq_lens) if seq_lens else 0,
+            num_tokens=acc,
+        )

@@ -1,0 +1,191 @@
+"""Model facts read once from a Hugging Face directory (`config.json`, `generation_config.json`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_FULL = "full_attention"
+_SLIDING = "sliding_attention"
+
+
+class ModelConfigError(ValueError):
+    """The model directory or its config cannot be used."""
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    # "default", "linear" or "llama3"; anything else is rejected at load time.
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the model runner and scheduler need to know about a checkpoint."""
+
+    path: str
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    hidden_act: str
+    # Per layer: None for full attention, or the sliding window size.
+    sliding_windows: tuple[int | None, ...]
+    torch_dtype: str
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def context_length(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def kv_bytes_per_token_fp32(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
+
+    @classmethod
+    def from_hf(cls, path: str | os.PathLike[str]) -> ModelConfig:
+        """Read `config.json` (and `generation_config.json` when present) from a model directory."""
+        root = Path(path)
+        cfg_file = root / "config.json"
+        if not root.is_dir():
+            raise ModelConfigError(f"model path {str(root)!r} is not a directory")
+        if not cfg_file.is_file():
+            raise ModelConfigError(f"model directory {str(root)!r} has no config.json")
+        try:
+            raw = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelConfigError(f"{cfg_file} is not valid JSON: {e}") from e
+        text = raw
+        archs = raw.get("architectures") or []
+        if not archs:
+            raise ModelConfigError(f"{cfg_file} lists no 'architectures'")
+
+        def req(key: str) -> Any:
+            if key not in text or text[key] is None:
+                raise ModelConfigError(f"{cfg_file} lacks the required field {key!r}")
+            return text[key]
+
+        hidden = int(req("hidden_size"))
+        heads = int(req("num_attention_heads"))
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or hidden // heads)
+        if heads % kv_heads:
+            raise ModelConfigError(
+                f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
+            )
+        num_layers = int(req("num_hidden_layers"))
+        model_type = str(text.get("model_type", ""))
+
+        gen_eos = _generation_eos(root)
+        eos = gen_eos if gen_eos is not None else _as_ids(text.get("eos_token_id"))
+
+        return cls(
+            path=str(root.resolve()),
+            architecture=str(archs[0]),
+            model_type=model_type,
+            vocab_size=int(req("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(req("intermediate_size")),
+            num_layers=num_layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            rope=_rope(text),
+            max_position_embeddings=int(text.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+            hidden_act=str(text.get("hidden_act", "silu")),
+            sliding_windows=_sliding_windows(text, model_type, num_layers),
+            torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or "float32"),
+            eos_token_ids=tuple(eos),
+            bos_token_id=text.get("bos_token_id"),
+            raw=raw,
+        )
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _generation_eos(root: Path) -> list[int] | None:
+    f = root / "generation_config.json"
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{f} is not valid JSON: {e}") from e
+    if "eos_token_id" not in data:
+        return None
+    return _as_ids(data["eos_token_id"])
+
+
+def _rope(text: dict[str, Any]) -> RopeConfig:
+    # transformers 5 writes `rope_parameters` (theta included); older checkpoints use
+    # `rope_theta` + `rope_scaling`.
+    params = dict(text.get("rope_parameters") or {})
+    scaling = dict(text.get("rope_scaling") or {})
+    params = {**scaling, **params}
+    theta = float(params.get("rope_theta", text.get("rope_theta", 10000.0)))
+    rope_type = str(params.get("rope_type", params.get("type", "default")))
+    if rope_type not in ("default", "linear", "llama3"):
+        raise ModelConfigError(
+            f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3)"
+        )
+    return RopeConfig(
+        theta=theta,
+        type=rope_type,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _sliding_windows(text: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    window = text.get("sliding_window")
+    layer_types = text.get("layer_types")
+    if layer_types is None:
+        if model_type == "mistral":
+            layer_types = [_SLIDING if window else _FULL] * num_layers
+        elif text.get("use_sliding_window"):
+            first = int(text.get("max_window_layers", num_layers))
+            layer_types = [_SLIDING if i >= first else _FULL for i in range(num_layers)]
+        else:
+            layer_types = [_FULL] * num_layers
+    if len(layer_types) != num_layers:
+        raise ModelConfigError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+    out: list[int | None] = []
+    for t in layer_types:
+        if t == _FULL:
+            out.append(None)
+        elif t == _SLIDING:
+            if not window:
+                raise ModelConfigError("a sliding_attention layer needs a sliding_window size")
+            out.append(int(window))
+        else:
+            raise ModelConfigError(f"layer type {t!r} is not supported")
+    return tuple(out)

@@ -1,0 +1,36 @@
+"""Build a model from its config and fill it from its checkpoint."""
+
+from __future__ import annotations
+
+import torch
+
+from batonlm.model_runner.layers import RotaryEmbedding
+from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.models.decoder import DecoderLM
+from batonlm.model_runner.models.registry import family_for
+from batonlm.model_runner.weight_loader import load_weights
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, cfg: ModelConfig, device: str) -> torch.dtype:
+    """`auto`: float32 on the CPU; on a GPU the checkpoint's half type (bfloat16 for fp32 ones)."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise ValueError(f"dtype {name!r} is not supported (supported: auto, {', '.join(DTYPES)})")
+        return DTYPES[name]
+    if torch.device(device).type == "cpu":
+        return torch.float32
+    return DTYPES.get(cfg.torch_dtype, torch.bfloat16) if cfg.torch_dtype != "float32" else torch.bfloat16
+
+
+def load_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> DecoderLM:
+    family = family_for(cfg.architecture)
+    opts = family.options(cfg.raw)
+    # Built on the meta device so no memory is touched until the checkpoint fills it.
+    with torch.device("meta"):
+        model = DecoderLM(cfg, opts)
+    model = model.to(dtype).to_empty(device=device)
+    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings).to(device)
+    load_weights(model, cfg.path, dtype)
+    return model.eval()

@@ -1,0 +1,67 @@
+"""ModelRunner: owns the model, the KV memory and the sampler on one device."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from batonlm.model_runner.attention.base import get_attention_backend
+from batonlm.model_runner.forward_batch import ForwardBatch
+from batonlm.model_runner.kv_pool import KVPool
+from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.model_loader import load_model
+from batonlm.model_runner.req_to_token import ReqToTokenPool
+from batonlm.model_runner.sampler import SamplingBatch, SlotSamplingTable, get_sampler
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Runs forward passes over a `ForwardBatch` and samples their next tokens.
+
+    `num_kv_slots` counts usable KV slots; the pool has one more (slot 0, padding).
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        dtype: torch.dtype,
+        device: str,
+        num_kv_slots: int,
+        num_req_slots: int,
+        context_length: int,
+        attention_backend: str,
+        sampler: str,
+    ) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.model = load_model(cfg, dtype, self.device)
+        self.kv_pool = KVPool(num_kv_slots + 1, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, self.device)
+        self.req_to_token = ReqToTokenPool(num_req_slots, context_length, self.device)
+        self.attn = get_attention_backend(attention_backend)(
+            self.kv_pool, self.req_to_token, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows
+        )
+        self.sampler = get_sampler(sampler)
+        self.sampling_table = SlotSamplingTable(num_req_slots, self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Write the batch's KV slots into the req-to-token table, run the model, and return the
+        float32 logits of each row's last token ([B, V])."""
+        row_of_token = torch.repeat_interleave(batch.req_slots, batch.extend_lens, output_size=batch.num_tokens)
+        self.req_to_token.write(row_of_token, batch.positions, batch.out_cache_loc)
+        self.attn.prepare(batch)
+        hidden = self.model(batch.input_ids, batch, self.attn)
+        return self.model.logits(hidden[batch.last_token_index])
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, batch: ForwardBatch, all_greedy: bool) -> torch.Tensor:
+        info = self.sampling_table.gather(batch.req_slots, batch.seq_lens, all_greedy)
+        return self.sample_with(logits, info)
+
+    @torch.inference_mode()
+    def sample_with(self, logits: torch.Tensor, info: SamplingBatch) -> torch.Tensor:
+        return self.sampler.sample(logits, info)

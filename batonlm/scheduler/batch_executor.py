@@ -1,0 +1,86 @@
+"""The device side of one iteration: resolve inputs, forward, sample, stash into the FutureMap.
+
+Runs wherever the device is: in the CPU device worker process, or in the scheduler process
+on a CUDA stream. It never touches scheduler bookkeeping; a `BatchLaunch` carries all it needs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+from batonlm.model_runner.forward_batch import ForwardBatch, ForwardMode
+from batonlm.model_runner.model_runner import ModelRunner
+from batonlm.scheduler.future_map import FutureMap
+
+
+class BatchExecutor:
+    def __init__(self, runner: ModelRunner, future_map: FutureMap) -> None:
+        self.runner = runner
+        self.future_map = future_map
+        self.device = runner.device
+        # batch_id -> (logits, batch) of launches whose sampling was delayed.
+        self._unsampled: dict[int, tuple[torch.Tensor, ForwardBatch, bool]] = {}
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        t = torch.tensor(values, dtype=torch.int64)
+        return t if self.device.type == "cpu" else t.pin_memory().to(self.device, non_blocking=True)
+
+    def _input_ids(self, launch: BatchLaunch, batch: ForwardBatch) -> torch.Tensor:
+        future_rows = [i for i, f in enumerate(launch.from_future) if f]
+        if not future_rows:
+            return self._tensor(launch.input_ids)
+        if len(future_rows) == len(launch.from_future):
+            return self.future_map.resolve_forward_inputs(batch.req_slots, batch.positions)
+        rows = self._tensor(future_rows)
+        starts = batch.extend_starts[rows]
+        ids = torch.empty(batch.num_tokens, dtype=torch.int64, device=self.device)
+        ids[starts] = self.future_map.resolve_forward_inputs(batch.req_slots[rows], batch.positions[starts])
+        host = torch.ones(batch.num_tokens, dtype=torch.bool, device=self.device)
+        host[starts] = False
+        ids[host] = self._tensor(launch.input_ids)
+        return ids
+
+    def run(self, launch: BatchLaunch) -> torch.Tensor | None:
+        """Execute one launch; returns the sampled ids, or None when sampling is delayed."""
+        table = self.runner.sampling_table
+        for s in launch.new_slots:
+            table.init_slot(
+                s.req_slot,
+                prompt_len=s.prompt_len,
+                temperature=s.temperature,
+                top_k=s.top_k,
+                top_p=s.top_p,
+                min_p=s.min_p,
+                seed=s.seed,
+                min_new_tokens=s.min_new_tokens,
+                stop_ids=s.stop_ids,
+            )
+        batch = ForwardBatch.build(
+            ForwardMode(launch.mode),
+            self._tensor(launch.out_cache_loc),
+            launch.req_slots,
+            launch.prefix_lens,
+            launch.extend_lens,
+            self.device,
+        )
+        batch.input_ids = self._input_ids(launch, batch)  # decode inputs depend on positions
+        logits = self.runner.forward(batch)
+        if not launch.sample:
+            self._unsampled[launch.batch_id] = (logits, batch, launch.all_greedy)
+            return None
+        return self._sample_and_stash(logits, batch, launch.all_greedy)
+
+    def sample_delayed(self, launch: SampleLaunch) -> torch.Tensor:
+        logits, batch, all_greedy = self._unsampled.pop(launch.batch_id)
+        if launch.banned:
+            logits = logits.clone()
+            for row, ids in launch.banned.items():
+                logits[row, ids] = float("-inf")
+        return self._sample_and_stash(logits, batch, all_greedy)
+
+    def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, all_greedy: bool) -> torch.Tensor:
+        ids = self.runner.sample(logits, batch, all_greedy)
+        self.future_map.stash(batch.req_slots, ids)
+        self.future_map.publish(batch.req_slots, batch.seq_lens)
+        return ids

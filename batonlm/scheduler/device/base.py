@@ -1,0 +1,52 @@
+"""The device-stream abstraction: launch a batch without waiting, collect its tokens later."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+
+
+class DeviceError(RuntimeError):
+    """The device failed to run a batch, or its worker is gone."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the device side needs to build its ModelRunner (sent to a worker at spawn)."""
+
+    model_path: str
+    dtype: str  # float32 | bfloat16 | float16 (resolved)
+    device: str  # cpu | cuda[:n]
+    num_kv_slots: int
+    num_req_slots: int
+    context_length: int
+    attention_backend: str
+    sampler: str
+    debug_future_map: bool = False
+
+
+class PendingResult(ABC):
+    """A launched batch's sampled ids; `wait()` is the only host wait of the steady state."""
+
+    batch_id: int
+
+    @abstractmethod
+    def wait(self) -> list[int]: ...
+
+
+class DeviceStream(ABC):
+    """Executes launches in order. `launch` returns at once; results arrive through handles."""
+
+    spec: DeviceSpec
+
+    @abstractmethod
+    def launch(self, launch: BatchLaunch) -> PendingResult: ...
+
+    @abstractmethod
+    def launch_sampling(self, sample: SampleLaunch) -> None:
+        """Sample a batch launched with `sample=False`; its pending result then completes."""
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,144 @@
+"""The CPU device: a worker process that plays the accelerator's part.
+
+The worker owns the model weights, the KV cache, the req-to-token table, the FutureMap buffer
+and the sampler. The scheduler launches a batch by sending its metadata over a pipe and goes
+on with its own work; launches execute in order in the worker, and each pending result's
+`wait()` receives that batch's sampled ids. A process, not a thread: with a thread the model's
+Python dispatch and the scheduler's Python work serialize on the GIL and nothing overlaps.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import traceback
+from multiprocessing.connection import Connection
+
+from batonlm.ipc import codec
+from batonlm.ipc.device_messages import (
+    BatchLaunch,
+    BatchSampled,
+    SampleLaunch,
+    WorkerFailed,
+    WorkerReady,
+    WorkerShutdown,
+)
+from batonlm.scheduler.device.base import DeviceError, DeviceSpec, DeviceStream, PendingResult
+
+logger = logging.getLogger(__name__)
+
+WORKER_START_TIMEOUT_S = 300.0
+
+
+class _WorkerPending(PendingResult):
+    def __init__(self, device: CpuWorkerDevice, batch_id: int) -> None:
+        self.device = device
+        self.batch_id = batch_id
+
+    def wait(self) -> list[int]:
+        return self.device._collect(self.batch_id)
+
+
+class CpuWorkerDevice(DeviceStream):
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe(duplex=True)
+        self._proc = ctx.Process(target=worker_main, args=(child, spec), name="batonlm-device", daemon=False)
+        self._proc.start()
+        child.close()
+        self._results: dict[int, list[int]] = {}
+        self._closed = False
+        if not self._conn.poll(WORKER_START_TIMEOUT_S):
+            self.close()
+            raise DeviceError(f"CPU device worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
+        msg = self._recv()
+        if not isinstance(msg, WorkerReady):
+            self.close()
+            raise DeviceError(f"CPU device worker failed to start: {getattr(msg, 'message', msg)}")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def _send(self, msg: object) -> None:
+        try:
+            self._conn.send_bytes(codec.encode(msg))  # type: ignore[arg-type]
+        except (BrokenPipeError, OSError) as e:
+            raise DeviceError(f"CPU device worker is gone (exit code {self._proc.exitcode})") from e
+
+    def _recv(self) -> object:
+        try:
+            return codec.decode(self._conn.recv_bytes())
+        except (EOFError, OSError) as e:
+            self._proc.join(timeout=1.0)
+            raise DeviceError(f"CPU device worker is gone (exit code {self._proc.exitcode})") from e
+
+    def launch(self, launch: BatchLaunch) -> PendingResult:
+        self._send(launch)
+        return _WorkerPending(self, launch.batch_id)
+
+    def launch_sampling(self, sample: SampleLaunch) -> None:
+        self._send(sample)
+
+    def _collect(self, batch_id: int) -> list[int]:
+        # Results come back in launch order; keep any that arrive ahead of the one asked for.
+        while batch_id not in self._results:
+            msg = self._recv()
+            if isinstance(msg, WorkerFailed):
+                raise DeviceError(f"batch {msg.batch_id} failed on the CPU device: {msg.message}")
+            assert isinstance(msg, BatchSampled)
+            self._results[msg.batch_id] = msg.token_ids
+        return self._results.pop(batch_id)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._conn.send_bytes(codec.encode(WorkerShutdown()))
+        except (BrokenPipeError, OSError):
+            pass
+        self._proc.join(timeout=5.0)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=5.0)
+        self._conn.close()
+
+
+def worker_main(conn: Connection, spec: DeviceSpec) -> None:
+    """Entry point of the device worker process."""
+    import torch
+
+    # One intra-op thread: the scheduler process uses the other core.
+    torch.set_num_threads(1)
+    logging.basicConfig(level=os.environ.get("BATONLM_WORKER_LOG_LEVEL", "WARNING"))
+    from batonlm.scheduler.device.runner_factory import build_executor
+
+    try:
+        executor = build_executor(spec)
+    except Exception as e:  # report, then exit: the scheduler turns this into a start-up error
+        conn.send_bytes(codec.encode(WorkerFailed(-1, f"{type(e).__name__}: {e}")))
+        return
+    conn.send_bytes(codec.encode(WorkerReady(dtype=spec.dtype)))
+    while True:
+        try:
+            msg = codec.decode(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the scheduler is gone
+        if isinstance(msg, WorkerShutdown):
+            return
+        batch_id = msg.batch_id  # type: ignore[union-attr]
+        try:
+            if isinstance(msg, BatchLaunch):
+                ids = executor.run(msg)
+            elif isinstance(msg, SampleLaunch):
+                ids = executor.sample_delayed(msg)
+            else:
+                raise TypeError(f"unexpected message {type(msg).__name__}")
+        except Exception as e:
+            conn.send_bytes(codec.encode(WorkerFailed(batch_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
+            return
+        if ids is not None:
+            conn.send_bytes(codec.encode(BatchSampled(batch_id, ids.tolist())))

@@ -1,0 +1,66 @@
+"""The CUDA device: forward on a forward stream, sampled ids copied to pinned host memory on a
+copy stream; a result's `wait()` waits on its `copy_done` event, nothing else."""
+
+from __future__ import annotations
+
+import torch
+
+from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+from batonlm.scheduler.batch_executor import BatchExecutor
+from batonlm.scheduler.device.base import DeviceSpec, DeviceStream, PendingResult
+from batonlm.scheduler.device.runner_factory import build_executor
+
+
+class _CudaPending(PendingResult):
+    def __init__(self, batch_id: int) -> None:
+        self.batch_id = batch_id
+        self.host: torch.Tensor | None = None
+        self.copy_done: torch.cuda.Event | None = None
+
+    def wait(self) -> list[int]:
+        assert self.copy_done is not None and self.host is not None, "delayed sampling was never launched"
+        self.copy_done.synchronize()
+        return self.host.tolist()
+
+
+class CudaDevice(DeviceStream):
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        self.device = torch.device(spec.device)
+        torch.cuda.set_device(self.device)
+        self.forward_stream = torch.cuda.Stream(self.device)
+        self.copy_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self.forward_stream):
+            self.executor: BatchExecutor = build_executor(spec)
+        self.forward_stream.synchronize()
+        self._delayed: dict[int, _CudaPending] = {}
+
+    def _copy_out(self, ids: torch.Tensor, pending: _CudaPending) -> None:
+        ready = torch.cuda.Event()
+        ready.record(self.forward_stream)
+        pending.host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(ready)
+            ids.record_stream(self.copy_stream)
+            pending.host.copy_(ids, non_blocking=True)
+            pending.copy_done = torch.cuda.Event()
+            pending.copy_done.record(self.copy_stream)
+
+    def launch(self, launch: BatchLaunch) -> PendingResult:
+        pending = _CudaPending(launch.batch_id)
+        with torch.cuda.stream(self.forward_stream):
+            ids = self.executor.run(launch)
+        if ids is None:
+            self._delayed[launch.batch_id] = pending
+        else:
+            self._copy_out(ids, pending)
+        return pending
+
+    def launch_sampling(self, sample: SampleLaunch) -> None:
+        pending = self._delayed.pop(sample.batch_id)
+        with torch.cuda.stream(self.forward_stream):
+            ids = self.executor.sample_delayed(sample)
+        self._copy_out(ids, pending)
+
+    def close(self) -> None:
+        self.forward_stream.synchronize()

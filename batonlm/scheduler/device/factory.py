@@ -1,0 +1,99 @@
+"""Choose and size the device: backends, dtype, KV slots, request slots."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from batonlm.config import ServerArgs
+from batonlm.model_runner.kv_pool import KVPool
+from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.model_loader import DTYPES, resolve_dtype
+from batonlm.scheduler.device.base import DeviceSpec, DeviceStream
+
+logger = logging.getLogger(__name__)
+
+# KV memory the CPU device may use when --max-total-tokens is not given.
+CPU_KV_BUDGET_BYTES = 2 * 1024**3
+
+
+class DeviceConfigError(ValueError):
+    pass
+
+
+def context_length(args: ServerArgs, cfg: ModelConfig) -> int:
+    if args.context_length is None:
+        return cfg.context_length
+    if args.context_length > cfg.context_length:
+        raise DeviceConfigError(
+            f"context_length {args.context_length} exceeds the model's max_position_embeddings {cfg.context_length}"
+        )
+    return args.context_length
+
+
+def _num_kv_slots(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str, ctx: int) -> int:
+    if args.max_total_tokens is not None:
+        return args.max_total_tokens
+    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    # Never more than every running request at full context needs.
+    ceiling = args.max_running_requests * ctx
+    if device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        weights = sum(_param_count(cfg)) * torch.empty((), dtype=dtype).element_size()
+        budget = free - weights - int((1 - args.mem_fraction_static) * total)
+        if budget <= per_token * ctx:
+            raise DeviceConfigError(
+                f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free, "
+                f"weights need about {weights / 2**30:.1f} GiB (raise --mem-fraction-static or use a smaller model)"
+            )
+        return min(ceiling, budget // per_token)
+    return max(min(ceiling, CPU_KV_BUDGET_BYTES // per_token), ctx)
+
+
+def _param_count(cfg: ModelConfig) -> list[int]:
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+    return [v * h, cfg.num_layers * per_layer, 0 if cfg.tie_word_embeddings else v * h]
+
+
+def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
+    device = args.resolved_device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DeviceConfigError("device 'cuda' was asked for but no CUDA device is available")
+    dtype = resolve_dtype(args.dtype, cfg, device)
+    if device == "cpu" and dtype == torch.float16:
+        logger.warning("float16 on the CPU is slow and may be inaccurate; float32 is the CPU default")
+    if device == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise DeviceConfigError("this GPU does not support bfloat16; use --dtype float16")
+    ctx = context_length(args, cfg)
+    attention = args.attention_backend if args.attention_backend != "auto" else "torch"
+    sampler = args.sampler if args.sampler != "auto" else "torch"
+    dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
+    return DeviceSpec(
+        model_path=cfg.path,
+        dtype=dtype_name,
+        device=device,
+        num_kv_slots=_num_kv_slots(args, cfg, dtype, device, ctx),
+        # Twice the running limit: a finished request's slot is freed one iteration late.
+        num_req_slots=2 * args.max_running_requests,
+        context_length=ctx,
+        attention_backend=attention,
+        sampler=sampler,
+        debug_future_map=args.debug_future_map,
+    )
+
+
+def create_device(spec: DeviceSpec, args: ServerArgs) -> DeviceStream:
+    if spec.device.startswith("cuda"):
+        from batonlm.scheduler.device.cuda_stream import CudaDevice
+
+        return CudaDevice(spec)
+    if args.cpu_device_worker == "inline":
+        from batonlm.scheduler.device.inline import InlineDevice
+
+        return InlineDevice(spec)
+    from batonlm.scheduler.device.cpu_worker import CpuWorkerDevice
+
+    return CpuWorkerDevice(spec)

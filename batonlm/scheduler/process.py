@@ -1,0 +1,85 @@
+"""Entry point of the scheduler process."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+from batonlm.config import ServerArgs
+from batonlm.ipc import codec
+from batonlm.ipc.messages import SchedulerFailed, SchedulerInfo
+from batonlm.logging_setup import configure_logging
+
+logger = logging.getLogger(__name__)
+
+
+def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
+    """Load the model onto its device and build a scheduler around `io`."""
+    from batonlm.model_runner.model_config import ModelConfig
+    from batonlm.scheduler.device.factory import create_device, device_spec
+    from batonlm.scheduler.scheduler import Scheduler
+
+    cfg = ModelConfig.from_hf(args.model)
+    spec = device_spec(args, cfg)
+    device = create_device(spec, args)
+    sched = Scheduler(
+        io,
+        device,
+        vocab_size=cfg.vocab_size,
+        context_length=spec.context_length,
+        eos_token_ids=cfg.eos_token_ids,
+        max_running_requests=args.max_running_requests,
+        max_prefill_tokens=args.max_prefill_tokens,
+        enable_mixed_batch=args.enable_mixed_batch,
+        random_seed=args.random_seed,
+    )
+    info = SchedulerInfo(
+        model_path=cfg.path,
+        context_length=spec.context_length,
+        vocab_size=cfg.vocab_size,
+        max_total_tokens=spec.num_kv_slots,
+        max_running_requests=args.max_running_requests,
+        eos_token_ids=list(cfg.eos_token_ids),
+        device=spec.device,
+        dtype=spec.dtype,
+        overlap=not args.disable_overlap,
+    )
+    return sched, info
+
+
+def run_scheduler_process(args: ServerArgs, request_endpoint: str, output_endpoint: str, ready: Connection) -> None:
+    configure_logging(args.log_level, process="scheduler")
+    # The main process handles Ctrl-C and tells us to shut down; don't die halfway on SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from batonlm.scheduler.io import ZmqSchedulerIO
+
+    io = ZmqSchedulerIO(request_endpoint, output_endpoint)
+    try:
+        sched, info = build_scheduler(args, io)
+    except Exception as e:
+        logger.debug("scheduler start-up failed", exc_info=True)
+        ready.send_bytes(codec.encode(SchedulerFailed(f"{type(e).__name__}: {e}")))
+        io.close()
+        sys.exit(1)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(sched, "_shutdown", True))
+    ready.send_bytes(codec.encode(info))
+    ready.close()
+    try:
+        if args.disable_overlap:
+            sched.event_loop_normal()
+        else:
+            sched.event_loop_overlap()
+    except Exception as e:
+        logger.error("scheduler failed: %s\n%s", e, traceback.format_exc())
+        try:
+            io.send(SchedulerFailed(f"{type(e).__name__}: {e}"))
+        except Exception:
+            pass
+        sched.device.close()
+        io.close()
+        sys.exit(1)
+    sched.device.close()
+    io.close()

@@ -1,0 +1,93 @@
+"""Request: one generation as the scheduler tracks it."""
+
+from __future__ import annotations
+
+from batonlm.sampling_params import SamplingParams
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+
+
+class Request:
+    """Prompt, outputs, slots and progress of one request.
+
+    Positions 0..prompt_len-1 hold the prompt; output k (0-based) sits at prompt_len + k. A
+    prefill computes the prompt and samples output 0; each decode feeds output k-1 at position
+    prompt_len + k - 1 and samples output k. `num_launched` counts outputs whose forward has
+    been launched; `output_ids` holds those whose result has been processed (the two differ by
+    the forwards in flight).
+    """
+
+    __slots__ = (
+        "rid",
+        "prompt_ids",
+        "params",
+        "seed",
+        "max_new_tokens",
+        "stop_ids",
+        "output_ids",
+        "req_slot",
+        "kv_slots",
+        "kv_reserved",
+        "num_launched",
+        "inflight",
+        "finish_reason",
+        "error",
+        "matched_stop",
+    )
+
+    def __init__(
+        self, rid: str, prompt_ids: list[int], params: SamplingParams, seed: int, context_length: int,
+        eos_ids: tuple[int, ...],
+    ) -> None:
+        self.rid = rid
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.seed = seed
+        # The last output may sit at position context_length - 1 at most.
+        self.max_new_tokens = min(params.max_new_tokens, context_length - len(prompt_ids))
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops.update(eos_ids)
+        self.stop_ids = frozenset(stops)
+        self.output_ids: list[int] = []
+        self.req_slot: int | None = None
+        self.kv_slots: list[int] = []
+        # KV slots still reserved for this request beyond those it holds.
+        self.kv_reserved = 0
+        self.num_launched = 0
+        self.inflight = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.matched_stop: int | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def kv_needed(self) -> int:
+        """KV slots this request holds at its longest: every position but the last output's."""
+        return self.prompt_len + self.max_new_tokens - 1
+
+    @property
+    def can_decode(self) -> bool:
+        """Started, not known to be finished, and another forward is still needed."""
+        return self.finish_reason is None and 0 < self.num_launched < self.max_new_tokens
+
+    def check_finished(self) -> None:
+        """Set the finish reason after `output_ids` grew by one token."""
+        n = len(self.output_ids)
+        last = self.output_ids[-1]
+        if last in self.stop_ids and n > self.params.min_new_tokens:
+            self.finish_reason, self.matched_stop = FINISH_STOP, last
+        elif n >= self.max_new_tokens:
+            self.finish_reason = FINISH_LENGTH
+
+    def __repr__(self) -> str:
+        return f"Request({self.rid!r}, prompt={self.prompt_len}, out={len(self.output_ids)}, finish={self.finish_reason})"

@@ -1,0 +1,355 @@
+"""The scheduler: continuous batching with a normal and an overlap event loop.
+
+One iteration: receive requests -> build the next batch -> run it -> process results. The
+normal loop processes batch N's results before building batch N+1. The overlap loop launches
+batch N first and processes batch N-1 while the device computes N; decode inputs reach the
+device through the FutureMap, so building N never waits for N-1's tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+
+from batonlm.ipc.codec import Message
+from batonlm.ipc.device_messages import SampleLaunch
+from batonlm.ipc.messages import (
+    AbortRequest,
+    BatchOutput,
+    GenerateRequest,
+    SchedulerStats,
+    ShutdownRequest,
+    StatsRequest,
+    TokenOutput,
+)
+from batonlm.model_runner.kv_allocator import KVSlotAllocator, ReqSlotAllocator
+from batonlm.scheduler.batch import ScheduleBatch
+from batonlm.scheduler.device.base import DeviceStream, PendingResult
+from batonlm.scheduler.io import SchedulerIO
+from batonlm.scheduler.kv_budget import KVBudget
+from batonlm.scheduler.overlap_policy import (
+    DISABLE_CONSECUTIVE_PREFILL_ENV,
+    env_flag,
+    is_disable_overlap_for_batch,
+)
+from batonlm.scheduler.request import FINISH_ABORT, Request
+from batonlm.scheduler.timing import LoopTiming
+
+logger = logging.getLogger(__name__)
+
+# How long an idle loop blocks on its input before looking again.
+IDLE_POLL_S = 0.05
+STATUS_LOG_INTERVAL_S = 10.0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        io: SchedulerIO,
+        device: DeviceStream,
+        *,
+        vocab_size: int,
+        context_length: int,
+        eos_token_ids: tuple[int, ...],
+        max_running_requests: int,
+        max_prefill_tokens: int,
+        enable_mixed_batch: bool = False,
+        random_seed: int = 0,
+    ) -> None:
+        self.io = io
+        self.device = device
+        spec = device.spec
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.eos_token_ids = eos_token_ids
+        self.max_running_requests = max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
+        self.enable_mixed_batch = enable_mixed_batch
+        self.disable_consecutive_prefill_overlap = env_flag(DISABLE_CONSECUTIVE_PREFILL_ENV)
+        self.require_mlp_sync = False  # set by data parallelism
+
+        self.kv_alloc = KVSlotAllocator(spec.num_kv_slots)
+        self.req_alloc = ReqSlotAllocator(spec.num_req_slots)
+        self.budget = KVBudget(self.kv_alloc, self.req_alloc)
+        # Ordered containers only: batch order must be the same in every run.
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.result_queue: deque[tuple[ScheduleBatch, PendingResult]] = deque()
+        self.last_batch: ScheduleBatch | None = None
+        self._outputs: list[TokenOutput] = []
+        self._running_dirty = False
+        self._next_batch_id = 0
+        self._shutdown = False
+        # Unseeded requests draw their seed from this per-engine generator, in arrival order.
+        self._rng = random.Random(random_seed)
+
+        self.iteration = 0
+        self.timing = LoopTiming()
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self._last_status = time.monotonic()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running and not self.result_queue
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=sum(1 for r in self.running if not r.finished),
+            num_waiting=len(self.waiting),
+            kv_slots_used=self.kv_alloc.num_used,
+            kv_slots_total=self.kv_alloc.capacity,
+            req_slots_used=self.req_alloc.num_used,
+            req_slots_total=self.req_alloc.capacity,
+            iterations=self.iteration,
+            prompt_tokens=self.prompt_tokens,
+            generated_tokens=self.generated_tokens,
+        )
+
+    def _should_exit(self) -> bool:
+        return self._shutdown or (self.io.closed and self.is_idle)
+
+    # ------------------------------------------------------------------ input
+    def recv_requests(self) -> None:
+        # Block (briefly) only when there is nothing else to do: never spin while idle.
+        timeout = IDLE_POLL_S if self.is_idle else 0.0
+        for msg in self.io.recv(timeout):
+            self._handle(msg)
+
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, GenerateRequest):
+            self._add_request(msg)
+        elif isinstance(msg, AbortRequest):
+            self.abort(msg.rid)
+        elif isinstance(msg, StatsRequest):
+            self.io.send(self.stats())
+        elif isinstance(msg, ShutdownRequest):
+            self._shutdown = True
+        else:
+            logger.error("scheduler got an unexpected message %s", type(msg).__name__)
+
+    def _reject(self, rid: str, error: str) -> None:
+        logger.info("request %s rejected: %s", rid, error)
+        self._outputs.append(TokenOutput(rid, [], FINISH_ABORT, error))
+
+    def _add_request(self, msg: GenerateRequest) -> None:
+        params = msg.sampling_params
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
+        if msg.rid in self.requests:
+            return self._reject(msg.rid, f"request id {msg.rid!r} is already in use")
+        n = len(msg.input_ids)
+        if n == 0:
+            return self._reject(msg.rid, "the prompt is empty")
+        if n >= self.context_length:
+            return self._reject(
+                msg.rid,
+                f"the prompt has {n} tokens but the context length is {self.context_length} "
+                f"(at most {self.context_length - 1} prompt tokens leave room for one new token)",
+            )
+        bad = [t for t in msg.input_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            return self._reject(msg.rid, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        try:
+            params.validate(self.vocab_size)
+        except ValueError as e:
+            return self._reject(msg.rid, str(e))
+        req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.eos_token_ids)
+        if self.budget.never_fits(req):
+            return self._reject(
+                msg.rid,
+                f"the request needs {req.kv_needed} KV slots ({n} prompt + {req.max_new_tokens} new tokens - 1) "
+                f"but the KV cache holds {self.kv_alloc.capacity}",
+            )
+        self.requests[req.rid] = req
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> None:
+        req = self.requests.get(rid)
+        if req is None or req.finished:
+            return
+        if req.req_slot is None:  # still waiting
+            self.waiting.remove(req)
+        req.finish_reason = FINISH_ABORT
+        self._finish(req)
+        self._outputs.append(TokenOutput(rid, [], FINISH_ABORT))
+
+    # ------------------------------------------------------------------ batches
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        """Prefill first: admit waiting requests if any fit; otherwise decode every running one."""
+        if self._running_dirty:
+            self.running = [r for r in self.running if not r.finished]
+            self._running_dirty = False
+        batch = ScheduleBatch(self._next_batch_id)
+        batch.prefill = self._admit()
+        if not batch.prefill or self.enable_mixed_batch:
+            batch.decode = [r for r in self.running if r.can_decode]
+        if not batch:
+            return None
+        self._next_batch_id += 1
+        for r in batch.decode:
+            self.budget.grow(r)
+        for r in batch.reqs:
+            r.num_launched += 1
+            r.inflight += 1
+        self.running.extend(batch.prefill)
+        batch.delay_sampling = self.needs_delayed_sampling(batch)
+        return batch
+
+    def _admit(self) -> list[Request]:
+        admitted: list[Request] = []
+        tokens = 0
+        room = self.max_running_requests - len(self.running)
+        while self.waiting and len(admitted) < room:
+            req = self.waiting[0]
+            if admitted and tokens + req.prompt_len > self.max_prefill_tokens:
+                break
+            if not self.budget.can_admit(req):
+                break  # first come, first served: no overtaking
+            self.waiting.popleft()
+            self.budget.admit(req)
+            admitted.append(req)
+            tokens += req.prompt_len
+        self.prompt_tokens += tokens
+        return admitted
+
+    def needs_delayed_sampling(self, batch: ScheduleBatch) -> bool:
+        """Hook: a batch whose sampling needs state its predecessor's result updates (grammar
+        masks) returns True and gets its tokens masked by `sampling_masks`."""
+        return False
+
+    def sampling_masks(self, batch: ScheduleBatch) -> dict[int, list[int]]:
+        """Hook: row -> token ids to forbid, computed after the previous result was processed."""
+        return {}
+
+    def run_batch(self, batch: ScheduleBatch) -> PendingResult:
+        t0 = time.perf_counter()
+        pending = self.device.launch(batch.to_launch())
+        self.timing.launch_s += time.perf_counter() - t0
+        return pending
+
+    def launch_delayed_sampling(self, batch: ScheduleBatch) -> None:
+        if batch.delay_sampling:
+            self.device.launch_sampling(SampleLaunch(batch.batch_id, self.sampling_masks(batch)))
+
+    # ------------------------------------------------------------------ results
+    def pop_and_process(self) -> None:
+        if self.result_queue:
+            batch, pending = self.result_queue.popleft()
+            self.process_batch_result(batch, pending)
+
+    def process_batch_result(self, batch: ScheduleBatch, pending: PendingResult) -> None:
+        t0 = time.perf_counter()
+        ids = pending.wait()
+        t1 = time.perf_counter()
+        for req, tok in zip(batch.reqs, ids):
+            req.inflight -= 1
+            if req.finished:
+                # The one-step overrun (or an abort): drop the token; free the request slot
+                # once no forward of this request is in flight any more.
+                if req.inflight == 0:
+                    self.budget.release_req_slot(req)
+                continue
+            req.output_ids.append(tok)
+            req.check_finished()
+            if req.finished:
+                self._finish(req)
+            self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason, None, req.matched_stop))
+        self.generated_tokens += len(ids)
+        self.timing.wait_s += t1 - t0
+        self.timing.process_s += time.perf_counter() - t1
+
+    def _finish(self, req: Request) -> None:
+        """Free what a finished request holds. Its KV slots are reusable at once (device work is
+        ordered); its request slot waits until its in-flight forwards are processed."""
+        if req.req_slot is not None:
+            self.budget.release_kv(req)
+            if req.inflight == 0:
+                self.budget.release_req_slot(req)
+        self.requests.pop(req.rid, None)
+        self._running_dirty = True
+
+    def flush_outputs(self) -> None:
+        if self._outputs:
+            self.io.send(BatchOutput(self._outputs))
+            self._outputs = []
+
+    # ------------------------------------------------------------------ loops
+    def _timed_next_batch(self) -> ScheduleBatch | None:
+        t0 = time.perf_counter()
+        self.recv_requests()
+        batch = self.get_next_batch_to_run()
+        self.timing.schedule_s += time.perf_counter() - t0
+        return batch
+
+    def _end_iteration(self, batch: ScheduleBatch | None) -> None:
+        t0 = time.perf_counter()
+        self.flush_outputs()
+        self.timing.process_s += time.perf_counter() - t0
+        self.last_batch = batch
+        self.iteration += 1
+        self.timing.iterations += 1
+        if batch is not None:
+            self.timing.batches += 1
+        self._maybe_log_status()
+
+    def event_loop_normal(self) -> None:
+        """Serial: run batch N and process its results before building batch N+1."""
+        while not self._should_exit():
+            batch = self._timed_next_batch()
+            if batch is not None:
+                pending = self.run_batch(batch)
+                self.launch_delayed_sampling(batch)
+                self.process_batch_result(batch, pending)
+            self._end_iteration(batch)
+        self._drain()
+
+    def event_loop_overlap(self) -> None:
+        """Launch batch N, then process batch N-1 while the device computes N."""
+        while not self._should_exit():
+            batch = self._timed_next_batch()
+            disable_overlap = is_disable_overlap_for_batch(
+                batch,
+                self.last_batch,
+                disable_consecutive_prefill=self.disable_consecutive_prefill_overlap,
+                result_queued=bool(self.result_queue),
+                require_mlp_sync=self.require_mlp_sync,
+            )
+            if disable_overlap:
+                self.pop_and_process()
+            if batch is not None:
+                self.result_queue.append((batch, self.run_batch(batch)))
+            if self.last_batch is not None and not disable_overlap:
+                self.pop_and_process()
+            if batch is not None:
+                self.launch_delayed_sampling(batch)
+            self._end_iteration(batch)
+        self._drain()
+
+    def _drain(self) -> None:
+        """On exit: finish processing what is in flight, abort what is left, report it."""
+        while self.result_queue:
+            self.pop_and_process()
+        for rid in list(self.requests):
+            self.abort(rid)
+        self.flush_outputs()
+
+    def _maybe_log_status(self) -> None:
+        now = time.monotonic()
+        if now - self._last_status < STATUS_LOG_INTERVAL_S or self.is_idle:
+            return
+        elapsed = now - self._last_status
+        self._last_status = now
+        logger.info(
+            "running %d, queued %d, KV %d/%d (%.0f%%), %.1f tokens/s",
+            len(self.running),
+            len(self.waiting),
+            self.kv_alloc.num_used,
+            self.kv_alloc.capacity,
+            100.0 * self.kv_alloc.num_used / max(1, self.kv_alloc.capacity),
+            (self.generated_tokens - self.timing.tokens_at_last_status) / elapsed,
+        )
+        self.timing.tokens_at_last_status = self.generated_tokens

@@ -1,0 +1,27 @@
+"""Where the scheduler's time goes, per loop (read by the overlap benchmark and the status log)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class LoopTiming:
+    schedule_s: float = 0.0  # receiving requests and building batches
+    launch_s: float = 0.0  # handing batches to the device
+    wait_s: float = 0.0  # blocked on the device for a result
+    process_s: float = 0.0  # processing results and sending outputs
+    iterations: int = 0
+    batches: int = 0
+    tokens_at_last_status: int = 0
+
+    @property
+    def cpu_s(self) -> float:
+        """Scheduler CPU work: everything but waiting on the device."""
+        return self.schedule_s + self.launch_s + self.process_s
+
+    def as_dict(self) -> dict[str, float]:
+        d = asdict(self)
+        d.pop("tokens_at_last_status")
+        d["cpu_s"] = self.cpu_s
+        return d

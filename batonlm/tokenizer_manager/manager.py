@@ -1,0 +1,234 @@
+"""TokenizerManager: the frontend's side of the scheduler, on one asyncio loop.
+
+Turns requests into `GenerateRequest`s, sends them to the scheduler, and turns the token ids
+that come back into text deltas per request. Owns the map request id -> waiting consumer; a
+consumer that goes away aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from batonlm.config import ServerArgs
+from batonlm.ipc import codec
+from batonlm.ipc.codec import Message
+from batonlm.ipc.messages import (
+    AbortRequest,
+    BatchOutput,
+    GenerateRequest,
+    SchedulerFailed,
+    SchedulerInfo,
+    SchedulerStats,
+    ShutdownRequest,
+    StatsRequest,
+    TokenOutput,
+)
+from batonlm.launcher import SchedulerHandle, new_endpoints, start_scheduler
+from batonlm.sampling_params import SamplingParams
+from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerGone(RuntimeError):
+    """The scheduler process died; no request can be served any more."""
+
+
+class RequestRejected(ValueError):
+    """The request cannot be served as given (the message gives the numbers)."""
+
+
+@dataclass
+class GenerationChunk:
+    """What one iteration added to a request."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+@dataclass
+class _ReqState:
+    detok: IncrementalDetokenizer
+    prompt_tokens: int
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    completion_tokens: int = 0
+    finished: bool = False
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs, tokenizer: Any) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.info: SchedulerInfo | None = None
+        self.handle: SchedulerHandle | None = None
+        self.states: dict[str, _ReqState] = {}
+        self.healthy = False
+        self.on_scheduler_death: Callable[[], None] | None = None
+        self._stats_waiters: list[asyncio.Future] = []
+        self._ctx = zmq.asyncio.Context(1)
+        self._push: zmq.asyncio.Socket | None = None
+        self._pull: zmq.asyncio.Socket | None = None
+        self._output_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> SchedulerInfo:
+        """Bind the sockets, spawn the scheduler, and wait until it has loaded the model."""
+        self._loop = asyncio.get_running_loop()
+        ipc_dir, req_ep, out_ep = new_endpoints()
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.bind(req_ep)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.bind(out_ep)
+        self.handle = await asyncio.to_thread(start_scheduler, self.args, ipc_dir, req_ep, out_ep)
+        self.info = self.handle.info
+        self.healthy = True
+        self._output_task = asyncio.create_task(self._output_loop())
+        self._loop.add_reader(self.handle.process.sentinel, self._scheduler_exited)
+        return self.info
+
+    async def shutdown(self) -> None:
+        if self.handle is None:
+            return
+        handle, self.handle = self.handle, None
+        self._loop.remove_reader(handle.process.sentinel)  # type: ignore[union-attr]
+        if handle.process.is_alive():
+            await self._send(ShutdownRequest())
+        await asyncio.to_thread(handle.stop)
+        self.healthy = False
+        self._fail_all(SchedulerGone("the server is shutting down"))
+        if self._output_task is not None:
+            self._output_task.cancel()
+        self._push.close(0)  # type: ignore[union-attr]
+        self._pull.close(0)  # type: ignore[union-attr]
+        self._ctx.term()
+
+    def _scheduler_exited(self) -> None:
+        assert self.handle is not None and self._loop is not None
+        self._loop.remove_reader(self.handle.process.sentinel)
+        code = self.handle.process.exitcode
+        logger.error("the scheduler process exited unexpectedly (exit code %s)", code)
+        self.healthy = False
+        self._fail_all(SchedulerGone(f"the scheduler process died (exit code {code})"))
+        if self.on_scheduler_death is not None:
+            self.on_scheduler_death()
+
+    def _fail_all(self, error: Exception) -> None:
+        for state in self.states.values():
+            state.queue.put_nowait(error)
+        for fut in self._stats_waiters:
+            if not fut.done():
+                fut.set_exception(error)
+        self._stats_waiters.clear()
+
+    # ------------------------------------------------------------------ IO
+    async def _send(self, msg: Message) -> None:
+        if not self.healthy:
+            raise SchedulerGone("the scheduler is not running")
+        await self._push.send(codec.encode(msg))  # type: ignore[union-attr]
+
+    async def _output_loop(self) -> None:
+        while True:
+            msg = codec.decode(await self._pull.recv())  # type: ignore[union-attr]
+            if isinstance(msg, BatchOutput):
+                for out in msg.outputs:
+                    state = self.states.get(out.rid)
+                    if state is not None:
+                        state.queue.put_nowait(out)
+            elif isinstance(msg, SchedulerStats):
+                if self._stats_waiters:
+                    fut = self._stats_waiters.pop(0)
+                    if not fut.done():
+                        fut.set_result(msg)
+            elif isinstance(msg, SchedulerFailed):
+                logger.error("scheduler failed: %s", msg.message)
+                self.healthy = False
+                self._fail_all(SchedulerGone(f"the scheduler failed: {msg.message}"))
+
+    # ------------------------------------------------------------------ requests
+    def tokenize(self, prompt: str) -> list[int]:
+        return list(self.tokenizer(prompt).input_ids)
+
+    def validate_prompt(self, input_ids: list[int], params: SamplingParams) -> None:
+        """Reject what the scheduler would reject, with the numbers, before sending anything."""
+        info = self.info
+        assert info is not None
+        n = len(input_ids)
+        if n == 0:
+            raise RequestRejected("the prompt is empty")
+        if n >= info.context_length:
+            raise RequestRejected(
+                f"the prompt has {n} tokens but the context length is {info.context_length} "
+                f"(at most {info.context_length - 1} prompt tokens leave room for one new token)"
+            )
+        bad = [t for t in input_ids if not 0 <= t < info.vocab_size]
+        if bad:
+            raise RequestRejected(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {info.vocab_size})")
+        params.validate(info.vocab_size)
+        needed = n + min(params.max_new_tokens, info.context_length - n) - 1
+        if needed > info.max_total_tokens:
+            raise RequestRejected(
+                f"the request needs {needed} KV slots ({n} prompt + "
+                f"{min(params.max_new_tokens, info.context_length - n)} new tokens - 1) "
+                f"but the KV cache holds {info.max_total_tokens}"
+            )
+
+    async def generate(
+        self, input_ids: list[int], params: SamplingParams, rid: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
+        """Stream one request's chunks. Leaving the iteration early aborts the request."""
+        rid = rid or uuid.uuid4().hex
+        if rid in self.states:
+            raise RequestRejected(f"request id {rid!r} is already in use")
+        state = _ReqState(IncrementalDetokenizer(self.tokenizer, input_ids), len(input_ids))
+        self.states[rid] = state
+        try:
+            await self._send(GenerateRequest(rid, input_ids, params))
+            while not state.finished:
+                item = await state.queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield self._apply(rid, state, item)
+        finally:
+            self.states.pop(rid, None)
+            if not state.finished and self.healthy:
+                await self._send(AbortRequest(rid))
+
+    def _apply(self, rid: str, state: _ReqState, out: TokenOutput) -> GenerationChunk:
+        state.completion_tokens += len(out.token_ids)
+        text = state.detok.add(out.token_ids)
+        if out.finish_reason is not None:
+            state.finished = True
+            text += state.detok.flush()
+        return GenerationChunk(
+            rid=rid,
+            text=text,
+            token_ids=list(out.token_ids),
+            finish_reason=out.finish_reason,
+            prompt_tokens=state.prompt_tokens,
+            completion_tokens=state.completion_tokens,
+            error=out.error,
+        )
+
+    async def abort(self, rid: str) -> None:
+        await self._send(AbortRequest(rid))
+
+    async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._stats_waiters.append(fut)
+        await self._send(StatsRequest())
+        return await asyncio.wait_for(fut, timeout_s)
