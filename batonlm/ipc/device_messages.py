@@ -48,6 +48,8 @@ class SampleLaunch(msgspec.Struct, tag=True, frozen=True):
 class BatchSampled(msgspec.Struct, tag=True, frozen=True):
     batch_id: int
     token_ids: list[int]
+    # Seconds the worker spent computing this batch (forward + sampling), for profiling.
+    compute_s: float = 0.0
 
 
 class WorkerFailed(msgspec.Struct, tag=True, frozen=True):

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from batonlm.ipc import codec
 from batonlm.ipc.codec import Message
 from batonlm.ipc.messages import BatchOutput, SchedulerStats
 
@@ -24,13 +25,14 @@ class RequestRecord:
 
 
 class LocalIO:
-    def __init__(self, iteration: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, iteration: Callable[[], int] = lambda: 0, encode: bool = False) -> None:
         self._iteration = iteration
+        # Encode every output as the socket path would (the benchmark counts that CPU work).
+        self._encode = encode
         self._pending: list[tuple[int, int, Message]] = []  # (iteration, order, message)
         self._order = 0
         self.records: dict[str, RequestRecord] = defaultdict(RequestRecord)
         self.stats: list[SchedulerStats] = []
-        self.sent: list[Message] = []
         # Called after each BatchOutput is recorded (tests use it to abort mid-decode).
         self.on_output: Callable[[BatchOutput], None] | None = None
 
@@ -53,7 +55,8 @@ class LocalIO:
         return [m for _, _, m in due]
 
     def send(self, msg: Message) -> None:
-        self.sent.append(msg)
+        if self._encode:
+            codec.encode(msg)
         if isinstance(msg, SchedulerStats):
             self.stats.append(msg)
             return

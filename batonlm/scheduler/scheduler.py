@@ -90,6 +90,8 @@ class Scheduler:
         self.timing = LoopTiming()
         self.prompt_tokens = 0
         self.generated_tokens = 0
+        # Tokens sampled for requests already finished (the one-step overrun, or an abort).
+        self.dropped_tokens = 0
         self._last_status = time.monotonic()
 
     # ------------------------------------------------------------------ state
@@ -245,11 +247,12 @@ class Scheduler:
         t0 = time.perf_counter()
         ids = pending.wait()
         t1 = time.perf_counter()
-        for req, tok in zip(batch.reqs, ids):
+        for req, tok in zip(batch.reqs, ids, strict=False):
             req.inflight -= 1
             if req.finished:
                 # The one-step overrun (or an abort): drop the token; free the request slot
                 # once no forward of this request is in flight any more.
+                self.dropped_tokens += 1
                 if req.inflight == 0:
                     self.budget.release_req_slot(req)
                 continue
@@ -336,6 +339,7 @@ class Scheduler:
         for rid in list(self.requests):
             self.abort(rid)
         self.flush_outputs()
+        self.last_batch = None
 
     def _maybe_log_status(self) -> None:
         now = time.monotonic()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -50,6 +51,8 @@ class CpuWorkerDevice(DeviceStream):
         child.close()
         self._results: dict[int, list[int]] = {}
         self._closed = False
+        # Total seconds the worker spent computing batches (forward + sampling).
+        self.compute_s = 0.0
         if not self._conn.poll(WORKER_START_TIMEOUT_S):
             self.close()
             raise DeviceError(f"CPU device worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
@@ -90,6 +93,7 @@ class CpuWorkerDevice(DeviceStream):
                 raise DeviceError(f"batch {msg.batch_id} failed on the CPU device: {msg.message}")
             assert isinstance(msg, BatchSampled)
             self._results[msg.batch_id] = msg.token_ids
+            self.compute_s += msg.compute_s
         return self._results.pop(batch_id)
 
     def close(self) -> None:
@@ -130,6 +134,7 @@ def worker_main(conn: Connection, spec: DeviceSpec) -> None:
         if isinstance(msg, WorkerShutdown):
             return
         batch_id = msg.batch_id  # type: ignore[union-attr]
+        t0 = time.perf_counter()
         try:
             if isinstance(msg, BatchLaunch):
                 ids = executor.run(msg)
@@ -141,4 +146,4 @@ def worker_main(conn: Connection, spec: DeviceSpec) -> None:
             conn.send_bytes(codec.encode(WorkerFailed(batch_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
             return
         if ids is not None:
-            conn.send_bytes(codec.encode(BatchSampled(batch_id, ids.tolist())))
+            conn.send_bytes(codec.encode(BatchSampled(batch_id, ids.tolist(), time.perf_counter() - t0)))

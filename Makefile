@@ -1,0 +1,27 @@
+# batonlm developer commands. `make help` lists them.
+PYTHON ?= python
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: help install run test lint bench docker
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+install:  ## install batonlm with its test and dev extras (torch 2.13.0 first)
+	$(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[dev]"
+
+run:  ## serve the embedded stories260K model on http://127.0.0.1:30000
+	batonlm serve
+
+test:  ## run the test suite (what .ci/run runs)
+	$(PYTHON) -m pytest -q tests
+
+lint:  ## ruff
+	$(PYTHON) -m ruff check batonlm tests benchmarks
+
+bench:  ## normal vs overlap loop on stories260K (writes benchmarks/results/)
+	$(PYTHON) benchmarks/overlap.py
+
+docker:  ## build the GPU image
+	docker build -f docker/Dockerfile -t batonlm:latest .

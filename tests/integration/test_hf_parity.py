@@ -1,0 +1,88 @@
+"""Greedy outputs equal transformers' greedy outputs token for token (fp32, same weights)."""
+
+import random
+
+import pytest
+from helpers import SchedulerHarness, hf_greedy, random_prompts
+
+NUM_PROMPTS = 9
+
+
+def _requests(seed: int):
+    rng = random.Random(seed)
+    prompts = random_prompts(NUM_PROMPTS, rng, lo=1, hi=200)
+    max_new = [rng.randint(8, 24) for _ in prompts]
+    return prompts, max_new
+
+
+def _check(harness: SchedulerHarness, prompts, max_new, expected, arrivals, eos=(2,)) -> int:
+    """Run and compare; returns how many requests stopped on EOS."""
+    for i, (ids, n, at) in enumerate(zip(prompts, max_new, arrivals, strict=False)):
+        harness.submit(f"r{i}", ids, {"temperature": 0.0, "max_new_tokens": n}, at=at)
+    records = harness.run(overlap=True)
+    for i, want in enumerate(expected):
+        got = records[f"r{i}"]
+        assert got.token_ids == want, f"prompt {i} (len {len(prompts[i])}): got {got.token_ids}, want {want}"
+        stopped = want[-1] in eos and len(want) <= max_new[i]
+        assert got.finish_reason == ("stop" if stopped else "length")
+    harness.assert_all_free()
+    return sum(r.finish_reason == "stop" for r in records.values())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+def test_tiny_family_matches_transformers(tiny_models, family):
+    path = tiny_models[family]
+    prompts, max_new = _requests(seed={"llama": 1, "qwen2": 2, "qwen3": 3, "mistral": 4}[family])
+    expected = hf_greedy(path, prompts, max_new)
+    h = SchedulerHarness(path)
+    try:
+        # All at once: one prefill batch of prompts of 1..200 tokens, then batched decodes.
+        _check(h, prompts, max_new, expected, arrivals=[0] * len(prompts))
+        # One at a time while others decode: prefills interleave with running decodes.
+        _check(h, prompts, max_new, expected, arrivals=[3 * i for i in range(len(prompts))])
+    finally:
+        h.close()
+
+
+def test_tiny_family_matches_transformers_mixed_batches(tiny_models):
+    """With mixed batches, prefills and decodes of different lengths share one forward."""
+    path = tiny_models["mistral"]
+    prompts, max_new = _requests(seed=7)
+    expected = hf_greedy(path, prompts, max_new)
+    h = SchedulerHarness(path, enable_mixed_batch=True)
+    try:
+        _check(h, prompts, max_new, expected, arrivals=[2 * i for i in range(len(prompts))])
+    finally:
+        h.close()
+
+
+def test_stories260k_matches_transformers(stories_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(stories_path)
+    texts = [
+        "Once upon a time",
+        "Lily",
+        "The dog ran to the park and",
+        "One day, a little boy named Tim found a big red ball in the garden. He wanted to play with it,"
+        " but his mom said it was time for lunch. Tim was sad, but he went inside. After lunch,",
+        "Sue had a cat.",
+        "The sun was hot. Ben and Anna went to the beach with their mom and dad. They made a big sand castle"
+        " with a flag on top. Then a wave came and",
+        "Once upon a time there was a tiny frog who lived in a pond. Every day he would jump from leaf to leaf"
+        " and sing a happy song. The other animals liked his song very much. One morning the frog woke up and"
+        " found that his voice was gone. He was very sad and did not know what to do. He went to the wise old"
+        " owl and asked for help. The owl said",
+        "Mom said",
+    ]
+    prompts = [tok(t).input_ids for t in texts]
+    assert max(len(p) for p in prompts) > 80
+    max_new = [40, 300, 120, 200, 250, 200, 150, 300]
+    expected = hf_greedy(stories_path, prompts, max_new)
+    h = SchedulerHarness(stories_path)
+    try:
+        stops = _check(h, prompts, max_new, expected, arrivals=[0] * len(prompts), eos=(2, 1))
+        assert stops >= 2, "the comparison should include stories that end on an EOS id"
+        _check(h, prompts, max_new, expected, arrivals=[4 * i for i in range(len(prompts))], eos=(2, 1))
+    finally:
+        h.close()

@@ -1,0 +1,41 @@
+import pytest
+from transformers import AutoTokenizer
+
+from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
+
+
+@pytest.fixture(scope="module")
+def tok(stories_path):
+    return AutoTokenizer.from_pretrained(stories_path)
+
+
+@pytest.mark.parametrize(
+    "prompt, continuation",
+    [
+        ("Once upon a time", ", there was a little girl named Lily."),
+        ("Lily said", " 这是 é ünïcödé 🙂 test"),  # byte-fallback tokens for every non-ASCII char
+        ("x", "🙂🙂 ok"),
+    ],
+)
+def test_deltas_are_whole_characters_and_add_up(tok, prompt, continuation):
+    p = tok(prompt).input_ids
+    out = tok(prompt + continuation).input_ids[len(p):]
+    d = IncrementalDetokenizer(tok, p)
+    deltas = [d.add([t]) for t in out] + [d.flush()]
+    for delta in deltas:
+        assert "\ufffd" not in delta
+        delta.encode("utf-8")  # would raise on a lone surrogate
+    want = tok.decode(p + out, skip_special_tokens=True)[len(tok.decode(p, skip_special_tokens=True)):]
+    assert "".join(deltas) == want
+    assert want == continuation  # leading space kept: what the prompt was followed by
+
+
+def test_a_truncated_character_is_flushed_as_the_tokenizer_decodes_it(tok):
+    p = tok("Hi").input_ids
+    smile = tok.convert_tokens_to_ids(["<0xF0>", "<0x9F>", "<0x99>", "<0x82>"])  # U+1F642 in UTF-8
+    d = IncrementalDetokenizer(tok, p)
+    assert [d.add([t]) for t in smile[:-1]] == ["", "", ""]
+    flushed = d.flush()
+    assert "\ufffd" in flushed and flushed == tok.decode(p + smile[:-1])[len(tok.decode(p)):]
+    d = IncrementalDetokenizer(tok, p)
+    assert [d.add([t]) for t in smile] == ["", "", "", "🙂"]

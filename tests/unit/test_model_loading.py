@@ -1,0 +1,93 @@
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from batonlm.model_runner.model_config import ModelConfig, ModelConfigError
+from batonlm.model_runner.model_loader import load_model
+from batonlm.model_runner.weight_loader import WeightLoadError
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_model_config_reads_stories260k(stories_path):
+    cfg = ModelConfig.from_hf(stories_path)
+    assert (cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
+        "LlamaForCausalLM", 5, 8, 4, 8)
+    assert cfg.tie_word_embeddings and cfg.context_length == 512
+    # generation_config.json lists both stop ids; config.json only one.
+    assert cfg.eos_token_ids == (2, 1)
+
+
+def test_model_config_reads_family_options(tiny_models):
+    llama = ModelConfig.from_hf(tiny_models["llama"])
+    assert llama.head_dim == 24 and llama.rope.type == "llama3" and llama.rope.theta == 500000.0
+    assert ModelConfig.from_hf(tiny_models["mistral"]).sliding_windows == (24, 24)
+    assert ModelConfig.from_hf(tiny_models["qwen3"]).sliding_windows == (None, None)
+
+
+def test_model_config_errors(tmp_path, stories_path):
+    with pytest.raises(ModelConfigError, match="not a directory"):
+        ModelConfig.from_hf(tmp_path / "nope")
+    with pytest.raises(ModelConfigError, match="no config.json"):
+        ModelConfig.from_hf(tmp_path)
+    d = _copy(stories_path, tmp_path / "m")
+    raw = json.loads((d / "config.json").read_text())
+    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelConfigError, match="'yarn' is not supported"):
+        ModelConfig.from_hf(d)
+
+
+def test_unknown_architecture_is_named(tmp_path, stories_path):
+    d = _copy(stories_path, tmp_path / "m")
+    raw = json.loads((d / "config.json").read_text())
+    raw["architectures"] = ["GPT2LMHeadModel"]
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*not supported.*LlamaForCausalLM"):
+        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
+
+
+def test_strict_loading_names_missing_unexpected_and_misshapen_tensors(tmp_path, stories_path):
+    d = _copy(stories_path, tmp_path / "m")
+    tensors = load_file(d / "model.safetensors")
+    del tensors["model.layers.3.mlp.up_proj.weight"]
+    tensors["model.layers.0.self_attn.extra.weight"] = torch.zeros(2)
+    tensors["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(16, 64)
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(WeightLoadError) as err:
+        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
+    msg = str(err.value)
+    assert "missing tensor(s): model.layers.1.self_attn.k_proj.weight; model.layers.3.mlp.up_proj.weight" in msg
+    assert "unexpected tensor(s): model.layers.0.self_attn.extra.weight" in msg
+    assert "model.layers.1.self_attn.k_proj.weight: checkpoint (16, 64), model expects (32, 64)" in msg
+
+
+def test_sharded_checkpoint_loads_like_the_single_file(tmp_path, stories_path):
+    d = _copy(stories_path, tmp_path / "m")
+    tensors = load_file(d / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for fname, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, d / fname)
+        weight_map.update({k: fname for k in keys})
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    sharded = load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
+    single = load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")
+    for (n1, p1), (n2, p2) in zip(sharded.state_dict().items(), single.state_dict().items(), strict=False):
+        assert n1 == n2 and torch.equal(p1, p2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_dtypes_load(stories_path, dtype):
+    model = load_model(ModelConfig.from_hf(stories_path), dtype, "cpu")
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    ref = load_file(f"{stories_path}/model.safetensors")["model.norm.weight"]
+    assert torch.equal(model.model.norm.weight, ref.to(dtype))
