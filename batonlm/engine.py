@@ -74,7 +74,7 @@ class Engine:
             params = [SamplingParams.from_dict(p) for p in sampling_params]
         else:
             params = [SamplingParams.from_dict(sampling_params)] * len(ids)
-        for i, (x, p) in enumerate(zip(ids, params, strict=False)):
+        for i, (x, p) in enumerate(zip(ids, params)):
             try:
                 self._manager.validate_prompt(x, p)
             except ValueError as e:
@@ -99,7 +99,7 @@ class Engine:
             return result
 
         async def run() -> list[dict]:
-            return list(await asyncio.gather(*(one(x, p) for x, p in zip(ids, params, strict=False))))
+            return list(await asyncio.gather(*(one(x, p) for x, p in zip(ids, params))))
 
         results = self._call(run())
         return results[0] if single else results
@@ -123,7 +123,7 @@ class Engine:
 
         async def run() -> None:
             try:
-                await asyncio.gather(*(one(i, x, p) for i, (x, p) in enumerate(zip(ids, params, strict=False))))
+                await asyncio.gather(*(one(i, x, p) for i, (x, p) in enumerate(zip(ids, params))))
             except BaseException as e:
                 out.put(e)
                 raise

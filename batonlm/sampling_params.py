@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import msgspec
+
+
+MAX_TOP_LOGPROBS = 20
 
 
 class InvalidSamplingParams(ValueError):
@@ -26,10 +30,20 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     seed: int | None = None
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    # None: no logprobs; n >= 0: the chosen token's logprob and the n most likely alternatives.
+    logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SamplingParams:
@@ -45,9 +59,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         try:
             params = msgspec.convert(data, cls, strict=False)
         except msgspec.ValidationError as e:
-            path = str(e).rsplit("at `$.", 1)
-            field = path[1].rstrip("`").split("[")[0] if len(path) == 2 else "sampling_params"
-            raise InvalidSamplingParams(field, str(e)) from None
+            m = re.search(r"\$\.([A-Za-z_]+)", str(e))
+            raise InvalidSamplingParams(m.group(1) if m else "sampling_params", str(e)) from None
         params.validate()
         return params
 
@@ -69,9 +82,19 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise InvalidSamplingParams("min_p", f"must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise InvalidSamplingParams("seed", "must fit in 64 bits")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and -2.0 <= v <= 2.0):
+                raise InvalidSamplingParams(name, f"must be in [-2, 2], got {v}")
+        if not (math.isfinite(self.repetition_penalty) and 0 < self.repetition_penalty <= 10):
+            raise InvalidSamplingParams("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+        for tok, bias in self.logit_bias.items():
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise InvalidSamplingParams("logit_bias", f"bias of token {tok} must be in [-100, 100], got {bias}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidSamplingParams("logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if vocab_size is not None:
-            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-            if bad:
-                raise InvalidSamplingParams(
-                    "stop_token_ids", f"ids {bad[:5]} are outside the vocabulary [0, {vocab_size})"
-                )
+            for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias))):
+                bad = [t for t in ids if not 0 <= t < vocab_size]
+                if bad:
+                    raise InvalidSamplingParams(name, f"ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")

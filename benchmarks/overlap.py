@@ -57,7 +57,7 @@ def run_once(sched, io: LocalIO, prompts: list[list[int]], concurrency: int, new
     itl = []
     for rec in io.records.values():
         assert len(rec.token_ids) == new_tokens
-        itl += [b - a for a, b in zip(rec.token_times, rec.token_times[1:], strict=False)]
+        itl += [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
     io.records.clear()
     iters = delta["batches"]
     return {

@@ -86,7 +86,7 @@ def hf_greedy(model_path: str, prompts: list[list[int]], max_new: list[int]) -> 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     outs = []
     with torch.no_grad():
-        for ids, n in zip(prompts, max_new, strict=False):
+        for ids, n in zip(prompts, max_new):
             gen = model.generate(
                 torch.tensor([ids]), do_sample=False, max_new_tokens=n, attention_mask=torch.ones(1, len(ids), dtype=torch.long)
             )

@@ -18,6 +18,10 @@ class SlotInit(msgspec.Struct, array_like=True, frozen=True):
     min_new_tokens: int
     # Ids suppressed while fewer than `min_new_tokens` tokens have been generated.
     stop_ids: list[int]
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
 
 
 class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
@@ -36,6 +40,8 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     all_greedy: bool
     # False defers sampling to a later `SampleLaunch` (grammar masks need the newest state).
     sample: bool = True
+    # Largest number of top alternatives any row wants with its logprobs; -1: no logprobs.
+    top_logprobs: int = -1
 
 
 class SampleLaunch(msgspec.Struct, tag=True, frozen=True):
@@ -50,6 +56,15 @@ class BatchSampled(msgspec.Struct, tag=True, frozen=True):
     token_ids: list[int]
     # Seconds the worker spent computing this batch (forward + sampling), for profiling.
     compute_s: float = 0.0
+    logprobs: SampledLogprobs | None = None
+
+
+class SampledLogprobs(msgspec.Struct, array_like=True, frozen=True):
+    """Per row: the chosen token's logprob and the `top_logprobs` best alternatives."""
+
+    chosen: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
 
 
 class WorkerFailed(msgspec.Struct, tag=True, frozen=True):

@@ -38,6 +38,9 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     error: str | None = None
     # Id that triggered a "stop" (an EOS or a stop_token_id), for the frontend's accounting.
     matched_stop: int | None = None
+    # With logprobs requested: per new token, its logprob and the top alternatives (id, logprob).
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):

@@ -1,4 +1,4 @@
-"""Sampling: plain-torch reference functions (the CPU path).
+"""Sampling: plain-torch reference functions (the CPU path) and their Triton twins.
 
 Semantics shared with the Triton kernels (which live beside these references):
 * greedy rows (temperature 0) take the first maximal logit;
@@ -20,6 +20,8 @@ _MASK32 = 0xFFFFFFFF
 # Odd constants of the lowbias32 finalizer and of the key schedule.
 _M1, _M2 = 0x7FEB352D, 0x846CA68B
 _SEED_SALT, _POS_SALT, _TOKEN_SALT = 0x9E3779B9, 0x85EBCA6B, 0xC2B2AE35
+_U_SCALE = 1.0 / (1 << 24)
+_U_MAX = 1.0 - 1.0 / (1 << 24)
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -42,10 +44,19 @@ def token_salts(vocab_size: int, device: torch.device | str) -> torch.Tensor:
     return mix32((ids * _TOKEN_SALT + _SEED_SALT) & _MASK32)
 
 
+def hash_to_uniform(h: torch.Tensor) -> torch.Tensor:
+    """float32 uniforms in (0, 1) from uint32 hashes held in int64 (24 bits of each).
+
+    Above 2**23, n + 0.5 is not a float32 and rounds to even: n = 2**24 - 1 would give u = 1,
+    E = -log(u) = 0 and an infinite race score that beats every probability, so the largest
+    value is clamped to the float below 1."""
+    u = ((h >> 8).to(torch.float32) + 0.5) * _U_SCALE
+    return u.clamp_(max=_U_MAX)
+
+
 def counter_uniform(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[B, V] float32 uniforms in (0, 1), a pure function of (row key, token id)."""
-    h = mix32(keys[:, None] ^ token_salts(vocab_size, keys.device)[None, :])
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return hash_to_uniform(mix32(keys[:, None] ^ token_salts(vocab_size, keys.device)[None, :]))
 
 
 def split_seed(seed: int) -> tuple[int, int]:
@@ -102,3 +113,58 @@ def sample_reference(
     race = -torch.log(counter_uniform(keys, logits.shape[-1]))
     scores = torch.where(keep, probs / race, torch.full_like(probs, -1.0))
     return torch.where(is_greedy, greedy, scores.argmax(dim=-1))
+
+
+def argmax_reference(logits: torch.Tensor) -> torch.Tensor:
+    """[B] int64 first maximal index of each row (greedy decoding)."""
+    return logits.argmax(dim=-1)
+
+
+# Triton twins. The kernels live in _triton_sampling, imported on first use: triton is optional
+# (macOS has none), and triton.jit decides between compiling and interpreting (TRITON_INTERPRET)
+# when a kernel is defined, so defining them at import would fix that choice too early.
+
+
+def triton_available() -> bool:
+    """Whether triton can be imported (the kernels then run on CUDA, or anywhere interpreted)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _kernels():
+    from batonlm.kernels import _triton_sampling
+
+    return _triton_sampling
+
+
+def sample_triton(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    keys: torch.Tensor,
+) -> torch.Tensor:
+    """`sample_reference` as one kernel launch (a program per row, no sort of the vocabulary)."""
+    return _kernels().sample(logits, temperature, top_k, top_p, min_p, keys)
+
+
+def keep_mask_triton(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """`keep_mask_reference` from the kernel's threshold search (the search `sample_triton` runs)."""
+    threshold = _kernels().keep_threshold(probs, top_k, top_p, min_p)
+    return (probs >= threshold[:, None]) & (probs > 0)
+
+
+def argmax_triton(logits: torch.Tensor) -> torch.Tensor:
+    """`argmax_reference` as a kernel: first maximal index of each row."""
+    return _kernels().argmax(logits)
+
+
+def counter_uniform_triton(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`counter_uniform` computed by the kernels' uint32 hash (equal bit for bit)."""
+    return _kernels().uniform(keys, vocab_size)

@@ -58,16 +58,16 @@ class ForwardBatch:
         input_ids: torch.Tensor | None = None,
     ) -> ForwardBatch:
         """Derive positions and offsets from per-row host lists (one small H2D copy each)."""
-        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=False)]
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         starts = [0] * len(extend_lens)
         acc = 0
         for i, e in enumerate(extend_lens):
             starts[i] = acc
             acc += e
         positions: list[int] = []
-        for p, e in zip(prefix_lens, extend_lens, strict=False):
+        for p, e in zip(prefix_lens, extend_lens):
             positions.extend(range(p, p + e))
-        last = [s + e - 1 for s, e in zip(starts, extend_lens, strict=False)]
+        last = [s + e - 1 for s, e in zip(starts, extend_lens)]
 
         pin = torch.device(device).type == "cuda"
 

@@ -12,7 +12,7 @@ from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model
 from batonlm.model_runner.req_to_token import ReqToTokenPool
-from batonlm.model_runner.sampler import SamplingBatch, SlotSamplingTable, get_sampler
+from batonlm.model_runner.sampler import SampleOutput, SlotSamplingTable, get_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class ModelRunner:
             self.kv_pool, self.req_to_token, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows
         )
         self.sampler = get_sampler(sampler)
-        self.sampling_table = SlotSamplingTable(num_req_slots, self.device)
+        self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -58,10 +58,8 @@ class ModelRunner:
         return self.model.logits(hidden[batch.last_token_index])
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, batch: ForwardBatch, all_greedy: bool) -> torch.Tensor:
-        info = self.sampling_table.gather(batch.req_slots, batch.seq_lens, all_greedy)
-        return self.sample_with(logits, info)
-
-    @torch.inference_mode()
-    def sample_with(self, logits: torch.Tensor, info: SamplingBatch) -> torch.Tensor:
-        return self.sampler.sample(logits, info)
+    def sample(self, logits: torch.Tensor, batch: ForwardBatch, all_greedy: bool, top_logprobs: int = -1) -> SampleOutput:
+        info = self.sampling_table.gather(batch.req_slots, batch.seq_lens, all_greedy, top_logprobs)
+        out = self.sampler.sample(logits, info)
+        self.sampling_table.record_outputs(batch.req_slots, out.token_ids)
+        return out

@@ -53,6 +53,10 @@ class ScheduleBatch:
         out_cache_loc: list[int] = []
         new_slots: list[SlotInit] = []
         all_greedy = True
+        top_logprobs = -1
+        for r in self.reqs:
+            if r.params.logprobs is not None:
+                top_logprobs = max(top_logprobs, r.params.logprobs)
         for r in self.prefill:
             req_slots.append(r.req_slot)  # type: ignore[arg-type]
             prefix_lens.append(0)
@@ -73,6 +77,10 @@ class ScheduleBatch:
                     seed=r.seed,
                     min_new_tokens=p.min_new_tokens,
                     stop_ids=sorted(r.stop_ids) if p.min_new_tokens > 0 else [],
+                    frequency_penalty=p.frequency_penalty,
+                    presence_penalty=p.presence_penalty,
+                    repetition_penalty=p.repetition_penalty,
+                    logit_bias=p.logit_bias,
                 )
             )
         for r in self.decode:
@@ -93,4 +101,5 @@ class ScheduleBatch:
             new_slots=new_slots,
             all_greedy=all_greedy,
             sample=not self.delay_sampling,
+            top_logprobs=top_logprobs,
         )

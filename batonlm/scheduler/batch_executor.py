@@ -11,6 +11,7 @@ import torch
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
 from batonlm.model_runner.forward_batch import ForwardBatch, ForwardMode
 from batonlm.model_runner.model_runner import ModelRunner
+from batonlm.model_runner.sampler import SampleOutput
 from batonlm.scheduler.future_map import FutureMap
 
 
@@ -19,8 +20,8 @@ class BatchExecutor:
         self.runner = runner
         self.future_map = future_map
         self.device = runner.device
-        # batch_id -> (logits, batch) of launches whose sampling was delayed.
-        self._unsampled: dict[int, tuple[torch.Tensor, ForwardBatch, bool]] = {}
+        # batch_id -> (logits, batch, launch) of launches whose sampling was delayed.
+        self._unsampled: dict[int, tuple[torch.Tensor, ForwardBatch, BatchLaunch]] = {}
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         t = torch.tensor(values, dtype=torch.int64)
@@ -41,13 +42,19 @@ class BatchExecutor:
         ids[host] = self._tensor(launch.input_ids)
         return ids
 
-    def run(self, launch: BatchLaunch) -> torch.Tensor | None:
-        """Execute one launch; returns the sampled ids, or None when sampling is delayed."""
+    def _init_slots(self, launch: BatchLaunch) -> None:
+        # Prompt ids of each starting request: its row's host tokens.
+        prompts: dict[int, list[int]] = {}
+        offset = 0
+        for slot, n, fut in zip(launch.req_slots, launch.extend_lens, launch.from_future):
+            if not fut:
+                prompts[slot] = launch.input_ids[offset : offset + n]
+                offset += n
         table = self.runner.sampling_table
         for s in launch.new_slots:
             table.init_slot(
                 s.req_slot,
-                prompt_len=s.prompt_len,
+                prompt_ids=prompts[s.req_slot],
                 temperature=s.temperature,
                 top_k=s.top_k,
                 top_p=s.top_p,
@@ -55,7 +62,15 @@ class BatchExecutor:
                 seed=s.seed,
                 min_new_tokens=s.min_new_tokens,
                 stop_ids=s.stop_ids,
+                frequency_penalty=s.frequency_penalty,
+                presence_penalty=s.presence_penalty,
+                repetition_penalty=s.repetition_penalty,
+                logit_bias=s.logit_bias,
             )
+
+    def run(self, launch: BatchLaunch) -> SampleOutput | None:
+        """Execute one launch; returns the sampled ids, or None when sampling is delayed."""
+        self._init_slots(launch)
         batch = ForwardBatch.build(
             ForwardMode(launch.mode),
             self._tensor(launch.out_cache_loc),
@@ -67,20 +82,20 @@ class BatchExecutor:
         batch.input_ids = self._input_ids(launch, batch)  # decode inputs depend on positions
         logits = self.runner.forward(batch)
         if not launch.sample:
-            self._unsampled[launch.batch_id] = (logits, batch, launch.all_greedy)
+            self._unsampled[launch.batch_id] = (logits, batch, launch)
             return None
-        return self._sample_and_stash(logits, batch, launch.all_greedy)
+        return self._sample_and_stash(logits, batch, launch)
 
-    def sample_delayed(self, launch: SampleLaunch) -> torch.Tensor:
-        logits, batch, all_greedy = self._unsampled.pop(launch.batch_id)
-        if launch.banned:
+    def sample_delayed(self, sample: SampleLaunch) -> SampleOutput:
+        logits, batch, launch = self._unsampled.pop(sample.batch_id)
+        if sample.banned:
             logits = logits.clone()
-            for row, ids in launch.banned.items():
+            for row, ids in sample.banned.items():
                 logits[row, ids] = float("-inf")
-        return self._sample_and_stash(logits, batch, all_greedy)
+        return self._sample_and_stash(logits, batch, launch)
 
-    def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, all_greedy: bool) -> torch.Tensor:
-        ids = self.runner.sample(logits, batch, all_greedy)
-        self.future_map.stash(batch.req_slots, ids)
+    def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch) -> SampleOutput:
+        out = self.runner.sample(logits, batch, launch.all_greedy, launch.top_logprobs)
+        self.future_map.stash(batch.req_slots, out.token_ids)
         self.future_map.publish(batch.req_slots, batch.seq_lens)
-        return ids
+        return out

@@ -245,9 +245,10 @@ class Scheduler:
 
     def process_batch_result(self, batch: ScheduleBatch, pending: PendingResult) -> None:
         t0 = time.perf_counter()
-        ids = pending.wait()
+        result = pending.wait()
         t1 = time.perf_counter()
-        for req, tok in zip(batch.reqs, ids, strict=False):
+        ids, lp = result.token_ids, result.logprobs
+        for row, (req, tok) in enumerate(zip(batch.reqs, ids, strict=True)):
             req.inflight -= 1
             if req.finished:
                 # The one-step overrun (or an abort): drop the token; free the request slot
@@ -260,7 +261,14 @@ class Scheduler:
             req.check_finished()
             if req.finished:
                 self._finish(req)
-            self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason, None, req.matched_stop))
+            n = req.params.logprobs
+            if n is None or lp is None:
+                self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason, None, req.matched_stop))
+            else:
+                top = list(zip(lp.top_ids[row][:n], lp.top_logprobs[row][:n], strict=True))
+                self._outputs.append(
+                    TokenOutput(req.rid, [tok], req.finish_reason, None, req.matched_stop, [lp.chosen[row]], [top])
+                )
         self.generated_tokens += len(ids)
         self.timing.wait_s += t1 - t0
         self.timing.process_s += time.perf_counter() - t1

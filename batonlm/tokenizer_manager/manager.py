@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -34,6 +35,7 @@ from batonlm.ipc.messages import (
 from batonlm.launcher import SchedulerHandle, new_endpoints, start_scheduler
 from batonlm.sampling_params import SamplingParams
 from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
+from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,13 @@ class RequestRejected(ValueError):
 
 
 @dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class GenerationChunk:
     """What one iteration added to a request."""
 
@@ -57,15 +66,29 @@ class GenerationChunk:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+class RequestObserver(Protocol):
+    """Timing hooks (the server's Prometheus metrics implement them)."""
+
+    def on_first_token(self, ttft_s: float) -> None: ...
+
+    def on_token(self, itl_s: float) -> None: ...
+
+    def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int) -> None: ...
 
 
 @dataclass
 class _ReqState:
     detok: IncrementalDetokenizer
+    stops: StopStringMatcher
     prompt_tokens: int
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     completion_tokens: int = 0
     finished: bool = False
+    created: float = field(default_factory=time.perf_counter)
+    last_token: float | None = None
 
 
 class TokenizerManager:
@@ -77,6 +100,7 @@ class TokenizerManager:
         self.states: dict[str, _ReqState] = {}
         self.healthy = False
         self.on_scheduler_death: Callable[[], None] | None = None
+        self.observer: RequestObserver | None = None
         self._stats_waiters: list[asyncio.Future] = []
         self._ctx = zmq.asyncio.Context(1)
         self._push: zmq.asyncio.Socket | None = None
@@ -120,6 +144,7 @@ class TokenizerManager:
     def _scheduler_exited(self) -> None:
         assert self.handle is not None and self._loop is not None
         self._loop.remove_reader(self.handle.process.sentinel)
+        self.handle.process.join(1.0)  # reap it, for the exit code
         code = self.handle.process.exitcode
         logger.error("the scheduler process exited unexpectedly (exit code %s)", code)
         self.healthy = False
@@ -188,13 +213,18 @@ class TokenizerManager:
             )
 
     async def generate(
-        self, input_ids: list[int], params: SamplingParams, rid: str | None = None
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        rid: str | None = None,
+        stop: list[str] | None = None,
     ) -> AsyncIterator[GenerationChunk]:
-        """Stream one request's chunks. Leaving the iteration early aborts the request."""
+        """Stream one request's chunks. A stop string ends it with "stop" (the string and what
+        follows are trimmed). Leaving the iteration early aborts the request."""
         rid = rid or uuid.uuid4().hex
         if rid in self.states:
             raise RequestRejected(f"request id {rid!r} is already in use")
-        state = _ReqState(IncrementalDetokenizer(self.tokenizer, input_ids), len(input_ids))
+        state = _ReqState(IncrementalDetokenizer(self.tokenizer, input_ids), StopStringMatcher(stop or []), len(input_ids))
         self.states[rid] = state
         try:
             await self._send(GenerateRequest(rid, input_ids, params))
@@ -206,26 +236,52 @@ class TokenizerManager:
         finally:
             self.states.pop(rid, None)
             if not state.finished and self.healthy:
-                await self._send(AbortRequest(rid))
+                # No await: this also runs when the consumer's task is being cancelled.
+                self.abort_nowait(rid)
 
     def _apply(self, rid: str, state: _ReqState, out: TokenOutput) -> GenerationChunk:
+        now = time.perf_counter()
+        if out.token_ids and self.observer is not None:
+            if state.last_token is None:
+                self.observer.on_first_token(now - state.created)
+            else:
+                self.observer.on_token(now - state.last_token)
+        if out.token_ids:
+            state.last_token = now
         state.completion_tokens += len(out.token_ids)
-        text = state.detok.add(out.token_ids)
-        if out.finish_reason is not None:
+        finish = out.finish_reason
+        text = state.stops.feed(state.detok.add(out.token_ids))
+        if state.stops.stopped and finish is None:
+            finish = "stop"  # a stop string: end here and stop the scheduler's work on it
+            self.abort_nowait(rid)
+        if finish is not None:
             state.finished = True
-            text += state.detok.flush()
+            if not state.stops.stopped:
+                text += state.stops.feed(state.detok.flush()) + state.stops.flush()
+            if self.observer is not None:
+                self.observer.on_finish(now - state.created, state.prompt_tokens, state.completion_tokens)
+        logprobs = None
+        if out.logprobs is not None:
+            top = out.top_logprobs or [[] for _ in out.logprobs]
+            logprobs = [TokenLogprob(t, lp, list(tl)) for t, lp, tl in zip(out.token_ids, out.logprobs, top)]
         return GenerationChunk(
             rid=rid,
             text=text,
             token_ids=list(out.token_ids),
-            finish_reason=out.finish_reason,
+            finish_reason=finish,
             prompt_tokens=state.prompt_tokens,
             completion_tokens=state.completion_tokens,
             error=out.error,
+            logprobs=logprobs,
         )
 
-    async def abort(self, rid: str) -> None:
-        await self._send(AbortRequest(rid))
+    def abort_nowait(self, rid: str) -> None:
+        """Tell the scheduler to drop a request, without awaiting (safe in cancelled tasks)."""
+        if self.healthy and self._push is not None:
+            try:
+                self._push.send(codec.encode(AbortRequest(rid)), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                logger.warning("could not send the abort of request %s", rid)
 
     async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()

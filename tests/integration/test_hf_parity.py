@@ -17,7 +17,7 @@ def _requests(seed: int):
 
 def _check(harness: SchedulerHarness, prompts, max_new, expected, arrivals, eos=(2,)) -> int:
     """Run and compare; returns how many requests stopped on EOS."""
-    for i, (ids, n, at) in enumerate(zip(prompts, max_new, arrivals, strict=False)):
+    for i, (ids, n, at) in enumerate(zip(prompts, max_new, arrivals)):
         harness.submit(f"r{i}", ids, {"temperature": 0.0, "max_new_tokens": n}, at=at)
     records = harness.run(overlap=True)
     for i, want in enumerate(expected):

@@ -81,7 +81,7 @@ def test_sharded_checkpoint_loads_like_the_single_file(tmp_path, stories_path):
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     sharded = load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
     single = load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")
-    for (n1, p1), (n2, p2) in zip(sharded.state_dict().items(), single.state_dict().items(), strict=False):
+    for (n1, p1), (n2, p2) in zip(sharded.state_dict().items(), single.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2)
 
 

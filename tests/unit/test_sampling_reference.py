@@ -34,13 +34,13 @@ def _batch(b, temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, seeds=None, posit
 
 def test_greedy_takes_the_first_maximum():
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, -1.0, 5.0, 5.0]])
-    assert TorchSampler().sample(logits, _batch(2, temperature=0.0)).tolist() == [1, 0]
+    assert TorchSampler().sample(logits, _batch(2, temperature=0.0)).token_ids.tolist() == [1, 0]
 
 
 def test_greedy_and_sampled_rows_mix():
     torch.manual_seed(0)
     logits = torch.randn(4, 100)
-    out = TorchSampler().sample(logits, _batch(4, temperature=[0.0, 1.0, 0.0, 1.0], top_k=[-1, 1, -1, -1]))
+    out = TorchSampler().sample(logits, _batch(4, temperature=[0.0, 1.0, 0.0, 1.0], top_k=[-1, 1, -1, -1])).token_ids
     assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
     assert out[1] == logits[1].argmax()  # top_k = 1 is greedy whatever the noise
 
@@ -67,7 +67,7 @@ def test_sampling_never_picks_a_filtered_token():
     s = TorchSampler()
     for pos in range(20):
         b = _batch(64, temperature=0.8, top_k=10, top_p=0.7, min_p=0.05, positions=[pos] * 64)
-        out = s.sample(logits, b)
+        out = s.sample(logits, b).token_ids
         probs = torch.softmax(logits / 0.8, -1)
         keep = ref.keep_mask_reference(probs, b.top_k, b.top_p, b.min_p)
         assert keep[torch.arange(64), out].all()
@@ -79,7 +79,7 @@ def test_sampling_frequencies_follow_the_distribution():
     n = 4000
     counts = torch.zeros(4)
     for pos in range(n):
-        counts[s.sample(logits, _batch(1, seeds=[99], positions=[pos]))[0]] += 1
+        counts[s.sample(logits, _batch(1, seeds=[99], positions=[pos])).token_ids[0]] += 1
     expected = torch.tensor([0.5, 0.3, 0.15, 0.05]) * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 16.27, f"chi-square {chi2:.1f} (3 dof, p = 0.001) for counts {counts.tolist()}"
@@ -90,11 +90,11 @@ def test_seeded_row_draws_the_same_token_alone_and_in_any_batch():
     row = torch.randn(1, 512)
     s = TorchSampler()
     for pos in range(30):
-        alone = s.sample(row, _batch(1, seeds=[1234], positions=[pos]))[0]
+        alone = s.sample(row, _batch(1, seeds=[1234], positions=[pos])).token_ids[0]
         others = torch.randn(16, 512)
         mixed = torch.cat([others[:7], row, others[7:]])
         seeds = list(range(7)) + [1234] + list(range(7, 16))
-        in_batch = s.sample(mixed, _batch(17, seeds=seeds, positions=[pos] * 17))[7]
+        in_batch = s.sample(mixed, _batch(17, seeds=seeds, positions=[pos] * 17)).token_ids[7]
         assert alone == in_batch
 
 
@@ -114,7 +114,7 @@ def test_split_seed_wraps_negative_and_large_seeds():
 def test_banned_tokens_are_suppressed():
     logits = torch.tensor([[0.0, 9.0, 1.0], [0.0, 9.0, 1.0]])
     banned = torch.tensor([[1, -1], [-1, -1]])
-    out = TorchSampler().sample(logits, _batch(2, temperature=0.0, banned=banned))
+    out = TorchSampler().sample(logits, _batch(2, temperature=0.0, banned=banned)).token_ids
     assert out.tolist() == [2, 1]
 
 
@@ -126,7 +126,7 @@ def test_temperature_scales_the_distribution(temperature):
     n = 3000
     counts = torch.zeros(3)
     for pos in range(n):
-        counts[s.sample(logits, _batch(1, temperature=temperature, seeds=[5], positions=[pos]))[0]] += 1
+        counts[s.sample(logits, _batch(1, temperature=temperature, seeds=[5], positions=[pos])).token_ids[0]] += 1
     chi2 = float(((counts - p * n) ** 2 / (p * n)).sum())
     assert chi2 < 13.82, f"chi-square {chi2:.1f} (2 dof, p = 0.001)"
     assert math.isclose(float(counts[0] / n), float(p[0]), abs_tol=0.05)

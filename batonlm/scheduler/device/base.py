@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, SampledLogprobs, SampleLaunch
 
 
 class DeviceError(RuntimeError):
@@ -27,13 +27,29 @@ class DeviceSpec:
     debug_future_map: bool = False
 
 
+@dataclass(frozen=True)
+class BatchResult:
+    token_ids: list[int]
+    logprobs: SampledLogprobs | None = None
+
+
+def host_result(out) -> BatchResult:
+    """A device SampleOutput as plain Python lists (the only place results cross to the host)."""
+    if out.logprobs is None:
+        return BatchResult(out.token_ids.tolist())
+    return BatchResult(
+        out.token_ids.tolist(),
+        SampledLogprobs(out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist()),
+    )
+
+
 class PendingResult(ABC):
     """A launched batch's sampled ids; `wait()` is the only host wait of the steady state."""
 
     batch_id: int
 
     @abstractmethod
-    def wait(self) -> list[int]: ...
+    def wait(self) -> BatchResult: ...
 
 
 class DeviceStream(ABC):

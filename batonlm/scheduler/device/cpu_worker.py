@@ -25,7 +25,14 @@ from batonlm.ipc.device_messages import (
     WorkerReady,
     WorkerShutdown,
 )
-from batonlm.scheduler.device.base import DeviceError, DeviceSpec, DeviceStream, PendingResult
+from batonlm.scheduler.device.base import (
+    BatchResult,
+    DeviceError,
+    DeviceSpec,
+    DeviceStream,
+    PendingResult,
+    host_result,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +44,7 @@ class _WorkerPending(PendingResult):
         self.device = device
         self.batch_id = batch_id
 
-    def wait(self) -> list[int]:
+    def wait(self) -> BatchResult:
         return self.device._collect(self.batch_id)
 
 
@@ -49,7 +56,7 @@ class CpuWorkerDevice(DeviceStream):
         self._proc = ctx.Process(target=worker_main, args=(child, spec), name="batonlm-device", daemon=False)
         self._proc.start()
         child.close()
-        self._results: dict[int, list[int]] = {}
+        self._results: dict[int, BatchResult] = {}
         self._closed = False
         # Total seconds the worker spent computing batches (forward + sampling).
         self.compute_s = 0.0
@@ -85,14 +92,14 @@ class CpuWorkerDevice(DeviceStream):
     def launch_sampling(self, sample: SampleLaunch) -> None:
         self._send(sample)
 
-    def _collect(self, batch_id: int) -> list[int]:
+    def _collect(self, batch_id: int) -> BatchResult:
         # Results come back in launch order; keep any that arrive ahead of the one asked for.
         while batch_id not in self._results:
             msg = self._recv()
             if isinstance(msg, WorkerFailed):
                 raise DeviceError(f"batch {msg.batch_id} failed on the CPU device: {msg.message}")
             assert isinstance(msg, BatchSampled)
-            self._results[msg.batch_id] = msg.token_ids
+            self._results[msg.batch_id] = BatchResult(msg.token_ids, msg.logprobs)
             self.compute_s += msg.compute_s
         return self._results.pop(batch_id)
 
@@ -113,8 +120,13 @@ class CpuWorkerDevice(DeviceStream):
 
 def worker_main(conn: Connection, spec: DeviceSpec) -> None:
     """Entry point of the device worker process."""
+    import signal
+
     import torch
 
+    # Ctrl-C reaches the whole process group: the scheduler shuts this worker down (or the pipe
+    # closes), so a SIGINT must not kill it halfway.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One intra-op thread: the scheduler process uses the other core.
     torch.set_num_threads(1)
     logging.basicConfig(level=os.environ.get("BATONLM_WORKER_LOG_LEVEL", "WARNING"))
@@ -137,13 +149,14 @@ def worker_main(conn: Connection, spec: DeviceSpec) -> None:
         t0 = time.perf_counter()
         try:
             if isinstance(msg, BatchLaunch):
-                ids = executor.run(msg)
+                out = executor.run(msg)
             elif isinstance(msg, SampleLaunch):
-                ids = executor.sample_delayed(msg)
+                out = executor.sample_delayed(msg)
             else:
                 raise TypeError(f"unexpected message {type(msg).__name__}")
         except Exception as e:
             conn.send_bytes(codec.encode(WorkerFailed(batch_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
             return
-        if ids is not None:
-            conn.send_bytes(codec.encode(BatchSampled(batch_id, ids.tolist(), time.perf_counter() - t0)))
+        if out is not None:
+            res = host_result(out)
+            conn.send_bytes(codec.encode(BatchSampled(batch_id, res.token_ids, time.perf_counter() - t0, res.logprobs)))

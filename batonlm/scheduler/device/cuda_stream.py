@@ -6,21 +6,22 @@ from __future__ import annotations
 import torch
 
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+from batonlm.model_runner.sampler import SampleOutput
 from batonlm.scheduler.batch_executor import BatchExecutor
-from batonlm.scheduler.device.base import DeviceSpec, DeviceStream, PendingResult
+from batonlm.scheduler.device.base import BatchResult, DeviceSpec, DeviceStream, PendingResult, host_result
 from batonlm.scheduler.device.runner_factory import build_executor
 
 
 class _CudaPending(PendingResult):
     def __init__(self, batch_id: int) -> None:
         self.batch_id = batch_id
-        self.host: torch.Tensor | None = None
+        self.host: SampleOutput | None = None
         self.copy_done: torch.cuda.Event | None = None
 
-    def wait(self) -> list[int]:
+    def wait(self) -> BatchResult:
         assert self.copy_done is not None and self.host is not None, "delayed sampling was never launched"
         self.copy_done.synchronize()
-        return self.host.tolist()
+        return host_result(self.host)
 
 
 class CudaDevice(DeviceStream):
@@ -35,32 +36,42 @@ class CudaDevice(DeviceStream):
         self.forward_stream.synchronize()
         self._delayed: dict[int, _CudaPending] = {}
 
-    def _copy_out(self, ids: torch.Tensor, pending: _CudaPending) -> None:
+    def _copy_out(self, out: SampleOutput, pending: _CudaPending) -> None:
+        """Copy every result tensor to pinned host memory on the copy stream, after the forward."""
         ready = torch.cuda.Event()
         ready.record(self.forward_stream)
-        pending.host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+
+        def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            t.record_stream(self.copy_stream)
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            return host
+
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(ready)
-            ids.record_stream(self.copy_stream)
-            pending.host.copy_(ids, non_blocking=True)
+            pending.host = SampleOutput(
+                to_host(out.token_ids), to_host(out.logprobs), to_host(out.top_ids), to_host(out.top_logprobs)
+            )
             pending.copy_done = torch.cuda.Event()
             pending.copy_done.record(self.copy_stream)
 
     def launch(self, launch: BatchLaunch) -> PendingResult:
         pending = _CudaPending(launch.batch_id)
         with torch.cuda.stream(self.forward_stream):
-            ids = self.executor.run(launch)
-        if ids is None:
+            out = self.executor.run(launch)
+        if out is None:
             self._delayed[launch.batch_id] = pending
         else:
-            self._copy_out(ids, pending)
+            self._copy_out(out, pending)
         return pending
 
     def launch_sampling(self, sample: SampleLaunch) -> None:
         pending = self._delayed.pop(sample.batch_id)
         with torch.cuda.stream(self.forward_stream):
-            ids = self.executor.sample_delayed(sample)
-        self._copy_out(ids, pending)
+            out = self.executor.sample_delayed(sample)
+        self._copy_out(out, pending)
 
     def close(self) -> None:
         self.forward_stream.synchronize()

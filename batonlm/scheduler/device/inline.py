@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
 from batonlm.scheduler.batch_executor import BatchExecutor
-from batonlm.scheduler.device.base import DeviceSpec, DeviceStream, PendingResult
+from batonlm.scheduler.device.base import BatchResult, DeviceSpec, DeviceStream, PendingResult, host_result
 from batonlm.scheduler.device.runner_factory import build_executor
 
 
 class _Ready(PendingResult):
-    def __init__(self, batch_id: int, ids: list[int] | None) -> None:
+    def __init__(self, batch_id: int, result: BatchResult | None) -> None:
         self.batch_id = batch_id
-        self.ids = ids
+        self.result = result
 
-    def wait(self) -> list[int]:
-        assert self.ids is not None, "delayed sampling was never launched"
-        return self.ids
+    def wait(self) -> BatchResult:
+        assert self.result is not None, "delayed sampling was never launched"
+        return self.result
 
 
 class InlineDevice(DeviceStream):
@@ -25,14 +25,14 @@ class InlineDevice(DeviceStream):
         self._delayed: dict[int, _Ready] = {}
 
     def launch(self, launch: BatchLaunch) -> PendingResult:
-        ids = self.executor.run(launch)
-        pending = _Ready(launch.batch_id, None if ids is None else ids.tolist())
-        if ids is None:
+        out = self.executor.run(launch)
+        pending = _Ready(launch.batch_id, None if out is None else host_result(out))
+        if out is None:
             self._delayed[launch.batch_id] = pending
         return pending
 
     def launch_sampling(self, sample: SampleLaunch) -> None:
-        self._delayed.pop(sample.batch_id).ids = self.executor.sample_delayed(sample).tolist()
+        self._delayed.pop(sample.batch_id).result = host_result(self.executor.sample_delayed(sample))
 
     def close(self) -> None:
         pass

@@ -1,0 +1,81 @@
+"""The `batonlm` command: `batonlm serve [MODEL] ...`, `batonlm bench ...`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from batonlm.config import DEVICE_CHOICES, DTYPE_CHOICES, EMBEDDED_MODEL, LOG_LEVELS, ConfigError, ServerArgs
+
+
+def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    d = ServerArgs()
+    p.add_argument("model", nargs="?", default=None,
+                   help="a local Hugging Face model directory or a hub id (default: the embedded stories260K)")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--served-model-name", default=None, help="the model id clients use (default: derived from MODEL)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /generate")
+    p.add_argument("--disable-overlap", action="store_true", help="use the normal (serial) event loop")
+    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    p.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens (default: sized to memory)")
+    p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
+    p.add_argument("--context-length", type=int, default=None, help="cap the model's context length")
+    p.add_argument("--enable-mixed-batch", action="store_true", help="run prefills and decodes in one batch")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default=d.dtype)
+    p.add_argument("--device", choices=DEVICE_CHOICES, default=d.device)
+    p.add_argument("--attention-backend", default=d.attention_backend)
+    p.add_argument("--sampler", default=d.sampler)
+    p.add_argument("--random-seed", type=int, default=d.random_seed)
+    p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes)
+    p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
+
+
+def serve_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
+    fields = {k: v for k, v in vars(ns).items() if k not in ("command", "func")}
+    fields["model"] = fields["model"] or EMBEDDED_MODEL
+    return ServerArgs.from_kwargs(**fields)
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    from batonlm.server.launch import serve
+
+    try:
+        args = serve_args_from_namespace(ns)
+    except ConfigError as e:
+        print(f"batonlm serve: error: {e}", file=sys.stderr)
+        return 2
+    return serve(args)
+
+
+def _bench(ns: argparse.Namespace) -> int:
+    from batonlm.bench.cli import run_bench
+
+    return run_bench(ns)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batonlm", description="batonlm: an LLM serving engine with an overlap loop")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    _add_serve_arguments(serve)
+    serve.set_defaults(func=_serve)
+    try:
+        from batonlm.bench.cli import add_bench_arguments
+    except ImportError:
+        add_bench_arguments = None
+    if add_bench_arguments is not None:
+        bench = sub.add_parser("bench", help="load-test an OpenAI-compatible server")
+        add_bench_arguments(bench)
+        bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    return ns.func(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

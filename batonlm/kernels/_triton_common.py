@@ -1,0 +1,89 @@
+"""Pieces shared by the Triton kernels of batonlm.kernels (imported on first use of a kernel)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+INTERPRET: bool = bool(triton.knobs.runtime.interpret)
+# Compiled tl.exp/tl.log are ex2/lg2 approximations (several ulp; lg2 is coarse near 1, where the
+# race's -log(u) lives); libdevice's match CUDA's expf/logf, which the torch references use. The
+# interpreter has no libdevice and uses numpy, which is already precise.
+PRECISE: tl.constexpr = tl.constexpr(not INTERPRET)
+
+
+def device_fn(fn):
+    """triton.jit for a helper called from kernels.
+
+    The interpreter re-patches triton.language on every device-function call (~1.5 ms, most of
+    a small kernel's time); the launch has patched it already, so call the rewritten function."""
+    jitted = triton.jit(fn)
+    rewrite = getattr(jitted, "rewrite", None)
+    if not INTERPRET or rewrite is None:
+        return jitted
+    return functools.wraps(fn)(lambda *args, **kwargs: rewrite()(*args, **kwargs))
+
+
+def block_size(vocab_size: int) -> int:
+    """Elements per block: the interpreter pays per operation rather than per element, so it
+    gets large blocks; a GPU gets blocks that keep a search tile in registers."""
+    cap = 8192 if INTERPRET else 1024
+    return max(16, min(cap, triton.next_power_of_2(vocab_size)))
+
+
+def rows_f32(x: torch.Tensor) -> torch.Tensor:
+    """A float32 [B, V] tensor with contiguous rows (what the kernels index)."""
+    if x.dim() != 2:
+        raise ValueError(f"expected a [B, V] tensor, got shape {tuple(x.shape)}")
+    x = x.to(torch.float32)
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def vec(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype).contiguous()
+
+
+@device_fn
+def exp(x):
+    if PRECISE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@device_fn
+def log(x):
+    if PRECISE:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
+
+
+@device_fn
+def row_max_argmax(row_ptr, V, BLOCK: tl.constexpr):
+    """Max and first maximal index of a row (torch.argmax's tie rule)."""
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.full([], 0, tl.int32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+        m, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        better = m > best  # strict: an earlier block keeps a tie
+        best_i = tl.where(better, start + i, best_i)
+        best = tl.where(better, m, best)
+    return best, best_i
+
+
+@device_fn
+def exp_sum(row_ptr, V, temp, z_max, BLOCK: tl.constexpr):
+    """sum_i exp(x_i / temp - z_max), the softmax denominator."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+        acc += exp(tl.math.div_rn(x, temp) - z_max)
+    return tl.sum(acc, axis=0)

@@ -1,0 +1,97 @@
+"""Logit bias, repetition / frequency / presence penalties and banned tokens: a torch reference
+(the CPU path) and its Triton twin, one fused pass over the logits.
+
+Row b reads row req_slots[b] of the per-request-slot tables output_counts [num_slots, V] int32
+(how often each token was generated) and prompt_mask [num_slots, V] bool (tokens of the prompt).
+Per token, in this order:
+  (a) logit += logit_bias (bias_ids, -1 = padding; ids are distinct within a row, as in the
+      OpenAI dict, and a repeated id adds its values);
+  (b) repetition penalty (HF / vLLM) on tokens of the prompt or the output:
+      logit > 0 -> logit / rep, else logit * rep (rep = 1 changes nothing);
+  (c) OpenAI penalties on output tokens: logit -= frequency * count + presence * (count > 0);
+  (d) banned ids (-1 = padding) -> -inf (stop tokens while min_new_tokens is not reached).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from batonlm.kernels.sampling import suppress_tokens
+
+
+def apply_penalties_reference(
+    logits: torch.Tensor,
+    req_slots: torch.Tensor,
+    output_counts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    frequency_penalty: torch.Tensor,
+    presence_penalty: torch.Tensor,
+    repetition_penalty: torch.Tensor,
+    bias_ids: torch.Tensor,
+    bias_values: torch.Tensor,
+    banned: torch.Tensor,
+) -> torch.Tensor:
+    """New float32 [B, V] logits with (a)-(d) of the module docstring applied."""
+    logits = logits.to(torch.float32).clone()
+    counts = output_counts[req_slots]
+    if bias_ids.numel():
+        valid = bias_ids >= 0
+        rows = torch.arange(logits.shape[0], device=logits.device)[:, None].expand_as(bias_ids)
+        logits.index_put_(
+            (rows[valid], bias_ids[valid]), bias_values[valid].to(torch.float32), accumulate=True
+        )
+    seen = prompt_mask[req_slots] | (counts > 0)
+    rep = repetition_penalty.to(torch.float32)[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    freq = frequency_penalty.to(torch.float32)[:, None]
+    pres = presence_penalty.to(torch.float32)[:, None]
+    logits = logits - (freq * counts.to(torch.float32) + pres * (counts > 0).to(torch.float32))
+    return suppress_tokens(logits, banned)
+
+
+def apply_penalties_triton(
+    logits: torch.Tensor,
+    req_slots: torch.Tensor,
+    output_counts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    frequency_penalty: torch.Tensor,
+    presence_penalty: torch.Tensor,
+    repetition_penalty: torch.Tensor,
+    bias_ids: torch.Tensor,
+    bias_values: torch.Tensor,
+    banned: torch.Tensor,
+) -> torch.Tensor:
+    """`apply_penalties_reference` as one kernel launch (a program per row and vocabulary block);
+    returns a new tensor and leaves `logits` as it was."""
+    # Imported on first use: see batonlm.kernels.sampling on why.
+    from batonlm.kernels import _triton_penalties
+
+    return _triton_penalties.apply(
+        logits, req_slots, output_counts, prompt_mask, frequency_penalty, presence_penalty,
+        repetition_penalty, bias_ids, bias_values, banned,
+    )
+
+
+def update_output_counts(output_counts: torch.Tensor, req_slots: torch.Tensor, token_ids: torch.Tensor) -> None:
+    """Count one sampled token per row into output_counts (in place); negative ids are skipped."""
+    valid = token_ids >= 0
+    ones = torch.ones_like(token_ids, dtype=output_counts.dtype)
+    output_counts.index_put_((req_slots[valid], token_ids[valid]), ones[valid], accumulate=True)
+
+
+def prompt_mask_row(prompt_ids: Sequence[int] | torch.Tensor, vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    """[V] bool row of prompt_mask: True at every token id of the prompt."""
+    row = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    ids = torch.as_tensor(prompt_ids, dtype=torch.int64, device=device)
+    row[ids] = True
+    return row
+
+
+def reset_slot(
+    output_counts: torch.Tensor, prompt_mask: torch.Tensor, slot: int, prompt_ids: Sequence[int] | torch.Tensor
+) -> None:
+    """Prepare the tables' row of a request slot for a new request (in place)."""
+    output_counts[slot] = 0
+    prompt_mask[slot] = prompt_mask_row(prompt_ids, prompt_mask.shape[1], prompt_mask.device)

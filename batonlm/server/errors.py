@@ -1,0 +1,57 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+
+def unavailable(message: str) -> APIError:
+    return APIError(503, message, type="service_unavailable", code="scheduler_unavailable")
+
+
+def from_validation_error(err: ValidationError) -> APIError:
+    """The first pydantic error, as a 400 that names the offending field."""
+    first = err.errors()[0]
+    loc = [str(p) for p in first.get("loc", ()) if not str(p).startswith("function-")]
+    # pydantic reports union members as extra loc parts ("str", "list[...]"); keep field names.
+    param = ".".join(p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "float", "bool"))
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter")
+    if kind == "missing":
+        return APIError(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    return APIError(400, f"Invalid value for '{param}': {msg}" if param else msg, param=param or None, code="invalid_value")

@@ -1,0 +1,57 @@
+"""Prometheus metrics of one server instance (its own registry: no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from batonlm.ipc.messages import SchedulerStats
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ServerMetrics:
+    """Implements the TokenizerManager's RequestObserver; gauges are refreshed per scrape."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge("batonlm_num_requests_running", "Requests being decoded", labels, registry=r)
+        self.queued = Gauge("batonlm_num_requests_waiting", "Requests waiting for admission", labels, registry=r)
+        self.kv_usage = Gauge("batonlm_kv_cache_usage_ratio", "Fraction of KV slots in use", labels, registry=r)
+        self.kv_used = Gauge("batonlm_kv_cache_used_slots", "KV slots in use", labels, registry=r)
+        self.kv_total = Gauge("batonlm_kv_cache_total_slots", "KV slots in the cache", labels, registry=r)
+        self.req_slots_used = Gauge("batonlm_request_slots_used", "Request slots in use", labels, registry=r)
+        self.prompt_tokens = Counter("batonlm_prompt_tokens", "Prompt tokens of finished requests", labels, registry=r)
+        self.generation_tokens = Counter("batonlm_generation_tokens", "Generated tokens", labels, registry=r)
+        self.requests = Counter("batonlm_requests_finished", "Finished requests", labels, registry=r)
+        self.ttft = Histogram("batonlm_time_to_first_token_seconds", "Time to first token", labels,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("batonlm_inter_token_latency_seconds", "Time between tokens", labels,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("batonlm_e2e_request_latency_seconds", "Request latency", labels,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.label = {"model_name": model_name}
+
+    def on_first_token(self, ttft_s: float) -> None:
+        self.ttft.labels(**self.label).observe(ttft_s)
+
+    def on_token(self, itl_s: float) -> None:
+        self.itl.labels(**self.label).observe(itl_s)
+
+    def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int) -> None:
+        self.e2e.labels(**self.label).observe(e2e_s)
+        self.prompt_tokens.labels(**self.label).inc(prompt_tokens)
+        self.generation_tokens.labels(**self.label).inc(completion_tokens)
+        self.requests.labels(**self.label).inc()
+
+    def update(self, stats: SchedulerStats) -> None:
+        self.running.labels(**self.label).set(stats.num_running)
+        self.queued.labels(**self.label).set(stats.num_waiting)
+        self.kv_used.labels(**self.label).set(stats.kv_slots_used)
+        self.kv_total.labels(**self.label).set(stats.kv_slots_total)
+        self.kv_usage.labels(**self.label).set(stats.kv_slots_used / max(1, stats.kv_slots_total))
+        self.req_slots_used.labels(**self.label).set(stats.req_slots_used)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

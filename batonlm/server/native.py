@@ -1,0 +1,105 @@
+"""Health, models, metrics, and the native POST /generate."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
+from batonlm.server import openai_common as common
+from batonlm.server.errors import bad_request, model_not_found
+from batonlm.server.protocol import NativeGenerateRequest
+from batonlm.server.sse import DONE, sse
+from batonlm.server.state import ServerState, parse, read_json, server_state, until_disconnected
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request):
+    state = server_state(request)
+    if not state.manager.healthy:
+        return JSONResponse({"status": "unhealthy", "reason": "the scheduler is not running"}, status_code=503)
+    return {"status": "ok"}
+
+
+def _model_card(state: ServerState) -> dict:
+    info = state.manager.info
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "batonlm",
+        "root": info.model_path if info else state.args.model,
+        "max_model_len": info.context_length if info else None,
+    }
+
+
+@router.get("/v1/models")
+async def list_models(request: Request):
+    return {"object": "list", "data": [_model_card(server_state(request))]}
+
+
+@router.get("/v1/models/{model:path}")
+async def get_model(request: Request, model: str):
+    state = server_state(request)
+    if model != state.model_name:
+        raise model_not_found(model)
+    return _model_card(state)
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    state = server_state(request)
+    if state.manager.healthy:
+        try:
+            state.metrics.update(await state.manager.get_stats(timeout_s=5.0))
+        except Exception:  # a dying scheduler: report what we have
+            pass
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.post("/generate")
+async def generate(request: Request):
+    """SGLang-style: `text` or `input_ids`, `sampling_params` (SGLang names, plus `stop`
+    strings), `stream`. Returns `text`, `output_ids` and `meta_info`."""
+    state = server_state(request)
+    req = parse(NativeGenerateRequest, await read_json(request, state.args.max_request_bytes))
+    state.check_healthy()
+    raw = dict(req.sampling_params or {})
+    stop = raw.pop("stop", None) or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_request("stop must be a non-empty string or a list of them", param="sampling_params.stop")
+    try:
+        params = SamplingParams.from_dict(raw)
+    except InvalidSamplingParams as e:
+        raise bad_request(str(e), param=f"sampling_params.{e.field}") from None
+    ids = state.manager.tokenize(req.text) if req.text is not None else list(req.input_ids or [])
+    common.check_fits(state, ids, params, "text" if req.text is not None else "input_ids")
+    rid = req.rid or common.request_id("gen")
+    jobs = [(ids, params)]
+
+    def meta(finish: str | None, completion_tokens: int) -> dict:
+        return {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": completion_tokens}
+
+    if req.stream:
+        async def stream():
+            try:
+                async for _, c in common.stream_choices(state, jobs, stop, rid):
+                    yield sse({"text": c.text, "output_ids": c.token_ids, "meta_info": meta(c.finish_reason, c.completion_tokens)})
+            except Exception as e:
+                yield sse(common.as_api_error(e).body())
+            yield DONE
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+    t0 = time.perf_counter()
+    (result,) = await until_disconnected(request, common.collect_choices(state, jobs, stop, rid))
+    return {
+        "text": result.text,
+        "output_ids": result.token_ids,
+        "meta_info": {**meta(result.finish_reason, result.completion_tokens), "e2e_latency": time.perf_counter() - t0},
+    }

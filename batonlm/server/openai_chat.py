@@ -1,0 +1,72 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from batonlm.server import openai_common as common
+from batonlm.server.protocol import ChatCompletionRequest
+from batonlm.server.state import ServerState, parse, read_json, server_state, until_disconnected
+from batonlm.tokenizer_manager.chat_template import apply_chat_template
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    state = server_state(request)
+    req = parse(ChatCompletionRequest, await read_json(request, state.args.max_request_bytes))
+    state.check_model(req.model)
+    state.check_healthy()
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        input_ids = apply_chat_template(state.tokenizer, messages)
+    except Exception as e:
+        raise common.bad_request(f"the chat template failed on these messages: {e}", param="messages") from None
+    params = common.sampling_params(state, req, len(input_ids), req.num_logprobs, "messages")
+    common.check_fits(state, input_ids, params[0], "messages")
+    jobs = [(input_ids, p) for p in params]
+    rid = common.request_id("chatcmpl")
+    created = int(time.time())
+    if req.stream:
+        return StreamingResponse(
+            _stream(state, req, jobs, rid, created, len(input_ids)), media_type="text/event-stream"
+        )
+    results = await until_disconnected(request, common.collect_choices(state, jobs, req.stop, rid))
+    return JSONResponse({
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": state.model_name,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": common.chat_logprobs(state, r.logprobs) if req.logprobs else None,
+                "finish_reason": r.finish_reason,
+            }
+            for i, r in enumerate(results)
+        ],
+        "usage": common.usage(len(input_ids), sum(r.completion_tokens for r in results)),
+    })
+
+
+def _stream(state: ServerState, req: ChatCompletionRequest, jobs, rid: str, created: int, prompt_tokens: int):
+    def to_choices(i: int, c) -> list[dict]:
+        out = []
+        if c.text or (req.logprobs and c.logprobs):
+            lp = common.chat_logprobs(state, c.logprobs or []) if req.logprobs else None
+            out.append({"index": i, "delta": {"content": c.text}, "logprobs": lp, "finish_reason": None})
+        if c.finish_reason is not None:
+            out.append({"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason})
+        return out
+
+    opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+               for i in range(len(jobs))]
+    return common.sse_body(
+        state, jobs, req.stop, rid, obj="chat.completion.chunk", created=created, include_usage=req.include_usage,
+        prompt_tokens=prompt_tokens, opening=opening, to_choices=to_choices,
+    )

@@ -1,0 +1,227 @@
+"""Pieces shared by the chat and text completion endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
+from batonlm.server.errors import APIError, bad_request, unavailable
+from batonlm.server.protocol import SamplingFields
+from batonlm.server.sse import DONE, sse
+from batonlm.server.state import ServerState
+from batonlm.tokenizer_manager.manager import GenerationChunk, RequestRejected, SchedulerGone, TokenLogprob
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sampling_params(
+    state: ServerState, req: SamplingFields, prompt_len: int, num_logprobs: int | None, param: str
+) -> list[SamplingParams]:
+    """One SamplingParams per choice (choice i of a seeded request uses seed + i)."""
+    info = state.manager.info
+    assert info is not None
+    ctx = info.context_length
+    wanted = req.requested_max_tokens
+    if prompt_len >= ctx:
+        raise bad_request(
+            f"This model's maximum context length is {ctx} tokens. However, your prompt has {prompt_len} "
+            "tokens. Please reduce the length of the prompt.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if wanted is not None and prompt_len + wanted > ctx:
+        raise bad_request(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{prompt_len + wanted} tokens ({prompt_len} in the prompt, {wanted} in the completion). "
+            "Please reduce the length of the prompt or completion.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    max_new = wanted if wanted is not None else ctx - prompt_len
+    if req.min_tokens > max_new:
+        raise bad_request(f"min_tokens ({req.min_tokens}) exceeds max_tokens ({max_new})", param="min_tokens")
+    out = []
+    for i in range(req.n):
+        try:
+            p = SamplingParams(
+                max_new_tokens=max_new,
+                min_new_tokens=req.min_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                min_p=req.min_p,
+                seed=None if req.seed is None else req.seed + i,
+                stop_token_ids=list(req.stop_token_ids or []),
+                ignore_eos=req.ignore_eos,
+                frequency_penalty=req.frequency_penalty,
+                presence_penalty=req.presence_penalty,
+                repetition_penalty=req.repetition_penalty,
+                logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
+                logprobs=num_logprobs,
+            )
+            p.validate(info.vocab_size)
+        except InvalidSamplingParams as e:
+            raise bad_request(str(e), param=e.field) from None
+        out.append(p)
+    return out
+
+
+def check_fits(state: ServerState, input_ids: list[int], params: SamplingParams, param: str) -> None:
+    try:
+        state.manager.validate_prompt(input_ids, params)
+    except RequestRejected as e:
+        raise bad_request(str(e), param=param) from None
+    except InvalidSamplingParams as e:
+        raise bad_request(str(e), param=e.field) from None
+
+
+@dataclass
+class ChoiceResult:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+async def stream_choices(
+    state: ServerState, jobs: list[tuple[list[int], SamplingParams]], stop: list[str], rid: str
+) -> AsyncIterator[tuple[int, GenerationChunk]]:
+    """Run every choice at once; yield (choice index, chunk) as they come. Cancelling the
+    consumer cancels every choice (each aborts its request)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def run(i: int, ids: list[int], params: SamplingParams) -> None:
+        try:
+            async for chunk in state.manager.generate(ids, params, rid=f"{rid}-{i}", stop=stop):
+                queue.put_nowait((i, chunk))
+        except Exception as e:  # reported to the consumer below
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, done))
+
+    tasks = [asyncio.create_task(run(i, ids, p)) for i, (ids, p) in enumerate(jobs)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def sse_body(
+    state: ServerState,
+    jobs: list[tuple[list[int], SamplingParams]],
+    stop: list[str],
+    rid: str,
+    *,
+    obj: str,
+    created: int,
+    include_usage: bool,
+    prompt_tokens: int,
+    opening: list[dict],
+    to_choices: Callable[[int, GenerationChunk], list[dict]],
+) -> AsyncIterator[bytes]:
+    """The SSE body of a streamed completion: `opening` choices, then what `to_choices` makes
+    of each chunk, one event per choice, an optional usage event, and [DONE]. An error after
+    the response started becomes an error event."""
+    usage_field = {"usage": None} if include_usage else {}
+
+    def event(choices: list[dict], **extra) -> bytes:
+        return sse({"id": rid, "object": obj, "created": created, "model": state.model_name, "choices": choices,
+                    **usage_field, **extra})
+
+    for choice in opening:
+        yield event([choice])
+    completion_tokens = [0] * len(jobs)
+    try:
+        async for i, chunk in stream_choices(state, jobs, stop, rid):
+            completion_tokens[i] = chunk.completion_tokens
+            for choice in to_choices(i, chunk):
+                yield event([choice])
+    except Exception as e:
+        yield sse(as_api_error(e).body())
+        yield DONE
+        return
+    if include_usage:
+        yield event([], usage=usage(prompt_tokens, sum(completion_tokens)))
+    yield DONE
+
+
+def as_api_error(e: Exception) -> APIError:
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, SchedulerGone):
+        return unavailable(str(e))
+    if isinstance(e, RequestRejected):
+        return bad_request(str(e), code="request_rejected")
+    return APIError(500, f"internal error: {type(e).__name__}: {e}", type="internal_error", code="internal_error")
+
+
+async def collect_choices(
+    state: ServerState, jobs: list[tuple[list[int], SamplingParams]], stop: list[str], rid: str
+) -> list[ChoiceResult]:
+    results = [ChoiceResult() for _ in jobs]
+    async for i, chunk in stream_choices(state, jobs, stop, rid):
+        r = results[i]
+        r.text += chunk.text
+        r.token_ids += chunk.token_ids
+        r.completion_tokens = chunk.completion_tokens
+        if chunk.logprobs:
+            r.logprobs += chunk.logprobs
+        if chunk.finish_reason is not None:
+            r.finish_reason = chunk.finish_reason
+            r.error = chunk.error
+    for r in results:
+        if r.error:
+            raise APIError(400, r.error, code="request_rejected")
+    return results
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> dict:
+    tb = state.token_bytes
+
+    def entry(token_id: int, logprob: float) -> dict:
+        return {"token": tb.text(token_id), "logprob": logprob, "bytes": list(tb.bytes(token_id))}
+
+    return {
+        "content": [{**entry(it.token_id, it.logprob), "top_logprobs": [entry(t, lp) for t, lp in it.top]} for it in items],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offset: int) -> dict:
+    tb = state.token_bytes
+    tokens, offsets = [], []
+    for it in items:
+        tokens.append(tb.text(it.token_id))
+        offsets.append(text_offset)
+        text_offset += len(tokens[-1])
+    return {
+        "tokens": tokens,
+        "token_logprobs": [it.logprob for it in items],
+        "top_logprobs": [{tb.text(t): lp for t, lp in it.top} for it in items],
+        "text_offset": offsets,
+    }
