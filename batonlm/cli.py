@@ -3,46 +3,67 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from batonlm.config import DEVICE_CHOICES, DTYPE_CHOICES, EMBEDDED_MODEL, LOG_LEVELS, ConfigError, ServerArgs
 
+# Defaults a container sets through the environment (the image listens on 0.0.0.0).
+HOST_ENV, PORT_ENV = "BATONLM_HOST", "BATONLM_PORT"
+
 
 def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     d = ServerArgs()
+    bool_flag = argparse.BooleanOptionalAction
     p.add_argument("model", nargs="?", default=None,
                    help="a local Hugging Face model directory or a hub id (default: the embedded stories260K)")
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a YAML preset of server arguments (see configs/); flags given here override it")
+    p.add_argument("--host", default=os.environ.get(HOST_ENV, d.host), help=f"default: ${HOST_ENV} or {d.host}")
+    p.add_argument("--port", type=int, default=int(os.environ.get(PORT_ENV, d.port)))
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: derived from MODEL)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /generate")
-    p.add_argument("--disable-overlap", action="store_true", help="use the normal (serial) event loop")
+    p.add_argument("--disable-overlap", action=bool_flag, default=False, help="use the normal (serial) event loop")
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens (default: sized to memory)")
     p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
     p.add_argument("--context-length", type=int, default=None, help="cap the model's context length")
-    p.add_argument("--enable-mixed-batch", action="store_true", help="run prefills and decodes in one batch")
+    p.add_argument("--enable-mixed-batch", action=bool_flag, default=False, help="run prefills and decodes in one batch")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default=d.dtype)
     p.add_argument("--device", choices=DEVICE_CHOICES, default=d.device)
     p.add_argument("--attention-backend", default=d.attention_backend)
     p.add_argument("--sampler", default=d.sampler)
     p.add_argument("--random-seed", type=int, default=d.random_seed)
     p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes)
+    p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static)
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
 
 
 def serve_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
-    fields = {k: v for k, v in vars(ns).items() if k not in ("command", "func")}
+    fields = {k: v for k, v in vars(ns).items() if k not in ("command", "func", "config")}
     fields["model"] = fields["model"] or EMBEDDED_MODEL
     return ServerArgs.from_kwargs(**fields)
+
+
+def parse_serve_args(argv: list[str]) -> ServerArgs:
+    """`serve` arguments: defaults, then the --config file, then the flags given."""
+    parser = argparse.ArgumentParser(prog="batonlm serve")
+    _add_serve_arguments(parser)
+    ns = parser.parse_args(argv)
+    if ns.config:
+        from batonlm.config_file import load_config_file
+
+        parser.set_defaults(**load_config_file(ns.config))
+        ns = parser.parse_args(argv)
+    return serve_args_from_namespace(ns)
 
 
 def _serve(ns: argparse.Namespace) -> int:
     from batonlm.server.launch import serve
 
     try:
-        args = serve_args_from_namespace(ns)
+        args = parse_serve_args(ns.argv)
     except ConfigError as e:
         print(f"batonlm serve: error: {e}", file=sys.stderr)
         return 2
@@ -73,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ns = build_parser().parse_args(argv)
+    ns.argv = argv[1:]  # what follows the subcommand, re-parsed with any --config preset
     return ns.func(ns)
 
 

@@ -9,6 +9,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from batonlm import spawn
 from batonlm.config import ServerArgs
 from batonlm.ipc import codec
 from batonlm.ipc.messages import SchedulerFailed, SchedulerInfo
@@ -62,7 +63,7 @@ def start_scheduler(args: ServerArgs, ipc_dir: str, request_endpoint: str, outpu
         name="batonlm-scheduler",
         daemon=False,
     )
-    proc.start()
+    spawn.start(proc)
     child.close()
     deadline = time.monotonic() + SCHEDULER_START_TIMEOUT_S
     while not parent.poll(0.1):

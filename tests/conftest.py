@@ -1,6 +1,4 @@
 import os
-import shutil
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -11,7 +9,6 @@ import torch  # noqa: E402
 
 from batonlm.config import EMBEDDED_MODEL  # noqa: E402
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -28,11 +25,6 @@ def stories_path() -> str:
     return EMBEDDED_MODEL
 
 
-def copy_tokenizer(dst: Path) -> None:
-    for name in TOKENIZER_FILES:
-        shutil.copy(Path(EMBEDDED_MODEL) / name, dst / name)
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
     """Tiny random-weight models of each supported family, saved with save_pretrained (fp32).
@@ -40,7 +32,7 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
     Each exercises a family option: explicit head_dim and llama3 rope scaling (Llama), qkv bias
     (Qwen2), q/k RMSNorm (Qwen3), a sliding window shorter than the prompts (Mistral).
     """
-    from helpers import build_tiny_model
+    from helpers import build_tiny_model, copy_tokenizer
 
     root = tmp_path_factory.mktemp("tiny_models")
     out = {}

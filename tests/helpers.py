@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -17,45 +18,30 @@ from batonlm.scheduler.scheduler import Scheduler
 
 VOCAB = 512  # the stories260K tokenizer's, copied into every tiny model
 EOS = 2
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def copy_tokenizer(dst: Path) -> None:
+    """Give a tiny model directory the embedded model's tokenizer (vocabulary 512)."""
+    import shutil
+
+    from batonlm.config import EMBEDDED_MODEL
+
+    for name in TOKENIZER_FILES:
+        shutil.copy(Path(EMBEDDED_MODEL) / name, dst / name)
+
+
+TEST_MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "test-models"
 
 
 def tiny_config(family: str):
-    import transformers as tf
+    """The transformers config of a tiny test model (configs/test-models/<family>.json)."""
+    from transformers import AutoConfig
 
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        rms_norm_eps=1e-6,
-    )
-    if family == "llama":
-        return tf.LlamaConfig(
-            **common,
-            head_dim=24,
-            tie_word_embeddings=True,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
-            },
-            rope_theta=500000.0,
-        )
-    if family == "qwen2":
-        return tf.Qwen2Config(**common, tie_word_embeddings=False)
-    if family == "qwen3":
-        return tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)
-    if family == "mistral":
-        return tf.MistralConfig(**common, sliding_window=24, tie_word_embeddings=False)
-    raise ValueError(family)
+    raw = json.loads((TEST_MODEL_CONFIGS / f"{family}.json").read_text())
+    model_type = raw.pop("model_type")
+    raw.pop("architectures")
+    return AutoConfig.for_model(model_type, **raw)
 
 
 def hf_model_class(family: str):
@@ -74,8 +60,6 @@ def build_tiny_model(family: str, path: Path) -> None:
     model = hf_model_class(family)(tiny_config(family)).to(torch.float32)
     model.save_pretrained(path, safe_serialization=True)
     # Greedy generation with the same EOS everywhere.
-    import json
-
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS, "bos_token_id": 1}))
 
 
@@ -136,3 +120,32 @@ class SchedulerHarness:
 
     def close(self) -> None:
         self.sched.device.close()
+
+
+def build_byte_cycle_model(path: Path, text: str) -> list[int]:
+    """A one-layer Llama whose greedy output cycles through the byte-fallback tokens of `text`
+    (its UTF-8 bytes): each token's embedding is its own basis vector, the layer adds nothing,
+    and lm_head maps a token's vector onto the next token of the cycle. Returns the cycle ids."""
+    import transformers as tf
+
+    byte_ids = [3 + b for b in text.encode("utf-8")]  # <0x00>..<0xFF> are ids 3..258
+    assert len(set(byte_ids)) == len(byte_ids), "each byte of the cycle must be distinct"
+    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=EOS)
+    model = tf.LlamaForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for n in model.modules():
+            if isinstance(n, tf.models.llama.modeling_llama.LlamaRMSNorm):
+                n.weight.fill_(1.0)
+        emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+        for i, t in enumerate(byte_ids):
+            emb[t, i] = 1.0
+            head[byte_ids[(i + 1) % len(byte_ids)], i] = 10.0
+        emb[1, len(byte_ids)] = 1.0  # BOS leads into the cycle's first byte
+        head[byte_ids[0], len(byte_ids)] = 10.0
+    model.save_pretrained(path, safe_serialization=True)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS, "bos_token_id": 1}))
+    return byte_ids

@@ -30,14 +30,14 @@ def children(pid: int) -> list[int]:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, startup_timeout: float = 120.0) -> None:
+    def __init__(self, *args: str, startup_timeout: float = 120.0, command: list[str] | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         self.log_path = Path(f"/tmp/batonlm-test-server-{self.port}.log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "batonlm", "serve", "--port", str(self.port), *args],
+            [*(command or [sys.executable, "-m", "batonlm", "serve"]), "--port", str(self.port), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env,
         )
         deadline = time.monotonic() + startup_timeout

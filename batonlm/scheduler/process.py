@@ -61,7 +61,9 @@ def run_scheduler_process(args: ServerArgs, request_endpoint: str, output_endpoi
         sched, info = build_scheduler(args, io)
     except Exception as e:
         logger.debug("scheduler start-up failed", exc_info=True)
-        ready.send_bytes(codec.encode(SchedulerFailed(f"{type(e).__name__}: {e}")))
+        # Our own checks raise ValueErrors whose message says it all; name anything else.
+        message = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+        ready.send_bytes(codec.encode(SchedulerFailed(message)))
         io.close()
         sys.exit(1)
     signal.signal(signal.SIGTERM, lambda *_: setattr(sched, "_shutdown", True))

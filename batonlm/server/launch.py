@@ -53,6 +53,18 @@ def resolve_model(model: str) -> str:
         ) from None
 
 
+def check_device(args: ServerArgs) -> None:
+    """Fail before loading anything when the device or dtype cannot work here."""
+    if args.device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise StartupError("--device cuda was given but no CUDA device is available (use --device cpu)")
+    if args.dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+        raise StartupError(f"{torch.cuda.get_device_name()} does not support bfloat16; use --dtype float16")
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -112,6 +124,7 @@ def serve(args: ServerArgs) -> int:
     """Run the server; returns the process exit code."""
     configure_logging(args.log_level)
     try:
+        check_device(args)
         model = resolve_model(args.model)
         if model != args.model:
             args = args.replace(model=model, served_model_name=args.served_model_name or args.model)

@@ -65,26 +65,44 @@ def test_disconnect_of_a_non_streaming_request_frees_kv(server):
     wait_until(lambda: metric(base, "batonlm_kv_cache_used_slots") == 0)
 
 
-def test_streaming_multibyte_characters_never_breaks_one(server):
-    base = server.base_url
-    # Force byte-fallback tokens: bias the two bytes of "é" (C3 A9) and two of "🙂" (F0 9F ...).
-    tok = {f"<0x{b:02X}>": 3 + b for b in range(256)}  # byte tokens are ids 3..258
-    bias = {str(tok["<0xC3>"]): 30, str(tok["<0xA9>"]): 30, str(tok["<0xF0>"]): 20, str(tok["<0x9F>"]): 20,
-            str(tok["<0x99>"]): 20, str(tok["<0x82>"]): 20}
-    body = {"prompt": "Lily said", "max_tokens": 60, "logit_bias": bias, "seed": 3, "temperature": 1.0}
-    full = httpx.post(base + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+CYCLE = "é🙂中 "  # 2-, 4- and 3-byte characters and a space: 10 distinct bytes
+
+
+@pytest.fixture(scope="module")
+def byte_cycle_server(tmp_path_factory):
+    from helpers import build_byte_cycle_model, copy_tokenizer
+
+    path = tmp_path_factory.mktemp("byte_cycle")
+    build_byte_cycle_model(path, CYCLE)
+    copy_tokenizer(path)
+    s = ServerProcess(str(path), "--served-model-name", "cycle")
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_streaming_multibyte_characters_never_breaks_one(byte_cycle_server, endpoint):
+    """Every character of the output spans 2-4 byte-fallback tokens; no streamed delta may
+    hold part of one (which would show as U+FFFD), and the deltas add up to the full text."""
+    base = byte_cycle_server.base_url
+    if endpoint == "chat":
+        path, body = CHAT, {"messages": [{"role": "user", "content": "中"}]}  # ends on the cycle's <0xAD>
+    else:
+        path, body = "/v1/completions", {"prompt": [1]}
+    body = {**body, "model": "cycle", "max_tokens": 40, "temperature": 0}  # 4 whole cycles of 10 bytes
+    full = httpx.post(base + path, json=body, timeout=60).json()
+    text = full["choices"][0]["message"]["content"] if endpoint == "chat" else full["choices"][0]["text"]
     deltas = []
-    with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+    with httpx.stream("POST", base + path, json={**body, "stream": True}, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                deltas.append(json.loads(line[6:])["choices"][0]["text"])
-    streamed = "".join(deltas)
-    assert streamed == full
-    assert "é" in full, full  # multi-byte characters did go through the stream
-    for d in deltas:
-        d.encode("utf-8")  # no lone surrogates
-    # A replacement character only where the final text has one (an invalid byte sequence).
-    assert streamed.count("\ufffd") == full.count("\ufffd")
+                choice = json.loads(line[6:])["choices"][0]
+                deltas.append(choice["delta"].get("content", "") if endpoint == "chat" else choice["text"])
+    assert "".join(deltas) == text
+    assert "\ufffd" not in text and all("\ufffd" not in d for d in deltas)
+    if endpoint == "completions":  # the prompt is BOS alone: the cycle from its start
+        assert text == CYCLE * 4
+    assert sum(len(d.encode()) > len(d) for d in deltas if d) >= 10  # multi-byte characters did stream
 
 
 def _scheduler_pid(server: ServerProcess) -> int:

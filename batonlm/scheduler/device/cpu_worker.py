@@ -16,6 +16,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from batonlm import spawn
 from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
@@ -54,7 +55,7 @@ class CpuWorkerDevice(DeviceStream):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(target=worker_main, args=(child, spec), name="batonlm-device", daemon=False)
-        self._proc.start()
+        spawn.start(self._proc)
         child.close()
         self._results: dict[int, BatchResult] = {}
         self._closed = False
