@@ -8,7 +8,6 @@ from typing import Any
 
 import msgspec
 
-
 MAX_TOP_LOGPROBS = 20
 
 

@@ -10,7 +10,6 @@ import torch  # noqa: E402
 from batonlm.config import EMBEDDED_MODEL  # noqa: E402
 
 
-
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
