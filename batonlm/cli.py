@@ -6,7 +6,16 @@ import argparse
 import os
 import sys
 
-from batonlm.config import DEVICE_CHOICES, DTYPE_CHOICES, EMBEDDED_MODEL, LOG_LEVELS, ConfigError, ServerArgs
+from batonlm.config import (
+    ATTENTION_BACKEND_CHOICES,
+    DEVICE_CHOICES,
+    DTYPE_CHOICES,
+    EMBEDDED_MODEL,
+    LOG_LEVELS,
+    SAMPLER_CHOICES,
+    ConfigError,
+    ServerArgs,
+)
 
 # Defaults a container sets through the environment (the image listens on 0.0.0.0).
 HOST_ENV, PORT_ENV = "BATONLM_HOST", "BATONLM_PORT"
@@ -32,8 +41,9 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-mixed-batch", action=bool_flag, default=False, help="run prefills and decodes in one batch")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default=d.dtype)
     p.add_argument("--device", choices=DEVICE_CHOICES, default=d.device)
-    p.add_argument("--attention-backend", default=d.attention_backend)
-    p.add_argument("--sampler", default=d.sampler)
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKEND_CHOICES, default=d.attention_backend)
+    p.add_argument("--sampler", choices=SAMPLER_CHOICES, default=d.sampler,
+                   help="sampling kernels: triton (auto on CUDA) or their torch references (auto on the CPU)")
     p.add_argument("--random-seed", type=int, default=d.random_seed)
     p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes)
     p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static)

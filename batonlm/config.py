@@ -14,6 +14,9 @@ EMBEDDED_MODEL_NAME = "stories260K"
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# The registries' names (tests keep these in sync with them); "auto" picks per device.
+ATTENTION_BACKEND_CHOICES = ("auto", "torch")
+SAMPLER_CHOICES = ("auto", "torch", "triton")
 
 
 class ConfigError(ValueError):
@@ -64,6 +67,8 @@ class ServerArgs:
         _choice("device", self.device, DEVICE_CHOICES)
         _choice("log_level", self.log_level, LOG_LEVELS)
         _choice("cpu_device_worker", self.cpu_device_worker, ("process", "inline"))
+        _choice("attention_backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
+        _choice("sampler", self.sampler, SAMPLER_CHOICES)
         _positive("max_running_requests", self.max_running_requests)
         _positive("max_prefill_tokens", self.max_prefill_tokens)
         _positive("max_request_bytes", self.max_request_bytes)

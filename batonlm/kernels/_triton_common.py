@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-INTERPRET: bool = bool(triton.knobs.runtime.interpret)
-# Compiled tl.exp/tl.log are ex2/lg2 approximations (several ulp; lg2 is coarse near 1, where the
-# race's -log(u) lives); libdevice's match CUDA's expf/logf, which the torch references use. The
-# interpreter has no libdevice and uses numpy, which is already precise.
+
+def _interpreting() -> bool:
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+
+
+INTERPRET: bool = _interpreting()
+# Compiled tl.exp is ex2.approx(x * log2 e), whose error grows with |x|; libdevice's exp and log
+# are CUDA's expf and logf, which torch's CUDA references use, so probabilities match to the bit
+# far more often. The interpreter has no libdevice and uses numpy, which is precise already.
 PRECISE: tl.constexpr = tl.constexpr(not INTERPRET)
+# Launch option of every kernel: no contraction of a * b + c into an FMA, so that such sums round
+# twice as torch's do (and the same whatever Triton's default, which changes in 3.10).
+NO_FMA = {"enable_fp_fusion": False}
 
 
-def device_fn(fn):
+def device_fn(fn: Callable) -> Callable:
     """triton.jit for a helper called from kernels.
 
     The interpreter re-patches triton.language on every device-function call (~1.5 ms, most of

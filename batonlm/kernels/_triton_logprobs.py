@@ -12,7 +12,16 @@ import torch
 import triton
 import triton.language as tl
 
-from batonlm.kernels._triton_common import block_size, device_fn, exp_sum, log, row_max_argmax, rows_f32, vec
+from batonlm.kernels._triton_common import (
+    NO_FMA,
+    block_size,
+    device_fn,
+    exp_sum,
+    log,
+    row_max_argmax,
+    rows_f32,
+    vec,
+)
 
 _BIG: tl.constexpr = tl.constexpr(2**31 - 1)
 
@@ -76,7 +85,9 @@ def _logprobs_kernel(logits_ptr, stride, temperature_ptr, chosen_ptr, chosen_out
             left = left & (r_id != b_id)
 
 
-def logprobs(logits, temperature, chosen, top_n, block=None):
+def logprobs(
+    logits: torch.Tensor, temperature: torch.Tensor, chosen: torch.Tensor, top_n: int, block: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     logits = rows_f32(logits)
     b, v = logits.shape
     dev = logits.device
@@ -87,6 +98,6 @@ def logprobs(logits, temperature, chosen, top_n, block=None):
         _logprobs_kernel[(b,)](
             logits, logits.stride(0), vec(temperature, torch.float32), vec(chosen, torch.int64), chosen_lp,
             top_ids, top_lp, v, top_n, BLOCK=block or block_size(v), NP=triton.next_power_of_2(max(top_n, 1)),
-            WITH_TOP=top_n > 0, num_warps=8,
+            WITH_TOP=top_n > 0, num_warps=8, **NO_FMA,
         )
     return chosen_lp, top_ids, top_lp

@@ -11,9 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from batonlm.kernels._triton_common import INTERPRET, device_fn, rows_f32, vec
+from batonlm.kernels._triton_common import INTERPRET, NO_FMA, device_fn, rows_f32, vec
 
-LIST_CHUNK = 16  # ids of a bias / banned list compared with a block at once
+LIST_CHUNK = 4  # ids of a bias / banned list compared with a block at once ([block, 4] tile)
+# NO_FMA matters here: freq * count + pres must round twice, as torch's does, for bit-equal results.
+OPTIONS = dict(num_warps=8, **NO_FMA)
 
 
 @device_fn
@@ -49,7 +51,7 @@ def _list_sums(offs, start, ids_ptr, values_ptr, n, BLOCK: tl.constexpr, CHUNK: 
 
 
 @triton.jit
-def _penalties_kernel(logits_ptr, out_ptr, stride, slots_ptr, counts_ptr, counts_stride, prompt_ptr,
+def _penalties_kernel(logits_ptr, out_ptr, stride, out_stride, slots_ptr, counts_ptr, counts_stride, prompt_ptr,
                       prompt_stride, freq_ptr, pres_ptr, rep_ptr, bias_ids_ptr, bias_values_ptr, n_bias,
                       banned_ptr, n_banned, V, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     row = tl.program_id(0)
@@ -76,7 +78,7 @@ def _penalties_kernel(logits_ptr, out_ptr, stride, slots_ptr, counts_ptr, counts
     banned = _list_hits(offs, start, banned_ptr + row.to(tl.int64) * n_banned, n_banned, BLOCK,
                         CHUNK)
     x = tl.where(banned, float("-inf"), x)
-    tl.store(out_ptr + row.to(tl.int64) * stride + offs, x, mask=valid)
+    tl.store(out_ptr + row.to(tl.int64) * out_stride + offs, x, mask=valid)
 
 
 def _ids(ids: torch.Tensor, b: int) -> torch.Tensor:
@@ -85,8 +87,11 @@ def _ids(ids: torch.Tensor, b: int) -> torch.Tensor:
     return vec(ids, torch.int64)
 
 
-def apply(logits, req_slots, output_counts, prompt_mask, frequency_penalty, presence_penalty,
-          repetition_penalty, bias_ids, bias_values, banned, block=None):
+def apply(
+    logits: torch.Tensor, req_slots: torch.Tensor, output_counts: torch.Tensor, prompt_mask: torch.Tensor,
+    frequency_penalty: torch.Tensor, presence_penalty: torch.Tensor, repetition_penalty: torch.Tensor,
+    bias_ids: torch.Tensor, bias_values: torch.Tensor, banned: torch.Tensor, block: int | None = None,
+) -> torch.Tensor:
     logits = rows_f32(logits)
     b, v = logits.shape
     out = torch.empty((b, v), dtype=torch.float32, device=logits.device)
@@ -98,12 +103,10 @@ def apply(logits, req_slots, output_counts, prompt_mask, frequency_penalty, pres
     banned = _ids(banned, b)
     block = block or (4096 if INTERPRET else 1024)
     _penalties_kernel[(b, triton.cdiv(v, block))](
-        logits, out, logits.stride(0), vec(req_slots, torch.int64), output_counts.to(torch.int32),
+        logits, out, logits.stride(0), out.stride(0), vec(req_slots, torch.int64), output_counts.to(torch.int32),
         output_counts.stride(0), prompt_mask.view(torch.uint8), prompt_mask.stride(0),
         vec(frequency_penalty, torch.float32), vec(presence_penalty, torch.float32),
         vec(repetition_penalty, torch.float32), bias_ids, vec(bias_values, torch.float32), bias_ids.shape[1],
-        banned, banned.shape[1], v, BLOCK=block, CHUNK=LIST_CHUNK, num_warps=4,
-        # Keep freq * count + pres as two roundings (no FMA), as torch computes it.
-        enable_fp_fusion=False,
+        banned, banned.shape[1], v, BLOCK=block, CHUNK=LIST_CHUNK, **OPTIONS,
     )
     return out

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from batonlm.kernels._triton_common import (
     INTERPRET,
+    NO_FMA,
     block_size,
     device_fn,
     exp,
@@ -206,7 +207,10 @@ def _uniform_kernel(keys_ptr, out_ptr, V, BLOCK: tl.constexpr):
         tl.store(out_ptr + row.to(tl.int64) * V + offs, _uniform(key, offs), mask=offs < V)
 
 
-def sample(logits, temperature, top_k, top_p, min_p, keys, block=None):
+def sample(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    min_p: torch.Tensor, keys: torch.Tensor, block: int | None = None,
+) -> torch.Tensor:
     logits = rows_f32(logits)
     b, v = logits.shape
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
@@ -215,12 +219,15 @@ def sample(logits, temperature, top_k, top_p, min_p, keys, block=None):
         _sample_kernel[(b,)](
             logits, logits.stride(0), vec(temperature, torch.float32), vec(top_k, torch.int64),
             vec(top_p, torch.float32), vec(min_p, torch.float32), vec(keys, torch.int64), out, v,
-            BLOCK=block, NT=search_width(block), num_warps=8,
+            BLOCK=block, NT=search_width(block), num_warps=8, **NO_FMA,
         )
     return out
 
 
-def keep_threshold(probs, top_k, top_p, min_p, block=None):
+def keep_threshold(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, block: int | None = None
+) -> torch.Tensor:
+    """[B] float32: the threshold max(t_k, t_p, t_m) of each row of probabilities."""
     probs = rows_f32(probs)
     b, v = probs.shape
     out = torch.empty(b, dtype=torch.float32, device=probs.device)
@@ -228,23 +235,23 @@ def keep_threshold(probs, top_k, top_p, min_p, block=None):
     if b:
         _threshold_kernel[(b,)](
             probs, probs.stride(0), vec(top_k, torch.int64), vec(top_p, torch.float32),
-            vec(min_p, torch.float32), out, v, BLOCK=block, NT=search_width(block), num_warps=8,
+            vec(min_p, torch.float32), out, v, BLOCK=block, NT=search_width(block), num_warps=8, **NO_FMA,
         )
     return out
 
 
-def argmax(logits, block=None):
+def argmax(logits: torch.Tensor, block: int | None = None) -> torch.Tensor:
     logits = rows_f32(logits)
     b, v = logits.shape
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     if b:
-        _argmax_kernel[(b,)](logits, logits.stride(0), out, v, BLOCK=block or block_size(v), num_warps=4)
+        _argmax_kernel[(b,)](logits, logits.stride(0), out, v, BLOCK=block or block_size(v), num_warps=4, **NO_FMA)
     return out
 
 
-def uniform(keys, vocab_size, block=None):
+def uniform(keys: torch.Tensor, vocab_size: int, block: int | None = None) -> torch.Tensor:
     out = torch.empty(keys.shape[0], vocab_size, dtype=torch.float32, device=keys.device)
     if keys.shape[0]:
         _uniform_kernel[(keys.shape[0],)](vec(keys, torch.int64), out, vocab_size,
-                                          BLOCK=block or block_size(vocab_size), num_warps=4)
+                                          BLOCK=block or block_size(vocab_size), num_warps=4, **NO_FMA)
     return out

@@ -76,9 +76,10 @@ def apply_penalties_triton(
 
 def update_output_counts(output_counts: torch.Tensor, req_slots: torch.Tensor, token_ids: torch.Tensor) -> None:
     """Count one sampled token per row into output_counts (in place); negative ids are skipped."""
+    # Negative ids add 0 (at id 0) rather than being filtered out: no device-to-host sync.
     valid = token_ids >= 0
-    ones = torch.ones_like(token_ids, dtype=output_counts.dtype)
-    output_counts.index_put_((req_slots[valid], token_ids[valid]), ones[valid], accumulate=True)
+    ids = torch.where(valid, token_ids, torch.zeros_like(token_ids))
+    output_counts.index_put_((req_slots, ids), valid.to(output_counts.dtype), accumulate=True)
 
 
 def prompt_mask_row(prompt_ids: Sequence[int] | torch.Tensor, vocab_size: int, device: torch.device | str) -> torch.Tensor:

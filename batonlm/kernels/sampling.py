@@ -69,11 +69,12 @@ def suppress_tokens(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
     """Set logits[b, banned[b, j]] = -inf for every banned id >= 0 (ids < 0 are padding)."""
     if banned.numel() == 0:
         return logits
-    rows = torch.arange(logits.shape[0], device=logits.device)[:, None].expand_as(banned)
-    valid = banned >= 0
-    logits = logits.clone()
-    logits[rows[valid], banned[valid]] = float("-inf")
-    return logits
+    # Padding scatters into an extra column that is then dropped: no boolean indexing, so no
+    # device-to-host sync on a GPU.
+    v = logits.shape[1]
+    padded = torch.cat([logits, logits.new_zeros(logits.shape[0], 1)], dim=1)
+    padded.scatter_(1, torch.where(banned >= 0, banned, torch.full_like(banned, v)), float("-inf"))
+    return padded[:, :v]
 
 
 def keep_mask_reference(
@@ -105,8 +106,6 @@ def sample_reference(
     """[B] int64 next tokens for float32 logits [B, V] (see the module docstring)."""
     greedy = logits.argmax(dim=-1)
     is_greedy = temperature <= 0
-    if bool(is_greedy.all()):
-        return greedy
     temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
     probs = torch.softmax(logits / temp[:, None], dim=-1)
     keep = keep_mask_reference(probs, top_k, top_p, min_p)
@@ -148,7 +147,11 @@ def sample_triton(
     min_p: torch.Tensor,
     keys: torch.Tensor,
 ) -> torch.Tensor:
-    """`sample_reference` as one kernel launch (a program per row, no sort of the vocabulary)."""
+    """`sample_reference` as one kernel launch (a program per row, no sort of the vocabulary).
+
+    The noise is the same integers, so the tokens are the reference's but for float near-ties:
+    two race scores within a rounding of each other, or a top-p boundary within the rounding of
+    the mass sums (which the two add up in different orders)."""
     return _kernels().sample(logits, temperature, top_k, top_p, min_p, keys)
 
 

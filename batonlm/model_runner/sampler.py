@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import torch
 
+from batonlm.kernels import penalties
 from batonlm.kernels import sampling as ref
 
 
@@ -98,11 +99,15 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
     return cls
 
 
-def get_sampler(name: str) -> Sampler:
-    if name == "triton":
-        # Registers itself on import; needs triton.
-        from batonlm.model_runner import triton_sampler  # noqa: F401
+def sampler_names() -> list[str]:
+    # The Triton sampler registers itself on import (triton itself is imported on first use).
+    from batonlm.model_runner import triton_sampler  # noqa: F401
 
+    return sorted(SAMPLERS)
+
+
+def get_sampler(name: str) -> Sampler:
+    sampler_names()
     try:
         return SAMPLERS[name]()
     except KeyError:
@@ -116,9 +121,7 @@ class TorchSampler(Sampler):
     name = "torch"
 
     def penalize(self, logits: torch.Tensor, pen: PenaltyBatch, banned: torch.Tensor) -> torch.Tensor:
-        from batonlm.kernels.penalties import apply_penalties_reference
-
-        return apply_penalties_reference(
+        return penalties.apply_penalties_reference(
             logits, pen.req_slots, pen.output_counts, pen.prompt_mask, pen.frequency, pen.presence,
             pen.repetition, pen.bias_ids, pen.bias_values, banned,
         )
@@ -225,15 +228,12 @@ class SlotSamplingTable:
                 shape = (self.num_slots, self.vocab_size)
                 self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
                 self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
-            self.output_counts[slot] = 0
-            self.prompt_mask[slot] = False
-            self.prompt_mask[slot, torch.tensor(prompt_ids, dtype=torch.int64)] = True
+            penalties.reset_slot(self.output_counts, self.prompt_mask, slot, prompt_ids)
 
     def record_outputs(self, req_slots: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Count the sampled tokens (frequency/presence/repetition penalties read the counts)."""
         if self.output_counts is not None and self._num_penalized:
-            ones = torch.ones_like(token_ids, dtype=torch.int32)
-            self.output_counts.index_put_((req_slots, token_ids), ones, accumulate=True)
+            penalties.update_output_counts(self.output_counts, req_slots, token_ids)
 
     def gather(
         self, req_slots: torch.Tensor, seq_lens: torch.Tensor, all_greedy: bool, top_logprobs: int = -1

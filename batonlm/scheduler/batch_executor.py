@@ -33,13 +33,15 @@ class BatchExecutor:
             return self._tensor(launch.input_ids)
         if len(future_rows) == len(launch.from_future):
             return self.future_map.resolve_forward_inputs(batch.req_slots, batch.positions)
-        rows = self._tensor(future_rows)
-        starts = batch.extend_starts[rows]
+        # A mixed batch. Token offsets are computed on the host, so nothing waits on the device.
+        future_at, host_at, offset = [], [], 0
+        for n, fut in zip(launch.extend_lens, launch.from_future):
+            (future_at if fut else host_at).extend(range(offset, offset + n))
+            offset += n
+        rows, starts = self._tensor(future_rows), self._tensor(future_at)
         ids = torch.empty(batch.num_tokens, dtype=torch.int64, device=self.device)
         ids[starts] = self.future_map.resolve_forward_inputs(batch.req_slots[rows], batch.positions[starts])
-        host = torch.ones(batch.num_tokens, dtype=torch.bool, device=self.device)
-        host[starts] = False
-        ids[host] = self._tensor(launch.input_ids)
+        ids[self._tensor(host_at)] = self._tensor(launch.input_ids)
         return ids
 
     def _init_slots(self, launch: BatchLaunch) -> None:

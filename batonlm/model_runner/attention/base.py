@@ -58,10 +58,15 @@ def register_attention_backend(cls: type[AttentionBackend]) -> type[AttentionBac
     return cls
 
 
-def get_attention_backend(name: str) -> type[AttentionBackend]:
+def attention_backend_names() -> list[str]:
     # Import for the registration side effect.
     from batonlm.model_runner.attention import torch_backend  # noqa: F401
 
+    return sorted(ATTENTION_BACKENDS)
+
+
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    attention_backend_names()
     try:
         return ATTENTION_BACKENDS[name]
     except KeyError:

@@ -48,7 +48,9 @@ class TorchAttentionBackend(AttentionBackend):
 
         query_index = None
         if e > 1:
-            rows = torch.repeat_interleave(torch.arange(batch.batch_size, device=device), batch.extend_lens)
+            rows = torch.repeat_interleave(
+                torch.arange(batch.batch_size, device=device), batch.extend_lens, output_size=batch.num_tokens
+            )
             offset = torch.arange(batch.num_tokens, device=device) - batch.extend_starts[rows]
             query_index = rows * e + offset
         batch.attn_metadata = TorchAttentionMetadata(kv_index.reshape(-1), query_index, masks)

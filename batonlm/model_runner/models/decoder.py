@@ -36,13 +36,17 @@ class Attention(nn.Module):
         attn: AttentionBackend,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.reshape(-1, self.heads, self.head_dim)
-        k = k.reshape(-1, self.kv_heads, self.head_dim)
-        v = v.reshape(-1, self.kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv = self.qkv_proj(x)
+        qk_size = self.q_size + self.kv_size
+        v = qkv[:, qk_size:].view(-1, self.kv_heads, self.head_dim)
+        if self.q_norm is None:
+            # One rotary pass over the query and key heads together: fewer ops per layer.
+            qk = apply_rope(qkv[:, :qk_size].view(-1, self.heads + self.kv_heads, self.head_dim), cos, sin)
+            q, k = qk.split((self.heads, self.kv_heads), dim=1)
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(-1, self.heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size : qk_size].view(-1, self.kv_heads, self.head_dim))
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self.o_proj(attn.forward(q, k, v, self.layer, batch))
 
 

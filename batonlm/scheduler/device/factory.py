@@ -58,6 +58,13 @@ def _param_count(cfg: ModelConfig) -> list[int]:
     return [v * h, cfg.num_layers * per_layer, 0 if cfg.tie_word_embeddings else v * h]
 
 
+def default_sampler(device: str) -> str:
+    """The Triton kernels on a GPU; on the CPU their torch references (the interpreter is slow)."""
+    from batonlm.kernels.sampling import triton_available
+
+    return "triton" if device.startswith("cuda") and triton_available() else "torch"
+
+
 def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
     device = args.resolved_device
     if device == "cuda" and not torch.cuda.is_available():
@@ -69,7 +76,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
         raise DeviceConfigError("this GPU does not support bfloat16; use --dtype float16")
     ctx = context_length(args, cfg)
     attention = args.attention_backend if args.attention_backend != "auto" else "torch"
-    sampler = args.sampler if args.sampler != "auto" else "torch"
+    sampler = args.sampler if args.sampler != "auto" else default_sampler(device)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
     return DeviceSpec(
         model_path=cfg.path,

@@ -1,0 +1,143 @@
+"""Time the Triton sampling kernels against their torch references on a CUDA GPU.
+
+For batch 1, 16, 64, 256 x vocabulary 32000, 151936: sampling (Triton; the sort-based torch
+reference; the usual torch sampler: sort, top-k/top-p masks, torch.multinomial), greedy argmax,
+penalties and logprobs (top 5). Times are CUDA-event means after warm-up. Prints a table and
+writes benchmarks/results/kernels_gpu.json. Without CUDA it prints "skipped: no CUDA device"
+and exits 0.
+
+    python benchmarks/kernels_gpu.py [--iters 50] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+# Compiled kernels: the interpreter would time numpy.
+os.environ["TRITON_INTERPRET"] = "0"
+
+import torch  # noqa: E402
+
+BATCHES = (1, 16, 64, 256)
+VOCABS = (32000, 151936)
+TEMPERATURE, TOP_K, TOP_P, MIN_P = 0.8, 50, 0.9, 0.05
+TOP_N = 5
+DEFAULT_OUT = Path(__file__).parent / "results" / "kernels_gpu.json"
+
+
+def cuda_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
+    """Mean milliseconds of fn() on the current stream, by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def multinomial_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The common torch sampler: sort once, mask past top-k and past top-p, torch.multinomial."""
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    sorted_p, sorted_ids = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    sorted_p = sorted_p.masked_fill(ranks >= top_k[:, None], 0.0)
+    before = sorted_p.cumsum(-1) - sorted_p  # mass ahead of each token
+    sorted_p = sorted_p.masked_fill(before >= top_p[:, None] * sorted_p.sum(-1, keepdim=True), 0.0)
+    choice = torch.multinomial(sorted_p, 1)
+    return sorted_ids.gather(1, choice)[:, 0]
+
+
+def bench_shape(b: int, v: int, iters: int, dev: str = "cuda") -> list[dict]:
+    from batonlm.kernels import sampling as s
+    from batonlm.kernels.logprobs import logprobs_reference, logprobs_triton
+    from batonlm.kernels.penalties import apply_penalties_reference, apply_penalties_triton
+
+    g = torch.Generator(device=dev).manual_seed(b * 7 + v)
+    logits = torch.randn(b, v, device=dev, generator=g) * 3
+    temp = torch.full((b,), TEMPERATURE, device=dev)
+    top_k = torch.full((b,), TOP_K, device=dev, dtype=torch.int64)
+    top_p = torch.full((b,), TOP_P, device=dev)
+    min_p = torch.full((b,), MIN_P, device=dev)
+    keys = s.row_keys(torch.arange(b, device=dev), torch.zeros(b, dtype=torch.int64, device=dev), torch.full((b,), 3, device=dev))
+    counts = torch.randint(0, 3, (b, v), device=dev, generator=g, dtype=torch.int32)
+    counts *= (torch.rand(b, v, device=dev, generator=g) < 0.002).int()
+    pen = (
+        logits, torch.arange(b, device=dev), counts, torch.rand(b, v, device=dev, generator=g) < 0.002,
+        torch.full((b,), 0.3, device=dev), torch.full((b,), 0.2, device=dev), torch.full((b,), 1.1, device=dev),
+        torch.randint(0, v, (b, 4), device=dev, generator=g), torch.randn(b, 4, device=dev, generator=g),
+        torch.randint(0, v, (b, 2), device=dev, generator=g),
+    )
+    chosen = logits.argmax(-1)
+    # How often the kernel and the reference draw the same token (near-ties aside: all).
+    match = float((s.sample_triton(logits, temp, top_k, top_p, min_p, keys) == s.sample_reference(logits, temp, top_k, top_p, min_p, keys)).float().mean())
+    cases = [
+        ("sample", "triton", lambda: s.sample_triton(logits, temp, top_k, top_p, min_p, keys)),
+        ("sample", "torch reference", lambda: s.sample_reference(logits, temp, top_k, top_p, min_p, keys)),
+        ("sample", "torch sort+multinomial", lambda: multinomial_sample(logits, temp, top_k, top_p)),
+        ("argmax", "triton", lambda: s.argmax_triton(logits)),
+        ("argmax", "torch reference", lambda: s.argmax_reference(logits)),
+        ("penalties", "triton", lambda: apply_penalties_triton(*pen)),
+        ("penalties", "torch reference", lambda: apply_penalties_reference(*pen)),
+        (f"logprobs top-{TOP_N}", "triton", lambda: logprobs_triton(logits, temp, chosen, TOP_N)),
+        (f"logprobs top-{TOP_N}", "torch reference", lambda: logprobs_reference(logits, temp, chosen, TOP_N)),
+    ]
+    rows = []
+    for op, impl, fn in cases:
+        row = {"op": op, "impl": impl, "batch": b, "vocab": v, "ms": round(cuda_ms(fn, iters), 4)}
+        if op == "sample" and impl == "triton":
+            row["same_token_as_reference"] = match
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'op':<16} {'vocab':>7} {'batch':>5} {'impl':<24} {'ms':>9} {'vs triton':>9}")
+    triton_ms = {(r["op"], r["batch"], r["vocab"]): r["ms"] for r in rows if r["impl"] == "triton"}
+    for r in sorted(rows, key=lambda r: (r["op"], r["vocab"], r["batch"], r["impl"] != "triton")):
+        ratio = r["ms"] / triton_ms[(r["op"], r["batch"], r["vocab"])]
+        print(f"{r['op']:<16} {r['vocab']:>7} {r['batch']:>5} {r['impl']:<24} {r['ms']:>9.4f} {ratio:>8.2f}x")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA device")
+        return 0
+    import triton
+
+    rows = []
+    for v in VOCABS:
+        for b in BATCHES:
+            rows += bench_shape(b, v, args.iters)
+            print(f"done: batch {b}, vocabulary {v}", file=sys.stderr, flush=True)
+    print_table(rows)
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "iters": args.iters,
+        "params": {"temperature": TEMPERATURE, "top_k": TOP_K, "top_p": TOP_P, "min_p": MIN_P, "top_n": TOP_N},
+        "results": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

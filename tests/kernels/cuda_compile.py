@@ -1,0 +1,55 @@
+"""Compile every batonlm kernel for a CUDA target without a GPU (front end, LLVM and ptxas), the
+part of a kernel the interpreter never exercises. Run by test_cuda_compile.py with
+TRITON_INTERPRET=0; prints one JSON line per kernel: name, PTX size, and PTX facts the tests check.
+"""
+
+import json
+import os
+import sys
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("run with TRITON_INTERPRET=0: the interpreter's kernels cannot be compiled")
+
+from triton import compile as triton_compile  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from batonlm.kernels import _triton_logprobs, _triton_penalties, _triton_sampling  # noqa: E402
+from batonlm.kernels._triton_common import NO_FMA  # noqa: E402
+
+F32, I32, I64 = "*fp32", "*i32", "*i64"
+SAMPLE_ARGS = dict(temperature_ptr=F32, top_k_ptr=I64, top_p_ptr=F32, min_p_ptr=F32)
+KERNELS = [
+    (_triton_sampling._sample_kernel,
+     dict(logits_ptr=F32, stride="i32", **SAMPLE_ARGS, keys_ptr=I64, out_ptr=I64, V="i32"),
+     dict(BLOCK=1024, NT=_triton_sampling.search_width(1024)), dict(num_warps=8, **NO_FMA)),
+    (_triton_sampling._threshold_kernel,
+     dict(probs_ptr=F32, stride="i32", top_k_ptr=I64, top_p_ptr=F32, min_p_ptr=F32, out_ptr=F32, V="i32"),
+     dict(BLOCK=1024, NT=_triton_sampling.search_width(1024)), dict(num_warps=8, **NO_FMA)),
+    (_triton_sampling._argmax_kernel, dict(logits_ptr=F32, stride="i32", out_ptr=I64, V="i32"),
+     dict(BLOCK=1024), dict(num_warps=4, **NO_FMA)),
+    (_triton_sampling._uniform_kernel, dict(keys_ptr=I64, out_ptr=F32, V="i32"), dict(BLOCK=1024), dict(num_warps=4, **NO_FMA)),
+    (_triton_penalties._penalties_kernel,
+     dict(logits_ptr=F32, out_ptr=F32, stride="i32", out_stride="i32", slots_ptr=I64, counts_ptr=I32, counts_stride="i32",
+          prompt_ptr="*u8", prompt_stride="i32", freq_ptr=F32, pres_ptr=F32, rep_ptr=F32, bias_ids_ptr=I64,
+          bias_values_ptr=F32, n_bias="i32", banned_ptr=I64, n_banned="i32", V="i32"),
+     dict(BLOCK=1024, CHUNK=_triton_penalties.LIST_CHUNK), _triton_penalties.OPTIONS),
+    (_triton_logprobs._logprobs_kernel,
+     dict(logits_ptr=F32, stride="i32", temperature_ptr=F32, chosen_ptr=I64, chosen_out_ptr=F32,
+          top_ids_ptr=I64, top_lp_ptr=F32, V="i32", top_n="i32"),
+     dict(BLOCK=1024, NP=32, WITH_TOP=True), dict(num_warps=8, **NO_FMA)),
+]
+
+
+def main() -> None:
+    target = GPUTarget("cuda", int(os.environ.get("CUDA_ARCH", "90")), 32)
+    for fn, signature, constexprs, options in KERNELS:
+        src = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs)
+        ptx = triton_compile(src, target=target, options=dict(options)).asm["ptx"]
+        # tl.exp's fast path is a bare ex2.approx.f32; CUDA's expf (libdevice) uses the .ftz form.
+        facts = {"fma": "fma.rn.f32" in ptx, "fast_exp": "ex2.approx.f32" in ptx}
+        print(json.dumps({"kernel": fn.__name__, "ptx_chars": len(ptx), **facts}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

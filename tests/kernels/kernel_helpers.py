@@ -1,0 +1,73 @@
+"""Inputs and independent expectations shared by the kernel tests."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from batonlm.kernels import sampling as ref
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# The CPU tests give the kernels CPU tensors, which only the interpreter takes.
+interpreted_only = pytest.mark.skipif(
+    not INTERPRETED, reason="CPU kernel tests need TRITON_INTERPRET=1 (the default without CUDA); the gpu tests cover CUDA"
+)
+# Chi-square critical values at p = 0.001, by degrees of freedom.
+CHI2_CRIT = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12}
+
+
+def keys_for(seeds: list[int], positions: list[int]) -> torch.Tensor:
+    halves = [ref.split_seed(s) for s in seeds]
+    return ref.row_keys(
+        torch.tensor([h[0] for h in halves]), torch.tensor([h[1] for h in halves]), torch.tensor(positions)
+    )
+
+
+def params(rows: list[tuple[float, int, float, float]], device: str = "cpu"):
+    """(temperature, top_k, top_p, min_p) per row -> the four [B] tensors."""
+    temp, k, p, m = zip(*rows)
+    return (
+        torch.tensor(temp, dtype=torch.float32, device=device),
+        torch.tensor(k, dtype=torch.int64, device=device),
+        torch.tensor(p, dtype=torch.float32, device=device),
+        torch.tensor(m, dtype=torch.float32, device=device),
+    )
+
+
+def filtered_distribution(logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float) -> list[float]:
+    """The distribution a sampled row must follow, in float64 straight from the semantics of
+    batonlm.kernels.sampling (independent of its code): softmax(logits / T), keep
+    p >= max(k-th largest, top-p threshold within the top-k, min_p * max), renormalise."""
+    z = [x / temperature for x in logits]
+    zmax = max(z)
+    e = [math.exp(v - zmax) for v in z]
+    probs = [v / sum(e) for v in e]
+    ordered = sorted(probs, reverse=True)
+    k = len(probs) if top_k < 1 else min(top_k, len(probs))
+    t_k = ordered[k - 1]
+    mass_k = sum(v for v in probs if v >= t_k)
+    t_p = 0.0
+    if top_p < 1.0:
+        acc = 0.0
+        for v in ordered:
+            acc += v
+            if acc >= top_p * mass_k:
+                t_p = v
+                break
+    threshold = max(t_k, t_p, min_p * ordered[0])
+    kept = [v if v >= threshold and v > 0 else 0.0 for v in probs]
+    return [v / sum(kept) for v in kept]
+
+
+def chi_square(counts: torch.Tensor, expected_p: list[float]) -> tuple[float, int]:
+    """(statistic, degrees of freedom) over the tokens with expected mass."""
+    n = float(counts.sum())
+    stat, cells = 0.0, 0
+    for c, p in zip(counts.tolist(), expected_p):
+        if p > 0:
+            stat += (c - n * p) ** 2 / (n * p)
+            cells += 1
+    return stat, cells - 1
