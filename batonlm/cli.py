@@ -47,6 +47,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-seed", type=int, default=d.random_seed)
     p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes)
     p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static)
+    p.add_argument("--cpu-worker-threads", type=int, default=None,
+                   help="intra-op threads of the CPU device worker (default: 1 for tiny models, else all cores)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
 
 

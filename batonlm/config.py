@@ -54,6 +54,8 @@ class ServerArgs:
     # CPU device: "process" (a worker process beside the scheduler) or "inline" (same process,
     # synchronous; for debugging only: nothing overlaps).
     cpu_device_worker: str = "process"
+    # Intra-op threads of the CPU device worker (None: all cores but the scheduler's one).
+    cpu_worker_threads: int | None = None
     mem_fraction_static: float = 0.85
     # Debugging
     debug_future_map: bool = False
@@ -76,6 +78,8 @@ class ServerArgs:
             _positive("max_total_tokens", self.max_total_tokens)
         if self.context_length is not None:
             _positive("context_length", self.context_length)
+        if self.cpu_worker_threads is not None:
+            _positive("cpu_worker_threads", self.cpu_worker_threads)
         if not 0 < self.port < 65536:
             raise ConfigError("port", f"must be in 1..65535, got {self.port}")
         if not 0 < self.mem_fraction_static < 1:

@@ -105,6 +105,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile the scheduler loop (overlap, top concurrency)")
     ap.add_argument("--output-json", default=str(RESULTS / "overlap.json"))
+    ap.add_argument("--cpu-worker-threads", type=int, default=None)
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -112,7 +113,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(args.model)
     prompts = [tok(p).input_ids for p in PROMPTS]
     io = LocalIO(encode=True)
-    server_args = ServerArgs(model=args.model, max_running_requests=max(args.concurrency))
+    server_args = ServerArgs(model=args.model, max_running_requests=max(args.concurrency),
+                             cpu_worker_threads=args.cpu_worker_threads)
     sched, info = build_scheduler(server_args, io)
     io.bind(lambda: sched.iteration)
     rows = []

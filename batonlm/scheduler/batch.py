@@ -45,7 +45,7 @@ class ScheduleBatch:
         return len(self.prefill) + len(self.decode)
 
     def to_launch(self) -> BatchLaunch:
-        """The device's view of this batch. KV slots must already be assigned."""
+        """The device's view of this batch, once the scheduler has advanced each row's kv_len."""
         req_slots: list[int] = []
         prefix_lens: list[int] = []
         extend_lens: list[int] = []
@@ -62,7 +62,7 @@ class ScheduleBatch:
             prefix_lens.append(0)
             extend_lens.append(r.prompt_len)
             input_ids.extend(r.prompt_ids)
-            out_cache_loc.extend(r.kv_slots)
+            out_cache_loc.extend(r.kv_slots[: r.prompt_len])
             p = r.params
             greedy = p.is_greedy
             all_greedy &= greedy
@@ -85,9 +85,9 @@ class ScheduleBatch:
             )
         for r in self.decode:
             req_slots.append(r.req_slot)  # type: ignore[arg-type]
-            prefix_lens.append(len(r.kv_slots) - 1)
+            prefix_lens.append(r.kv_len - 1)
             extend_lens.append(1)
-            out_cache_loc.append(r.kv_slots[-1])
+            out_cache_loc.append(r.kv_slots[r.kv_len - 1])
             all_greedy &= r.params.is_greedy
         return BatchLaunch(
             batch_id=self.batch_id,

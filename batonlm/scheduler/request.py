@@ -29,7 +29,7 @@ class Request:
         "output_ids",
         "req_slot",
         "kv_slots",
-        "kv_reserved",
+        "kv_len",
         "num_launched",
         "inflight",
         "finish_reason",
@@ -53,9 +53,10 @@ class Request:
         self.stop_ids = frozenset(stops)
         self.output_ids: list[int] = []
         self.req_slot: int | None = None
+        # The KV slot of every position the request may fill, allocated at admission.
         self.kv_slots: list[int] = []
-        # KV slots still reserved for this request beyond those it holds.
-        self.kv_reserved = 0
+        # Positions whose KV a launched forward computes.
+        self.kv_len = 0
         self.num_launched = 0
         self.inflight = 0
         self.finish_reason: str | None = None

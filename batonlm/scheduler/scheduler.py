@@ -192,8 +192,10 @@ class Scheduler:
         if not batch:
             return None
         self._next_batch_id += 1
+        for r in batch.prefill:
+            r.kv_len = r.prompt_len
         for r in batch.decode:
-            self.budget.grow(r)
+            r.kv_len += 1
         for r in batch.reqs:
             r.num_launched += 1
             r.inflight += 1

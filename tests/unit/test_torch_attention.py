@@ -43,8 +43,7 @@ def test_mixed_prefills_and_decodes_match_per_request_attention(window):
         kv_slots = torch.arange(next_slot, next_slot + prefix + ext)
         next_slot += prefix + ext
         r2t.table[slot, : prefix + ext] = kv_slots
-        pool.k[0][kv_slots[:prefix]] = full_k[slot][:prefix]
-        pool.v[0][kv_slots[:prefix]] = full_v[slot][:prefix]
+        pool.write(0, kv_slots[:prefix], full_k[slot][:prefix], full_v[slot][:prefix])
     out_loc = torch.cat([r2t.table[s, p : p + e] for s, p, e in rows])
     batch = ForwardBatch.build(
         ForwardMode.MIXED, out_loc, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], "cpu"

@@ -25,6 +25,7 @@ class DeviceSpec:
     attention_backend: str
     sampler: str
     debug_future_map: bool = False
+    cpu_threads: int = 1  # intra-op threads of the CPU device worker
 
 
 @dataclass(frozen=True)
