@@ -73,6 +73,12 @@ class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     iterations: int
     prompt_tokens: int
     generated_tokens: int
+    # Cumulative loop timing (seconds): the scheduler's own CPU work, its waits on the device,
+    # and (CPU device only) the worker's compute; batches counts forward passes.
+    scheduler_cpu_s: float = 0.0
+    device_wait_s: float = 0.0
+    device_compute_s: float = 0.0
+    batches: int = 0
 
 
 class SchedulerFailed(msgspec.Struct, tag=True, frozen=True):

@@ -110,17 +110,26 @@ class Scheduler:
             iterations=self.iteration,
             prompt_tokens=self.prompt_tokens,
             generated_tokens=self.generated_tokens,
+            scheduler_cpu_s=self.timing.cpu_s,
+            device_wait_s=self.timing.wait_s,
+            device_compute_s=self.device.compute_s,
+            batches=self.timing.batches,
         )
 
     def _should_exit(self) -> bool:
         return self._shutdown or (self.io.closed and self.is_idle)
 
     # ------------------------------------------------------------------ input
-    def recv_requests(self) -> None:
+    def recv_requests(self) -> float:
+        """Handle every message waiting; returns the seconds spent blocked waiting for one."""
         # Block (briefly) only when there is nothing else to do: never spin while idle.
         timeout = IDLE_POLL_S if self.is_idle else 0.0
-        for msg in self.io.recv(timeout):
+        t0 = time.perf_counter()
+        messages = self.io.recv(timeout)
+        blocked = time.perf_counter() - t0 if timeout else 0.0
+        for msg in messages:
             self._handle(msg)
+        return blocked
 
     def _handle(self, msg: Message) -> None:
         if isinstance(msg, GenerateRequest):
@@ -293,9 +302,10 @@ class Scheduler:
     # ------------------------------------------------------------------ loops
     def _timed_next_batch(self) -> ScheduleBatch | None:
         t0 = time.perf_counter()
-        self.recv_requests()
+        idle = self.recv_requests()
         batch = self.get_next_batch_to_run()
-        self.timing.schedule_s += time.perf_counter() - t0
+        self.timing.schedule_s += time.perf_counter() - t0 - idle
+        self.timing.idle_s += idle
         return batch
 
     def _end_iteration(self, batch: ScheduleBatch | None) -> None:

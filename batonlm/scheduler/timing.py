@@ -11,6 +11,7 @@ class LoopTiming:
     launch_s: float = 0.0  # handing batches to the device
     wait_s: float = 0.0  # blocked on the device for a result
     process_s: float = 0.0  # processing results and sending outputs
+    idle_s: float = 0.0  # blocked on the input socket with nothing to do
     iterations: int = 0
     batches: int = 0
     tokens_at_last_status: int = 0

@@ -14,14 +14,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from batonlm.config import ServerArgs
 from batonlm.server import native, openai_chat, openai_completions
 from batonlm.server.errors import APIError
+from batonlm.server.guard import GuardMiddleware
 from batonlm.server.metrics import ServerMetrics
 from batonlm.server.state import ServerState
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
-
-_PROTECTED_PREFIXES = ("/v1/", "/generate")
 
 
 def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
@@ -44,15 +43,7 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
     app.include_router(openai_completions.router)
     app.include_router(native.router)
 
-    @app.middleware("http")
-    async def auth_and_size(request: Request, call_next):
-        if args.api_key and request.url.path.startswith(_PROTECTED_PREFIXES):
-            if request.headers.get("authorization", "") != f"Bearer {args.api_key}":
-                return APIError(401, "Incorrect API key provided.", code="invalid_api_key").response()
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > args.max_request_bytes:
-            return APIError(413, f"request body exceeds {args.max_request_bytes} bytes", code="request_too_large").response()
-        return await call_next(request)
+    app.add_middleware(GuardMiddleware, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:

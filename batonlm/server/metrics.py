@@ -22,6 +22,13 @@ class ServerMetrics:
         self.kv_used = Gauge("batonlm_kv_cache_used_slots", "KV slots in use", labels, registry=r)
         self.kv_total = Gauge("batonlm_kv_cache_total_slots", "KV slots in the cache", labels, registry=r)
         self.req_slots_used = Gauge("batonlm_request_slots_used", "Request slots in use", labels, registry=r)
+        self.sched_cpu = Gauge("batonlm_scheduler_cpu_seconds", "Scheduler CPU work so far (building batches, "
+                               "launching, processing results)", labels, registry=r)
+        self.device_wait = Gauge("batonlm_scheduler_device_wait_seconds", "Scheduler time blocked on device results",
+                                 labels, registry=r)
+        self.device_compute = Gauge("batonlm_device_compute_seconds", "Device compute so far (CPU device only)",
+                                    labels, registry=r)
+        self.batches = Gauge("batonlm_scheduler_batches", "Forward passes run so far", labels, registry=r)
         self.prompt_tokens = Counter("batonlm_prompt_tokens", "Prompt tokens of finished requests", labels, registry=r)
         self.generation_tokens = Counter("batonlm_generation_tokens", "Generated tokens", labels, registry=r)
         self.requests = Counter("batonlm_requests_finished", "Finished requests", labels, registry=r)
@@ -52,6 +59,10 @@ class ServerMetrics:
         self.kv_total.labels(**self.label).set(stats.kv_slots_total)
         self.kv_usage.labels(**self.label).set(stats.kv_slots_used / max(1, stats.kv_slots_total))
         self.req_slots_used.labels(**self.label).set(stats.req_slots_used)
+        self.sched_cpu.labels(**self.label).set(stats.scheduler_cpu_s)
+        self.device_wait.labels(**self.label).set(stats.device_wait_s)
+        self.device_compute.labels(**self.label).set(stats.device_compute_s)
+        self.batches.labels(**self.label).set(stats.batches)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 DONE = b"data: [DONE]\n\n"
 
 
 def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    # orjson: several times faster than json.dumps, and every streamed token pays for one event.
+    return b"data: " + orjson.dumps(payload) + b"\n\n"

@@ -2,12 +2,18 @@
 
 The concatenated deltas equal decode(prompt + output) minus decode(prompt): decoding starts from
 the prompt's last few tokens, so a completion keeps its leading space (SentencePiece drops it
-when a sequence is decoded on its own).
+when a sequence is decoded on its own). Fast tokenizers stream through the tokenizers
+library's DecodeStream (a few microseconds a token); others re-decode a short window per token.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21
+    DecodeStream = None
 
 # Prompt tokens kept as left context; enough for any merge to settle.
 PROMPT_CONTEXT_TOKENS = 6
@@ -18,33 +24,44 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_ids: list[int], skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._tokens = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
-        self._prefix_offset = 0
-        self._read_offset = len(self._tokens)
+        self._context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
+        self._output: list[int] = []
         self.text = ""
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._stream = None
+        if self._backend is not None and DecodeStream is not None:
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=self._context)
+        # The window method's state: tokens[prefix_offset:read_offset] was last emitted.
+        self._prefix_offset = 0
+        self._read_offset = len(self._context)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_ids: list[int]) -> str:
         """Append tokens; return the newly completed text (possibly empty)."""
-        self._tokens.extend(token_ids)
-        prefix = self._decode(self._tokens[self._prefix_offset : self._read_offset])
-        full = self._decode(self._tokens[self._prefix_offset :])
-        if len(full) <= len(prefix) or full.endswith(REPLACEMENT_CHAR):
-            return ""  # nothing new, or a character still incomplete
-        delta = full[len(prefix) :]
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._tokens)
+        self._output.extend(token_ids)
+        if self._stream is not None:
+            pieces = [self._stream.step(self._backend, t) for t in token_ids]
+            delta = "".join(p for p in pieces if p)
+        else:
+            delta = self._add_windowed()
         self.text += delta
         return delta
+
+    def _add_windowed(self) -> str:
+        tokens = self._context + self._output
+        prefix = self._decode(tokens[self._prefix_offset : self._read_offset])
+        full = self._decode(tokens[self._prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith(REPLACEMENT_CHAR):
+            return ""  # nothing new, or a character still incomplete
+        self._prefix_offset, self._read_offset = self._read_offset, len(tokens)
+        return full[len(prefix) :]
 
     def flush(self) -> str:
         """At the end of generation: whatever is still held back (an incomplete character
         decodes to U+FFFD, as the tokenizer itself decodes it)."""
-        prefix = self._decode(self._tokens[self._prefix_offset : self._read_offset])
-        full = self._decode(self._tokens[self._prefix_offset :])
-        delta = full[len(prefix) :] if len(full) > len(prefix) else ""
-        self._prefix_offset = self._read_offset = len(self._tokens)
+        full = self._decode(self._context + self._output)[len(self._decode(self._context)) :]
+        delta = full[len(self.text) :] if full.startswith(self.text) else ""
         self.text += delta
         return delta

@@ -1,5 +1,6 @@
 import pytest
-from server_process import ServerProcess
+
+from batonlm.bench.server_process import ServerProcess
 
 
 @pytest.fixture(scope="session")

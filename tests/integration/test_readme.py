@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_process import ServerProcess
+
+from batonlm.bench.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

@@ -2,7 +2,8 @@
 
 import httpx
 import pytest
-from server_process import ServerProcess
+
+from batonlm.bench.server_process import ServerProcess
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"

@@ -9,7 +9,8 @@ import time
 
 import httpx
 import pytest
-from server_process import ServerProcess, children
+
+from batonlm.bench.server_process import ServerProcess, children
 
 CHAT = "/v1/chat/completions"
 LONG = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 400, "ignore_eos": True,

@@ -39,3 +39,15 @@ def test_a_truncated_character_is_flushed_as_the_tokenizer_decodes_it(tok):
     assert "\ufffd" in flushed and flushed == tok.decode(p + smile[:-1])[len(tok.decode(p)):]
     d = IncrementalDetokenizer(tok, p)
     assert [d.add([t]) for t in smile] == ["", "", "", "🙂"]
+
+
+def test_the_window_method_agrees_with_the_stream(tok):
+    """Slow tokenizers re-decode a window; fast ones stream. Both give the same deltas."""
+    p = tok("Lily said").input_ids
+    out = tok("Lily said 这是 é 🙂, a fine day.").input_ids[len(p):]
+    fast = IncrementalDetokenizer(tok, p)
+    slow = IncrementalDetokenizer(tok, p)
+    slow._stream = None
+    a = [fast.add([t]) for t in out] + [fast.flush()]
+    b = [slow.add([t]) for t in out] + [slow.flush()]
+    assert a == b and fast._stream is not None

@@ -57,6 +57,8 @@ class DeviceStream(ABC):
     """Executes launches in order. `launch` returns at once; results arrive through handles."""
 
     spec: DeviceSpec
+    # Seconds the device spent computing batches, where the device can tell without a sync.
+    compute_s: float = 0.0
 
     @abstractmethod
     def launch(self, launch: BatchLaunch) -> PendingResult: ...

@@ -1,4 +1,5 @@
-"""Start `batonlm serve` in a subprocess on a free port, wait for /health, stop it."""
+"""Start `batonlm serve` in a subprocess on a free port, wait for /health, stop it (used by the
+serving benchmarks and the tests)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +36,7 @@ class ServerProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        self.log_path = Path(f"/tmp/batonlm-test-server-{self.port}.log")
+        self.log_path = Path(tempfile.gettempdir()) / f"batonlm-server-{self.port}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [*(command or [sys.executable, "-m", "batonlm", "serve"]), "--port", str(self.port), *args],
