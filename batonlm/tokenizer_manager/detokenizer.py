@@ -42,12 +42,24 @@ class IncrementalDetokenizer:
         """Append tokens; return the newly completed text (possibly empty)."""
         self._output.extend(token_ids)
         if self._stream is not None:
-            pieces = [self._stream.step(self._backend, t) for t in token_ids]
-            delta = "".join(p for p in pieces if p)
+            try:
+                pieces = [self._stream.step(self._backend, t) for t in token_ids]
+                delta = "".join(p for p in pieces if p)
+            except Exception:
+                # DecodeStream gives up on some invalid byte-fallback sequences (seen with
+                # random-weight models); carry on with the window method from here.
+                delta = self._switch_to_window(len(token_ids))
         else:
             delta = self._add_windowed()
         self.text += delta
         return delta
+
+    def _switch_to_window(self, new_tokens: int) -> str:
+        """Decode the tokens just added (and go on) with the window method."""
+        self._stream = None
+        self._read_offset = len(self._context) + len(self._output) - new_tokens
+        self._prefix_offset = max(0, self._read_offset - PROMPT_CONTEXT_TOKENS)
+        return self._add_windowed()
 
     def _add_windowed(self) -> str:
         tokens = self._context + self._output
