@@ -32,7 +32,9 @@ def children(pid: int) -> list[int]:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, startup_timeout: float = 120.0, command: list[str] | None = None) -> None:
+    def __init__(
+        self, *args: str, startup_timeout: float = 120.0, command: list[str] | None = None, new_session: bool = False
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -40,7 +42,7 @@ class ServerProcess:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [*(command or [sys.executable, "-m", "batonlm", "serve"]), "--port", str(self.port), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session,
         )
         deadline = time.monotonic() + startup_timeout
         while True:

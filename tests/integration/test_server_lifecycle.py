@@ -158,3 +158,14 @@ def test_sigterm_shuts_everything_down_cleanly():
     wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")], timeout=5)
     with pytest.raises(httpx.ConnectError):
         httpx.get(s.base_url + "/health", timeout=2)
+
+
+def test_ctrl_c_shuts_everything_down_cleanly():
+    """Ctrl-C in a terminal sends SIGINT to the whole process group: main, scheduler, worker."""
+    s = ServerProcess(new_session=True)
+    descendants = s.descendants()
+    os.killpg(s.proc.pid, signal.SIGINT)
+    assert s.proc.wait(15) == 0, s.log()
+    wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")], timeout=5)
+    assert "Traceback" not in s.log(), s.log()
+    s.stop()

@@ -91,3 +91,13 @@ def test_half_dtypes_load(stories_path, dtype):
     assert {p.dtype for p in model.parameters()} == {dtype}
     ref = load_file(f"{stories_path}/model.safetensors")["model.norm.weight"]
     assert torch.equal(model.model.norm.weight, ref.to(dtype))
+
+
+def test_large_checkpoints_show_a_progress_bar(stories_path, capsys, monkeypatch):
+    from batonlm.model_runner import weight_loader
+
+    load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")
+    assert "Loading weights" not in capsys.readouterr().err  # 1 MB: below the threshold
+    monkeypatch.setattr(weight_loader, "PROGRESS_BAR_BYTES", 1)
+    load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")
+    assert "Loading weights: 100%" in capsys.readouterr().err
