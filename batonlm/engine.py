@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from batonlm.config import EMBEDDED_MODEL, ServerArgs
+from batonlm.launcher import start_scheduler
+from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
-from batonlm.tokenizer_manager.manager import GenerationChunk, RequestRejected, TokenizerManager
+from batonlm.tokenizer_manager.manager import GenerationChunk, TokenizerManager
 from batonlm.tokenizer_manager.tokenizer import load_tokenizer
 
 _DONE = object()
@@ -33,7 +35,7 @@ class Engine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="batonlm-engine-loop", daemon=True)
         self._thread.start()
-        self._manager = TokenizerManager(self.args, self.tokenizer)
+        self._manager = TokenizerManager(self.args, self.tokenizer, start_scheduler)
         try:
             self.info = self._call(self._manager.start())
         except BaseException:

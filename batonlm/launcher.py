@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -44,12 +43,6 @@ class SchedulerHandle:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
-def new_endpoints() -> tuple[str, str, str]:
-    """(ipc dir, request endpoint, output endpoint): unique per server instance."""
-    d = tempfile.mkdtemp(prefix="batonlm-ipc-")
-    return d, f"ipc://{d}/requests", f"ipc://{d}/outputs"
-
-
 def start_scheduler(args: ServerArgs, ipc_dir: str, request_endpoint: str, output_endpoint: str) -> SchedulerHandle:
     """Spawn the scheduler and wait until it reports ready. The caller must already have bound
     both endpoints (PUSH on requests, PULL on outputs)."""
@@ -71,6 +64,7 @@ def start_scheduler(args: ServerArgs, ipc_dir: str, request_endpoint: str, outpu
             raise SchedulerStartError(f"the scheduler process exited during start-up (exit code {proc.exitcode})")
         if time.monotonic() > deadline:
             proc.kill()
+            proc.join(5.0)
             raise SchedulerStartError(f"the scheduler did not start within {SCHEDULER_START_TIMEOUT_S:.0f} s")
     try:
         msg = codec.decode(parent.recv_bytes())

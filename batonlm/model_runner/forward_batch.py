@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from batonlm.model_runner.host_to_device import to_device
+
 
 class ForwardMode(enum.IntEnum):
     IDLE = 0
@@ -69,13 +71,10 @@ class ForwardBatch:
             positions.extend(range(p, p + e))
         last = [s + e - 1 for s, e in zip(starts, extend_lens)]
 
-        pin = torch.device(device).type == "cuda"
+        dev = torch.device(device)
 
         def t(x: list[int]) -> torch.Tensor:
-            host = torch.tensor(x, dtype=torch.int64)
-            if not pin:
-                return host
-            return host.pin_memory().to(device, non_blocking=True)
+            return to_device(x, torch.int64, dev)
 
         return cls(
             mode=mode,

@@ -16,6 +16,7 @@ import torch
 
 from batonlm.kernels import penalties
 from batonlm.kernels import sampling as ref
+from batonlm.model_runner.host_to_device import to_device
 
 
 @dataclass
@@ -104,6 +105,10 @@ def sampler_names() -> list[str]:
     from batonlm.model_runner import triton_sampler  # noqa: F401
 
     return sorted(SAMPLERS)
+
+
+def triton_sampler_available() -> bool:
+    return ref.triton_available()
 
 
 def get_sampler(name: str) -> Sampler:
@@ -208,18 +213,19 @@ class SlotSamplingTable:
         self.frequency[slot] = frequency_penalty
         self.presence[slot] = presence_penalty
         self.repetition[slot] = repetition_penalty
+        device = torch.device(self.device)
         self.stop_ids = self._widen(self.stop_ids, len(stop_ids), -1)
         self.stop_ids[slot] = -1
         if stop_ids:
-            self.stop_ids[slot, : len(stop_ids)] = torch.tensor(stop_ids, dtype=torch.int64)
+            self.stop_ids[slot, : len(stop_ids)] = to_device(stop_ids, torch.int64, device)
         bias = logit_bias or {}
         self.bias_ids = self._widen(self.bias_ids, len(bias), -1)
         self.bias_values = self._widen(self.bias_values, len(bias), 0.0)
         self.bias_ids[slot] = -1
         self.bias_values[slot] = 0.0
         if bias:
-            self.bias_ids[slot, : len(bias)] = torch.tensor(list(bias), dtype=torch.int64)
-            self.bias_values[slot, : len(bias)] = torch.tensor(list(bias.values()), dtype=torch.float32)
+            self.bias_ids[slot, : len(bias)] = to_device(list(bias), torch.int64, device)
+            self.bias_values[slot, : len(bias)] = to_device(list(bias.values()), torch.float32, device)
         penalized = bool(bias) or frequency_penalty != 0.0 or presence_penalty != 0.0 or repetition_penalty != 1.0
         self._num_penalized += int(penalized) - int(self._penalized[slot])
         self._penalized[slot] = penalized
@@ -228,7 +234,7 @@ class SlotSamplingTable:
                 shape = (self.num_slots, self.vocab_size)
                 self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
                 self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
-            penalties.reset_slot(self.output_counts, self.prompt_mask, slot, prompt_ids)
+            penalties.reset_slot(self.output_counts, self.prompt_mask, slot, to_device(prompt_ids, torch.int64, device))
 
     def record_outputs(self, req_slots: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Count the sampled tokens (frequency/presence/repetition penalties read the counts)."""

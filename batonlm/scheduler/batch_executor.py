@@ -10,6 +10,7 @@ import torch
 
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
 from batonlm.model_runner.forward_batch import ForwardBatch, ForwardMode
+from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_runner import ModelRunner
 from batonlm.model_runner.sampler import SampleOutput
 from batonlm.scheduler.future_map import FutureMap
@@ -24,8 +25,7 @@ class BatchExecutor:
         self._unsampled: dict[int, tuple[torch.Tensor, ForwardBatch, BatchLaunch]] = {}
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
-        t = torch.tensor(values, dtype=torch.int64)
-        return t if self.device.type == "cpu" else t.pin_memory().to(self.device, non_blocking=True)
+        return to_device(values, torch.int64, self.device)
 
     def _input_ids(self, launch: BatchLaunch, batch: ForwardBatch) -> torch.Tensor:
         future_rows = [i for i, f in enumerate(launch.from_future) if f]
@@ -93,7 +93,7 @@ class BatchExecutor:
         if sample.banned:
             logits = logits.clone()
             for row, ids in sample.banned.items():
-                logits[row, ids] = float("-inf")
+                logits[row, self._tensor(ids)] = float("-inf")
         return self._sample_and_stash(logits, batch, launch)
 
     def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch) -> SampleOutput:

@@ -20,7 +20,12 @@ class SchedulerIO(Protocol):
 
     @property
     def closed(self) -> bool:
-        """True when no more requests can come (the frontend is gone)."""
+        """True when no more requests can come."""
+        ...
+
+    @property
+    def orphaned(self) -> bool:
+        """True when the frontend is gone: nobody will read what is still running."""
         ...
 
 
@@ -33,16 +38,20 @@ class ZmqSchedulerIO:
         self._pull.connect(request_endpoint)
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 1000)
+        # A dead frontend never reads: give up on a send instead of blocking forever.
+        self._push.setsockopt(zmq.SNDTIMEO, 1000)
         self._push.connect(output_endpoint)
         self._parent = os.getppid()
         self._closed = False
 
     @property
+    def orphaned(self) -> bool:
+        # The main process died without shutting us down.
+        return os.getppid() != self._parent
+
+    @property
     def closed(self) -> bool:
-        # Orphaned (the main process died without shutting us down): stop serving.
-        if not self._closed and os.getppid() != self._parent:
-            self._closed = True
-        return self._closed
+        return self._closed or self.orphaned
 
     def recv(self, timeout_s: float) -> list[Message]:
         out: list[Message] = []
@@ -56,7 +65,11 @@ class ZmqSchedulerIO:
             out.append(codec.decode(data))
 
     def send(self, msg: Message) -> None:
-        self._push.send(codec.encode(msg))
+        try:
+            self._push.send(codec.encode(msg))
+        except zmq.Again:
+            if not self.orphaned:
+                raise
 
     def close(self) -> None:
         self._closed = True

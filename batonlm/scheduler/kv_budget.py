@@ -12,9 +12,6 @@ class KVBudget:
         self.kv = kv
         self.req_slots = req_slots
 
-    def never_fits(self, req: Request) -> bool:
-        return req.kv_needed > self.kv.capacity
-
     def can_admit(self, req: Request) -> bool:
         return req.kv_needed <= self.kv.num_free and self.req_slots.num_free > 0
 

@@ -48,6 +48,10 @@ class LocalIO:
     def closed(self) -> bool:
         return not self._pending
 
+    @property
+    def orphaned(self) -> bool:
+        return False
+
     def recv(self, timeout_s: float) -> list[Message]:
         now = self._iteration()
         due = [p for p in self._pending if p[0] <= now]

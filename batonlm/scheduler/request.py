@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from batonlm.request_checks import kv_slots_needed
 from batonlm.sampling_params import SamplingParams
 
 FINISH_STOP = "stop"
@@ -25,6 +26,7 @@ class Request:
         "params",
         "seed",
         "max_new_tokens",
+        "kv_needed",
         "stop_ids",
         "output_ids",
         "req_slot",
@@ -46,7 +48,7 @@ class Request:
         self.params = params
         self.seed = seed
         # The last output may sit at position context_length - 1 at most.
-        self.max_new_tokens = min(params.max_new_tokens, context_length - len(prompt_ids))
+        self.kv_needed, self.max_new_tokens = kv_slots_needed(len(prompt_ids), params.max_new_tokens, context_length)
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(eos_ids)
@@ -70,11 +72,6 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    @property
-    def kv_needed(self) -> int:
-        """KV slots this request holds at its longest: every position but the last output's."""
-        return self.prompt_len + self.max_new_tokens - 1
 
     @property
     def can_decode(self) -> bool:

@@ -25,6 +25,7 @@ from batonlm.ipc.messages import (
     TokenOutput,
 )
 from batonlm.model_runner.kv_allocator import KVSlotAllocator, ReqSlotAllocator
+from batonlm.request_checks import check_request
 from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.device.base import DeviceStream, PendingResult
 from batonlm.scheduler.io import SchedulerIO
@@ -117,7 +118,8 @@ class Scheduler:
         )
 
     def _should_exit(self) -> bool:
-        return self._shutdown or (self.io.closed and self.is_idle)
+        # Orphaned: nobody reads our outputs any more; stop now (running requests are aborted).
+        return self._shutdown or self.io.orphaned or (self.io.closed and self.is_idle)
 
     # ------------------------------------------------------------------ input
     def recv_requests(self) -> float:
@@ -152,29 +154,14 @@ class Scheduler:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         if msg.rid in self.requests:
             return self._reject(msg.rid, f"request id {msg.rid!r} is already in use")
-        n = len(msg.input_ids)
-        if n == 0:
-            return self._reject(msg.rid, "the prompt is empty")
-        if n >= self.context_length:
-            return self._reject(
-                msg.rid,
-                f"the prompt has {n} tokens but the context length is {self.context_length} "
-                f"(at most {self.context_length - 1} prompt tokens leave room for one new token)",
-            )
-        bad = [t for t in msg.input_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            return self._reject(msg.rid, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         try:
-            params.validate(self.vocab_size)
+            check_request(
+                msg.input_ids, params, context_length=self.context_length, vocab_size=self.vocab_size,
+                kv_capacity=self.kv_alloc.capacity,
+            )
         except ValueError as e:
             return self._reject(msg.rid, str(e))
         req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.eos_token_ids)
-        if self.budget.never_fits(req):
-            return self._reject(
-                msg.rid,
-                f"the request needs {req.kv_needed} KV slots ({n} prompt + {req.max_new_tokens} new tokens - 1) "
-                f"but the KV cache holds {self.kv_alloc.capacity}",
-            )
         self.requests[req.rid] = req
         self.waiting.append(req)
 
@@ -269,6 +256,7 @@ class Scheduler:
                     self.budget.release_req_slot(req)
                 continue
             req.output_ids.append(tok)
+            self.generated_tokens += 1
             req.check_finished()
             if req.finished:
                 self._finish(req)
@@ -280,7 +268,6 @@ class Scheduler:
                 self._outputs.append(
                     TokenOutput(req.rid, [tok], req.finish_reason, None, req.matched_stop, [lp.chosen[row]], [top])
                 )
-        self.generated_tokens += len(ids)
         self.timing.wait_s += t1 - t0
         self.timing.process_s += time.perf_counter() - t1
 

@@ -12,12 +12,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from batonlm.config import ServerArgs
+from batonlm.request_checks import RequestRejected
 from batonlm.server import native, openai_chat, openai_completions
-from batonlm.server.errors import APIError
+from batonlm.server.errors import APIError, unavailable
 from batonlm.server.guard import GuardMiddleware
 from batonlm.server.metrics import ServerMetrics
 from batonlm.server.state import ServerState
-from batonlm.tokenizer_manager.manager import TokenizerManager
+from batonlm.tokenizer_manager.manager import SchedulerGone, TokenizerManager
 from batonlm.tokenizer_manager.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,14 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(SchedulerGone)
+    async def scheduler_gone(request: Request, exc: SchedulerGone) -> JSONResponse:
+        return unavailable(str(exc)).response()
+
+    @app.exception_handler(RequestRejected)
+    async def rejected(request: Request, exc: RequestRejected) -> JSONResponse:
+        return APIError(400, str(exc), code="request_rejected").response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

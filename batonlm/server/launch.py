@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from batonlm.config import ServerArgs
-from batonlm.launcher import SchedulerStartError
+from batonlm.launcher import SchedulerStartError, start_scheduler
 from batonlm.logging_setup import configure_logging
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.tokenizer import TokenizerLoadError, load_tokenizer
@@ -83,7 +83,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 async def _serve(args: ServerArgs, sock: socket.socket, tokenizer) -> int:
     from batonlm.server.app import create_app
 
-    manager = TokenizerManager(args, tokenizer)
+    manager = TokenizerManager(args, tokenizer, start_scheduler)
     try:
         info = await manager.start()
     except SchedulerStartError as e:

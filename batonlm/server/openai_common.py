@@ -7,12 +7,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.server.errors import APIError, bad_request, unavailable
 from batonlm.server.protocol import SamplingFields
 from batonlm.server.sse import DONE, sse
 from batonlm.server.state import ServerState
-from batonlm.tokenizer_manager.manager import GenerationChunk, RequestRejected, SchedulerGone, TokenLogprob
+from batonlm.tokenizer_manager.manager import GenerationChunk, SchedulerGone, TokenLogprob
 
 
 def request_id(prefix: str) -> str:

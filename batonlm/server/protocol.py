@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
@@ -90,7 +91,7 @@ class SamplingFields(_Strict):
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for key in v or {}:
-            if not key.lstrip("-").isdigit():
+            if not re.fullmatch(r"-?[0-9]+", key):
                 raise ValueError(f"keys must be token ids, got {key!r}")
         return v
 

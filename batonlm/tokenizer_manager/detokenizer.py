@@ -29,11 +29,19 @@ class IncrementalDetokenizer:
         self.text = ""
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._stream = None
-        if self._backend is not None and DecodeStream is not None:
-            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=self._context)
+        # DecodeStream cannot start after a prompt that ends inside a UTF-8 character (it would
+        # emit the prompt again); the window method slices such a prefix correctly.
+        if self._backend is not None and DecodeStream is not None and not self._ends_mid_character():
+            try:
+                self._stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=self._context)
+            except TypeError:  # tokenizers < 0.22: no prefix ids
+                self._stream = None
         # The window method's state: tokens[prefix_offset:read_offset] was last emitted.
         self._prefix_offset = 0
         self._read_offset = len(self._context)
+
+    def _ends_mid_character(self) -> bool:
+        return self._decode(self._context).endswith(REPLACEMENT_CHAR)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +22,7 @@ import zmq.asyncio
 from batonlm.config import ServerArgs
 from batonlm.ipc import codec
 from batonlm.ipc.codec import Message
+from batonlm.ipc.endpoints import new_endpoints
 from batonlm.ipc.messages import (
     AbortRequest,
     BatchOutput,
@@ -32,7 +34,7 @@ from batonlm.ipc.messages import (
     StatsRequest,
     TokenOutput,
 )
-from batonlm.launcher import SchedulerHandle, new_endpoints, start_scheduler
+from batonlm.request_checks import check_request
 from batonlm.sampling_params import SamplingParams
 from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
@@ -42,10 +44,6 @@ logger = logging.getLogger(__name__)
 
 class SchedulerGone(RuntimeError):
     """The scheduler process died; no request can be served any more."""
-
-
-class RequestRejected(ValueError):
-    """The request cannot be served as given (the message gives the numbers)."""
 
 
 @dataclass
@@ -67,6 +65,20 @@ class GenerationChunk:
     completion_tokens: int
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None
+
+
+class SchedulerProcess(Protocol):
+    """The running scheduler, as the launcher hands it over."""
+
+    process: Any  # a multiprocessing.Process
+    info: SchedulerInfo
+
+    def stop(self, timeout_s: float = 10.0) -> None: ...
+
+
+# Starts the scheduler process given (args, ipc dir, request endpoint, output endpoint); the
+# entry points pass batonlm.launcher.start_scheduler, so this package never imports the scheduler.
+LaunchScheduler = Callable[[ServerArgs, str, str, str], SchedulerProcess]
 
 
 class RequestObserver(Protocol):
@@ -92,11 +104,12 @@ class _ReqState:
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, tokenizer: Any) -> None:
+    def __init__(self, args: ServerArgs, tokenizer: Any, launch: LaunchScheduler) -> None:
         self.args = args
         self.tokenizer = tokenizer
+        self._launch = launch
         self.info: SchedulerInfo | None = None
-        self.handle: SchedulerHandle | None = None
+        self.handle: SchedulerProcess | None = None
         self.states: dict[str, _ReqState] = {}
         self.healthy = False
         self.on_scheduler_death: Callable[[], None] | None = None
@@ -113,12 +126,17 @@ class TokenizerManager:
         """Bind the sockets, spawn the scheduler, and wait until it has loaded the model."""
         self._loop = asyncio.get_running_loop()
         ipc_dir, req_ep, out_ep = new_endpoints()
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.bind(req_ep)
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.bind(out_ep)
-        self.handle = await asyncio.to_thread(start_scheduler, self.args, ipc_dir, req_ep, out_ep)
+        try:
+            self._push = self._ctx.socket(zmq.PUSH)
+            self._push.setsockopt(zmq.LINGER, 0)
+            self._push.bind(req_ep)
+            self._pull = self._ctx.socket(zmq.PULL)
+            self._pull.bind(out_ep)
+            self.handle = await asyncio.to_thread(self._launch, self.args, ipc_dir, req_ep, out_ep)
+        except BaseException:
+            self._close_sockets()
+            shutil.rmtree(ipc_dir, ignore_errors=True)
+            raise
         self.info = self.handle.info
         self.healthy = True
         self._output_task = asyncio.create_task(self._output_loop())
@@ -137,8 +155,12 @@ class TokenizerManager:
         self._fail_all(SchedulerGone("the server is shutting down"))
         if self._output_task is not None:
             self._output_task.cancel()
-        self._push.close(0)  # type: ignore[union-attr]
-        self._pull.close(0)  # type: ignore[union-attr]
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in (self._push, self._pull):
+            if sock is not None:
+                sock.close(0)
         self._ctx.term()
 
     def _scheduler_exited(self) -> None:
@@ -191,26 +213,12 @@ class TokenizerManager:
     def validate_prompt(self, input_ids: list[int], params: SamplingParams) -> None:
         """Reject what the scheduler would reject, with the numbers, before sending anything."""
         info = self.info
-        assert info is not None
-        n = len(input_ids)
-        if n == 0:
-            raise RequestRejected("the prompt is empty")
-        if n >= info.context_length:
-            raise RequestRejected(
-                f"the prompt has {n} tokens but the context length is {info.context_length} "
-                f"(at most {info.context_length - 1} prompt tokens leave room for one new token)"
-            )
-        bad = [t for t in input_ids if not 0 <= t < info.vocab_size]
-        if bad:
-            raise RequestRejected(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {info.vocab_size})")
-        params.validate(info.vocab_size)
-        needed = n + min(params.max_new_tokens, info.context_length - n) - 1
-        if needed > info.max_total_tokens:
-            raise RequestRejected(
-                f"the request needs {needed} KV slots ({n} prompt + "
-                f"{min(params.max_new_tokens, info.context_length - n)} new tokens - 1) "
-                f"but the KV cache holds {info.max_total_tokens}"
-            )
+        if info is None:
+            raise SchedulerGone("the scheduler has not started")
+        check_request(
+            input_ids, params, context_length=info.context_length, vocab_size=info.vocab_size,
+            kv_capacity=info.max_total_tokens,
+        )
 
     async def generate(
         self,
@@ -220,10 +228,11 @@ class TokenizerManager:
         stop: list[str] | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
-        follows are trimmed). Leaving the iteration early aborts the request."""
-        rid = rid or uuid.uuid4().hex
-        if rid in self.states:
-            raise RequestRejected(f"request id {rid!r} is already in use")
+        follows are trimmed). Leaving the iteration early aborts the request.
+
+        `rid` is only a label: the scheduler sees a fresh id, so a client reusing an id can never
+        receive the late outputs of an earlier request that had that id."""
+        rid = f"{rid or 'req'}-{uuid.uuid4().hex}"
         state = _ReqState(IncrementalDetokenizer(self.tokenizer, input_ids), StopStringMatcher(stop or []), len(input_ids))
         self.states[rid] = state
         try:
@@ -251,9 +260,11 @@ class TokenizerManager:
         state.completion_tokens += len(out.token_ids)
         finish = out.finish_reason
         text = state.stops.feed(state.detok.add(out.token_ids))
-        if state.stops.stopped and finish is None:
-            finish = "stop"  # a stop string: end here and stop the scheduler's work on it
-            self.abort_nowait(rid)
+        if state.stops.stopped:
+            # A stop string wins over a length limit reached by the same token (as in vLLM).
+            if finish is None:
+                self.abort_nowait(rid)  # stop the scheduler's work on it
+            finish = "stop"
         if finish is not None:
             state.finished = True
             if not state.stops.stopped:
@@ -277,11 +288,15 @@ class TokenizerManager:
 
     def abort_nowait(self, rid: str) -> None:
         """Tell the scheduler to drop a request, without awaiting (safe in cancelled tasks)."""
-        if self.healthy and self._push is not None:
-            try:
-                self._push.send(codec.encode(AbortRequest(rid)), flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                logger.warning("could not send the abort of request %s", rid)
+        if not self.healthy or self._push is None:
+            return
+        sent = self._push.send(codec.encode(AbortRequest(rid)), flags=zmq.NOBLOCK)
+
+        def check(fut) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                logger.warning("the abort of request %s was not sent: %s", rid, fut.exception())
+
+        sent.add_done_callback(check)
 
     async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()

@@ -6,8 +6,8 @@ import pytest
 
 import batonlm
 from batonlm.config import ConfigError
+from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import InvalidSamplingParams
-from batonlm.tokenizer_manager.manager import RequestRejected
 
 GREEDY = {"temperature": 0.0}
 LILY = ", there was a little girl named Lily. She loved to play outside in the park."
@@ -143,3 +143,20 @@ def test_normal_loop_engine_and_shutdown():
     finally:
         e.shutdown()
     assert not proc.is_alive() and proc.exitcode == 0
+
+
+def test_a_failed_start_leaves_nothing_behind(tmp_path, stories_path):
+    import glob
+    import shutil
+    import tempfile
+
+    from batonlm.launcher import SchedulerStartError
+
+    d = tmp_path / "m"
+    shutil.copytree(stories_path, d)
+    (d / "model.safetensors").write_bytes(b"not safetensors")
+    pattern = f"{tempfile.gettempdir()}/batonlm-ipc-*"
+    before = set(glob.glob(pattern))
+    with pytest.raises(SchedulerStartError):
+        batonlm.Engine(str(d))
+    assert set(glob.glob(pattern)) == before

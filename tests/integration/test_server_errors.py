@@ -28,6 +28,7 @@ BAD_REQUESTS = [
     (CHAT, {"messages": MSG, "max_tokens": 600}, 400, "max_tokens", "512"),
     (CHAT, {"messages": MSG, "frequency_penalty": 3}, 400, "frequency_penalty", "less than or equal to 2"),
     (CHAT, {"messages": MSG, "logit_bias": {"abc": 1}}, 400, "logit_bias", "token ids"),
+    (CHAT, {"messages": MSG, "logit_bias": {"\u00b2": 1}}, 400, "logit_bias", "token ids"),  # "²".isdigit()
     (CHAT, {"messages": MSG, "logit_bias": {"99999": 1}}, 400, "logit_bias", "outside the vocabulary"),
     (CHAT, {"messages": MSG, "logit_bias": {"5": 200}}, 400, "logit_bias.5", "less than or equal to 100"),
     (CHAT, {"messages": MSG, "stop_token_ids": [70000]}, 400, "stop_token_ids", "outside the vocabulary"),

@@ -129,16 +129,25 @@ def test_killing_the_scheduler_fails_requests_fast_and_exits():
             except httpx.HTTPError as e:
                 results.append((type(e).__name__, time.monotonic()))
 
+        def non_streaming():
+            try:
+                r = httpx.post(s.base_url + CHAT, json={**LONG, "stream": False}, timeout=30)
+                results.append((f"status {r.status_code} {r.json()['error']['type']}", time.monotonic()))
+            except httpx.HTTPError as e:
+                results.append((type(e).__name__, time.monotonic()))
+
         threads = [threading.Thread(target=stream_until_error) for _ in range(3)]
+        threads.append(threading.Thread(target=non_streaming))
         for t in threads:
             t.start()
-        wait_until(lambda: metric(s.base_url, "batonlm_num_requests_running") == 3)
+        wait_until(lambda: metric(s.base_url, "batonlm_num_requests_running") == 4)
         killed_at = time.monotonic()
         os.kill(_scheduler_pid(s), signal.SIGKILL)
         for t in threads:
             t.join(10)
-        assert len(results) == 3
-        assert all(kind == "error" and at - killed_at < 2.0 for kind, at in results), results
+        assert len(results) == 4
+        assert all(at - killed_at < 2.0 for _, at in results), results
+        assert sorted(kind for kind, _ in results) == ["error"] * 3 + ["status 503 service_unavailable"], results
         s.proc.wait(5.0 - (time.monotonic() - killed_at))
         assert s.proc.returncode not in (0, None)
         assert "scheduler process exited unexpectedly" in s.log()
@@ -169,3 +178,21 @@ def test_ctrl_c_shuts_everything_down_cleanly():
     wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")], timeout=5)
     assert "Traceback" not in s.log(), s.log()
     s.stop()
+
+
+def test_an_orphaned_scheduler_and_worker_exit():
+    """If the main process is killed outright, its scheduler and device worker must not keep
+    running (and holding memory) for requests nobody will read."""
+    s = ServerProcess()
+    try:
+        descendants = s.descendants()
+        def request():
+            with pytest.raises(httpx.HTTPError):  # the server is killed under it
+                httpx.post(s.base_url + CHAT, json={**LONG, "stream": False}, timeout=30)
+
+        threading.Thread(target=request, daemon=True).start()
+        wait_until(lambda: metric(s.base_url, "batonlm_num_requests_running") == 1)
+        s.proc.kill()
+        wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")], timeout=10)
+    finally:
+        s.stop()

@@ -187,3 +187,23 @@ def test_curl_streams_sse(server):
     lines = [line for line in out.stdout.splitlines() if line]
     assert len(lines) >= 12 and all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
+
+
+def test_a_stop_string_completed_by_the_last_allowed_token_is_a_stop(client):
+    # ", there was a little girl": " g", "ir", "l" are tokens 6-8; "girl" completes on the 8th.
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0, stop=["girl"])
+    assert r.choices[0].text == ", there was a little " and r.choices[0].finish_reason == "stop"
+
+
+def test_reusing_a_native_request_id_never_mixes_outputs(server):
+    import httpx
+
+    url = server.base_url + "/generate"
+    body = {"text": "Once upon a time", "rid": "same", "sampling_params": {"temperature": 0, "max_new_tokens": 40}}
+    fresh = httpx.post(url, json=body, timeout=30).json()
+    for _ in range(3):  # a stop string ends each early while the scheduler is still producing
+        stopped = httpx.post(url, json={**body, "sampling_params": {**body["sampling_params"], "stop": " was"}},
+                             timeout=30).json()
+        assert stopped["text"] == ", there" and stopped["meta_info"]["id"] == "same"
+        again = httpx.post(url, json=body, timeout=30).json()
+        assert again["text"] == fresh["text"] and again["meta_info"]["finish_reason"] == "length"

@@ -74,3 +74,15 @@ def test_random_token_streams_never_fail_or_lose_text(tok):
                 found = text.find(piece, pos)
                 assert found >= 0, f"{piece!r} missing from {text!r}"
                 pos = found + len(piece)
+
+
+def test_a_prompt_ending_inside_a_character(tok):
+    """Token ids cut inside a character (a resent output cut by `length`): the completion is
+    decode(prompt + output) minus decode(prompt), and no prompt text leaks into it."""
+    ids = tok("time 中文 ok", add_special_tokens=False).input_ids
+    e4 = tok.convert_tokens_to_ids("<0xE4>")
+    cut = ids.index(e4) + 1  # the prompt ends after the first byte of 中
+    d = IncrementalDetokenizer(tok, ids[:cut])
+    text = "".join(d.add([t]) for t in ids[cut:]) + d.flush()
+    full, prefix = tok.decode(ids), tok.decode(ids[:cut])
+    assert text == full[len(prefix):] == "文 ok"

@@ -76,9 +76,9 @@ def cpu_worker_threads(cfg: ModelConfig) -> int:
 
 def default_sampler(device: str) -> str:
     """The Triton kernels on a GPU; on the CPU their torch references (the interpreter is slow)."""
-    from batonlm.kernels.sampling import triton_available
+    from batonlm.model_runner.sampler import triton_sampler_available
 
-    return "triton" if device.startswith("cuda") and triton_available() else "torch"
+    return "triton" if device.startswith("cuda") and triton_sampler_available() else "torch"
 
 
 def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
