@@ -40,10 +40,6 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    @property
-    def has_penalties(self) -> bool:
-        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
-
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SamplingParams:
         """Build from user input; an unknown or mistyped key raises naming it."""

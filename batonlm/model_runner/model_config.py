@@ -57,10 +57,6 @@ class ModelConfig:
     def context_length(self) -> int:
         return self.max_position_embeddings
 
-    @property
-    def kv_bytes_per_token_fp32(self) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
-
     @classmethod
     def from_hf(cls, path: str | os.PathLike[str]) -> ModelConfig:
         """Read `config.json` (and `generation_config.json` when present) from a model directory."""

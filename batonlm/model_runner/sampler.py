@@ -35,15 +35,17 @@ class PenaltyBatch:
 
 @dataclass
 class SamplingBatch:
-    """Per-row sampling inputs of one batch (device tensors)."""
+    """Per-row sampling inputs of one batch (device tensors). An all-greedy batch leaves the draw
+    inputs (`top_k`, `top_p`, `min_p`, `keys`) unset, and `temperature` too unless it wants
+    logprobs: gathering them every decode step would be wasted work."""
 
-    temperature: torch.Tensor  # [B] float32, 0 = greedy
-    top_k: torch.Tensor  # [B] int64, -1 = off
-    top_p: torch.Tensor  # [B] float32
-    min_p: torch.Tensor  # [B] float32
-    keys: torch.Tensor  # [B] int64 counter keys from (seed, output position)
     banned: torch.Tensor  # [B, S] int64 ids masked to -inf (-1 = padding)
     all_greedy: bool
+    temperature: torch.Tensor | None = None  # [B] float32, 0 = greedy
+    top_k: torch.Tensor | None = None  # [B] int64, -1 = off
+    top_p: torch.Tensor | None = None  # [B] float32
+    min_p: torch.Tensor | None = None  # [B] float32
+    keys: torch.Tensor | None = None  # [B] int64 counter keys from (seed, output position)
     penalties: PenaltyBatch | None = None
     top_logprobs: int = -1  # -1: no logprobs; n >= 0: chosen + n alternatives
 
@@ -244,8 +246,9 @@ class SlotSamplingTable:
     def gather(
         self, req_slots: torch.Tensor, seq_lens: torch.Tensor, all_greedy: bool, top_logprobs: int = -1
     ) -> SamplingBatch:
-        out_index = seq_lens - self.prompt_len[req_slots]
         banned = self.stop_ids[req_slots]
+        if banned.shape[1] or not all_greedy:
+            out_index = seq_lens - self.prompt_len[req_slots]  # the output position being sampled
         if banned.shape[1]:
             under_min = out_index < self.min_new_tokens[req_slots]
             banned = torch.where(under_min[:, None], banned, torch.full_like(banned, -1))
@@ -262,14 +265,12 @@ class SlotSamplingTable:
                 bias_ids=self.bias_ids[req_slots],
                 bias_values=self.bias_values[req_slots],
             )
-        return SamplingBatch(
-            temperature=self.temperature[req_slots],
-            top_k=self.top_k[req_slots],
-            top_p=self.top_p[req_slots],
-            min_p=self.min_p[req_slots],
-            keys=ref.row_keys(self.seed_lo[req_slots], self.seed_hi[req_slots], out_index),
-            banned=banned,
-            all_greedy=all_greedy,
-            penalties=penalties,
-            top_logprobs=top_logprobs,
-        )
+        batch = SamplingBatch(banned=banned, all_greedy=all_greedy, penalties=penalties, top_logprobs=top_logprobs)
+        if not all_greedy or top_logprobs >= 0:
+            batch.temperature = self.temperature[req_slots]
+        if not all_greedy:
+            batch.top_k = self.top_k[req_slots]
+            batch.top_p = self.top_p[req_slots]
+            batch.min_p = self.min_p[req_slots]
+            batch.keys = ref.row_keys(self.seed_lo[req_slots], self.seed_hi[req_slots], out_index)
+        return batch

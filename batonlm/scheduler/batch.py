@@ -45,7 +45,7 @@ class ScheduleBatch:
         return len(self.prefill) + len(self.decode)
 
     def to_launch(self) -> BatchLaunch:
-        """The device's view of this batch, once the scheduler has advanced each row's kv_len."""
+        """The device's view of this batch, once the scheduler has counted its rows as launched."""
         req_slots: list[int] = []
         prefix_lens: list[int] = []
         extend_lens: list[int] = []

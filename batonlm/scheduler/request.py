@@ -31,7 +31,6 @@ class Request:
         "output_ids",
         "req_slot",
         "kv_slots",
-        "kv_len",
         "num_launched",
         "inflight",
         "finish_reason",
@@ -57,8 +56,6 @@ class Request:
         self.req_slot: int | None = None
         # The KV slot of every position the request may fill, allocated at admission.
         self.kv_slots: list[int] = []
-        # Positions whose KV a launched forward computes.
-        self.kv_len = 0
         self.num_launched = 0
         self.inflight = 0
         self.finish_reason: str | None = None
@@ -68,6 +65,11 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def kv_len(self) -> int:
+        """Positions whose KV a launched forward computes: the prompt, then one per decode."""
+        return self.prompt_len + self.num_launched - 1 if self.num_launched else 0
 
     @property
     def finished(self) -> bool:

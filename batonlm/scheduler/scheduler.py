@@ -94,6 +94,7 @@ class Scheduler:
         # Tokens sampled for requests already finished (the one-step overrun, or an abort).
         self.dropped_tokens = 0
         self._last_status = time.monotonic()
+        self._tokens_at_last_status = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -188,10 +189,6 @@ class Scheduler:
         if not batch:
             return None
         self._next_batch_id += 1
-        for r in batch.prefill:
-            r.kv_len = r.prompt_len
-        for r in batch.decode:
-            r.kv_len += 1
         for r in batch.reqs:
             r.num_launched += 1
             r.inflight += 1
@@ -301,7 +298,6 @@ class Scheduler:
         self.timing.process_s += time.perf_counter() - t0
         self.last_batch = batch
         self.iteration += 1
-        self.timing.iterations += 1
         if batch is not None:
             self.timing.batches += 1
         self._maybe_log_status()
@@ -361,6 +357,6 @@ class Scheduler:
             self.kv_alloc.num_used,
             self.kv_alloc.capacity,
             100.0 * self.kv_alloc.num_used / max(1, self.kv_alloc.capacity),
-            (self.generated_tokens - self.timing.tokens_at_last_status) / elapsed,
+            (self.generated_tokens - self._tokens_at_last_status) / elapsed,
         )
-        self.timing.tokens_at_last_status = self.generated_tokens
+        self._tokens_at_last_status = self.generated_tokens

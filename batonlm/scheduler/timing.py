@@ -12,9 +12,7 @@ class LoopTiming:
     wait_s: float = 0.0  # blocked on the device for a result
     process_s: float = 0.0  # processing results and sending outputs
     idle_s: float = 0.0  # blocked on the input socket with nothing to do
-    iterations: int = 0
-    batches: int = 0
-    tokens_at_last_status: int = 0
+    batches: int = 0  # forward passes
 
     @property
     def cpu_s(self) -> float:
@@ -23,6 +21,5 @@ class LoopTiming:
 
     def as_dict(self) -> dict[str, float]:
         d = asdict(self)
-        d.pop("tokens_at_last_status")
         d["cpu_s"] = self.cpu_s
         return d
