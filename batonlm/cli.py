@@ -72,7 +72,7 @@ def parse_serve_args(argv: list[str]) -> ServerArgs:
 
 
 def _serve(ns: argparse.Namespace) -> int:
-    from batonlm.server.launch import serve
+    from batonlm.server.serve import serve
 
     try:
         args = parse_serve_args(ns.argv)

@@ -8,15 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS
+
 EMBEDDED_MODEL = str(Path(__file__).resolve().parent / "assets" / "stories260K")
 EMBEDDED_MODEL_NAME = "stories260K"
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-# The registries' names (tests keep these in sync with them); "auto" picks per device.
-ATTENTION_BACKEND_CHOICES = ("auto", "torch")
-SAMPLER_CHOICES = ("auto", "torch", "triton")
+# "auto" picks per device; the rest are the registries' names.
+ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
+SAMPLER_CHOICES = ("auto", *SAMPLERS.names())
 
 
 class ConfigError(ValueError):
@@ -44,6 +46,7 @@ class ServerArgs:
     # Scheduling
     disable_overlap: bool = False
     max_running_requests: int = 128
+    # The KV capacity in tokens (SGLang's flag name); None: sized to the device's memory.
     max_total_tokens: int | None = None
     max_prefill_tokens: int = 16384
     enable_mixed_batch: bool = False

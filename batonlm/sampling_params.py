@@ -1,95 +1,134 @@
-"""Per-request sampling parameters (SGLang names), shared by the frontend and the scheduler."""
+"""Per-request sampling parameters (SGLang names): the one record a request's sampling travels
+in, from the frontend through the scheduler to the device.
+
+The value range of every field is stated here, once, as a msgspec constraint: `from_dict` checks
+them (the native API and the Python Engine), the OpenAI request models take their bounds from
+here (`field_range`), and the scheduler's decoder enforces them again for free when a request
+crosses into its process. `check_relations` adds what one field's range cannot say.
+"""
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 MAX_TOP_LOGPROBS = 20
+# Integer fields that end up in int64 device tables, or in int32 kernel arguments, stay below this.
+MAX_INT32 = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+TokenId = Annotated[int, Meta(ge=0, le=MAX_INT32)]
 
 
 class InvalidSamplingParams(ValueError):
-    """A sampling parameter is out of range; `field` names it."""
+    """A sampling parameter is invalid; `field` names it."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
+
+    def nested(self, parent: str) -> InvalidSamplingParams:
+        """The same error, its field named inside `parent` (e.g. sampling_params.top_k)."""
+        return InvalidSamplingParams(f"{parent}.{self.field}", self.message)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int | None = None
-    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    max_new_tokens: Annotated[int, Meta(ge=1, le=MAX_INT32)] = 128
+    min_new_tokens: Annotated[int, Meta(ge=0, le=MAX_INT32)] = 0
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    # -1 or 0: no top-k filtering. Values above the vocabulary size filter nothing.
+    top_k: Annotated[int, Meta(ge=-1, le=MAX_INT32)] = -1
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    seed: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    stop_token_ids: list[TokenId] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
+    presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] = 1.0
+    logit_bias: dict[TokenId, Annotated[float, Meta(ge=-100.0, le=100.0)]] = msgspec.field(default_factory=dict)
     # None: no logprobs; n >= 0: the chosen token's logprob and the n most likely alternatives.
-    logprobs: int | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def has_penalties(self) -> bool:
+        """Whether sampling needs the per-slot penalty tables (token counts, prompt mask)."""
+        return bool(
+            self.logit_bias or self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+        )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SamplingParams:
-        """Build from user input; an unknown or mistyped key raises naming it."""
+        """Build from user input (JSON types: token-id keys of logit_bias may be strings); an
+        unknown, mistyped or out-of-range field raises InvalidSamplingParams naming it."""
         if data is None:
             return cls()
         if not isinstance(data, dict):
-            raise InvalidSamplingParams("sampling_params", f"must be a dict, got {type(data).__name__}")
-        fields = set(cls.__struct_fields__)
+            raise InvalidSamplingParams("sampling_params", f"must be an object, got {type(data).__name__}")
+        fields = cls.__struct_fields__
         for key in data:
             if key not in fields:
-                raise InvalidSamplingParams(key, f"unknown sampling parameter (known: {', '.join(sorted(fields))})")
+                raise InvalidSamplingParams(str(key), f"unknown sampling parameter (known: {', '.join(sorted(fields))})")
+        bias = data.get("logit_bias")
+        if isinstance(bias, dict):
+            data = {**data, "logit_bias": {_token_key(k): v for k, v in bias.items()}}
         try:
-            params = msgspec.convert(data, cls, strict=False)
+            params = msgspec.convert(data, cls, strict=True)
         except msgspec.ValidationError as e:
-            m = re.search(r"\$\.([A-Za-z_]+)", str(e))
-            raise InvalidSamplingParams(m.group(1) if m else "sampling_params", str(e)) from None
-        params.validate()
+            raise from_validation_error(e) from None
+        params.check_relations()
         return params
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        if self.max_new_tokens < 1:
-            raise InvalidSamplingParams("max_new_tokens", f"must be at least 1, got {self.max_new_tokens}")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+    def check_relations(self, vocab_size: int | None = None) -> None:
+        """What the per-field ranges cannot say: between fields, and against the vocabulary."""
+        if self.min_new_tokens > self.max_new_tokens:
             raise InvalidSamplingParams(
-                "min_new_tokens",
-                f"must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}",
+                "min_new_tokens", f"must be at most max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens}"
             )
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise InvalidSamplingParams("temperature", f"must be finite and >= 0, got {self.temperature}")
-        if not (0 < self.top_p <= 1):
-            raise InvalidSamplingParams("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not (self.top_k == -1 or self.top_k >= 1):
-            raise InvalidSamplingParams("top_k", f"must be -1 (disabled) or >= 1, got {self.top_k}")
-        if not (0 <= self.min_p <= 1):
-            raise InvalidSamplingParams("min_p", f"must be in [0, 1], got {self.min_p}")
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            raise InvalidSamplingParams("seed", "must fit in 64 bits")
-        for name in ("frequency_penalty", "presence_penalty"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and -2.0 <= v <= 2.0):
-                raise InvalidSamplingParams(name, f"must be in [-2, 2], got {v}")
-        if not (math.isfinite(self.repetition_penalty) and 0 < self.repetition_penalty <= 10):
-            raise InvalidSamplingParams("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
-        for tok, bias in self.logit_bias.items():
-            if not (math.isfinite(bias) and -100 <= bias <= 100):
-                raise InvalidSamplingParams("logit_bias", f"bias of token {tok} must be in [-100, 100], got {bias}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidSamplingParams("logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if vocab_size is not None:
             for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias))):
-                bad = [t for t in ids if not 0 <= t < vocab_size]
+                bad = [t for t in ids if t >= vocab_size]
                 if bad:
                     raise InvalidSamplingParams(name, f"ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+
+def _token_key(key: Any) -> Any:
+    """JSON object keys are strings: "42" -> 42 (anything else is left for the range check)."""
+    if isinstance(key, str) and re.fullmatch(r"-?[0-9]{1,19}", key):
+        return int(key)
+    return key
+
+
+_FIELD_AT = re.compile(r"`\$\.([A-Za-z_]+)")
+_BOUND = re.compile(r"Expected `\w+` ([<>]=? \S+)")
+
+
+def from_validation_error(e: msgspec.ValidationError) -> InvalidSamplingParams:
+    """msgspec's "Expected `float` <= 2.0 - at `$.temperature`" as an error naming the field."""
+    text = str(e)
+    m = _FIELD_AT.search(text)
+    message = text.split(" - at ", 1)[0]
+    bound = _BOUND.fullmatch(message)
+    return InvalidSamplingParams(m.group(1) if m else "sampling_params", f"must be {bound.group(1)}" if bound else message)
+
+
+def field_range(name: str) -> dict[str, float | int]:
+    """The bounds of a field (of its values, for a list or dict) as keyword arguments for a
+    pydantic Field: ge, gt, le, lt."""
+    mi = msgspec.inspect
+    kind = next(f for f in mi.type_info(SamplingParams).fields if f.name == name).type
+    if isinstance(kind, mi.UnionType):  # X | None
+        kind = next(t for t in kind.types if not isinstance(t, mi.NoneType))
+    if isinstance(kind, mi.ListType):
+        kind = kind.item_type
+    elif isinstance(kind, mi.DictType):
+        kind = kind.value_type
+    return {k: getattr(kind, k) for k in ("ge", "gt", "le", "lt") if getattr(kind, k, None) is not None}

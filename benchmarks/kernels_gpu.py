@@ -60,7 +60,7 @@ def multinomial_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 def bench_shape(b: int, v: int, iters: int, dev: str = "cuda") -> list[dict]:
     from batonlm.kernels import sampling as s
     from batonlm.kernels.logprobs import logprobs_reference, logprobs_triton
-    from batonlm.kernels.penalties import apply_penalties_reference, apply_penalties_triton
+    from batonlm.kernels.penalties import PenaltyBatch, apply_penalties_reference, apply_penalties_triton
 
     g = torch.Generator(device=dev).manual_seed(b * 7 + v)
     logits = torch.randn(b, v, device=dev, generator=g) * 3
@@ -69,20 +69,24 @@ def bench_shape(b: int, v: int, iters: int, dev: str = "cuda") -> list[dict]:
     top_p = torch.full((b,), TOP_P, device=dev)
     min_p = torch.full((b,), MIN_P, device=dev)
     keys = s.row_keys(torch.arange(b, device=dev), torch.zeros(b, dtype=torch.int64, device=dev), torch.full((b,), 3, device=dev))
+    draw = s.DrawBatch(temp, top_k, top_p, min_p, keys)
     counts = torch.randint(0, 3, (b, v), device=dev, generator=g, dtype=torch.int32)
     counts *= (torch.rand(b, v, device=dev, generator=g) < 0.002).int()
     pen = (
-        logits, torch.arange(b, device=dev), counts, torch.rand(b, v, device=dev, generator=g) < 0.002,
-        torch.full((b,), 0.3, device=dev), torch.full((b,), 0.2, device=dev), torch.full((b,), 1.1, device=dev),
-        torch.randint(0, v, (b, 4), device=dev, generator=g), torch.randn(b, 4, device=dev, generator=g),
+        logits,
+        PenaltyBatch(
+            torch.arange(b, device=dev), counts, torch.rand(b, v, device=dev, generator=g) < 0.002,
+            torch.full((b,), 0.3, device=dev), torch.full((b,), 0.2, device=dev), torch.full((b,), 1.1, device=dev),
+            torch.randint(0, v, (b, 4), device=dev, generator=g), torch.randn(b, 4, device=dev, generator=g),
+        ),
         torch.randint(0, v, (b, 2), device=dev, generator=g),
     )
     chosen = logits.argmax(-1)
     # How often the kernel and the reference draw the same token (near-ties aside: all).
-    match = float((s.sample_triton(logits, temp, top_k, top_p, min_p, keys) == s.sample_reference(logits, temp, top_k, top_p, min_p, keys)).float().mean())
+    match = float((s.sample_triton(logits, draw) == s.sample_reference(logits, draw)).float().mean())
     cases = [
-        ("sample", "triton", lambda: s.sample_triton(logits, temp, top_k, top_p, min_p, keys)),
-        ("sample", "torch reference", lambda: s.sample_reference(logits, temp, top_k, top_p, min_p, keys)),
+        ("sample", "triton", lambda: s.sample_triton(logits, draw)),
+        ("sample", "torch reference", lambda: s.sample_reference(logits, draw)),
         ("sample", "torch sort+multinomial", lambda: multinomial_sample(logits, temp, top_k, top_p)),
         ("argmax", "triton", lambda: s.argmax_triton(logits)),
         ("argmax", "torch reference", lambda: s.argmax_reference(logits)),

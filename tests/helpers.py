@@ -113,7 +113,7 @@ class SchedulerHarness:
 
     def assert_all_free(self) -> None:
         s = self.sched.stats()
-        assert s.kv_slots_used == 0, f"{s.kv_slots_used} KV slots still in use"
+        assert s.kv_used == 0, f"{s.kv_used} KV slots still in use"
         assert s.req_slots_used == 0, f"{s.req_slots_used} request slots still in use"
         assert self.sched.kv_alloc.num_runs == 1, "freed KV slots should coalesce into one run"
         assert not self.sched.requests and not self.sched.waiting and not self.sched.result_queue

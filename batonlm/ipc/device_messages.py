@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import msgspec
 
+from batonlm.sampling_params import SamplingParams
 
-class SlotInit(msgspec.Struct, array_like=True, frozen=True):
-    """Sampling state of a request starting on `req_slot`, kept device-side for its lifetime."""
+
+class SlotSampling(msgspec.Struct, array_like=True, frozen=True):
+    """A request's sampling record, sent to the device once, when the request starts on
+    `req_slot`: its SamplingParams plus what the scheduler resolved for it."""
 
     req_slot: int
+    params: SamplingParams
+    seed: int  # the request's own seed, or one the scheduler drew for it (any 64-bit value)
+    stop_ids: list[int]  # EOS + stop_token_ids: suppressed while under params.min_new_tokens
     prompt_len: int
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    seed: int  # unsigned 64-bit
-    min_new_tokens: int
-    # Ids suppressed while fewer than `min_new_tokens` tokens have been generated.
-    stop_ids: list[int]
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    # The whole prompt, for the repetition penalty's prompt mask; empty without penalties.
+    prompt_ids: list[int]
 
 
 class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
@@ -29,15 +25,15 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     FutureMap; the others take theirs, in row order, from the flat `input_ids`."""
 
     batch_id: int
-    mode: int
     req_slots: list[int]
     prefix_lens: list[int]
     extend_lens: list[int]
     from_future: list[bool]
     input_ids: list[int]
     out_cache_loc: list[int]
-    new_slots: list[SlotInit]
+    new_slots: list[SlotSampling]
     all_greedy: bool
+    any_penalties: bool  # some row uses logit bias or a frequency/presence/repetition penalty
     # False defers sampling to a later `SampleLaunch` (grammar masks need the newest state).
     sample: bool = True
     # Largest number of top alternatives any row wants with its logprobs; -1: no logprobs.
@@ -73,7 +69,7 @@ class WorkerFailed(msgspec.Struct, tag=True, frozen=True):
 
 
 class WorkerReady(msgspec.Struct, tag=True, frozen=True):
-    dtype: str
+    pass
 
 
 class WorkerShutdown(msgspec.Struct, tag=True, frozen=True):

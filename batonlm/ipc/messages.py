@@ -36,8 +36,6 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     token_ids: list[int]
     finish_reason: str | None = None
     error: str | None = None
-    # Id that triggered a "stop" (an EOS or a stop_token_id), for the frontend's accounting.
-    matched_stop: int | None = None
     # With logprobs requested: per new token, its logprob and the top alternatives (id, logprob).
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
@@ -55,9 +53,7 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
     model_path: str
     context_length: int
     vocab_size: int
-    max_total_tokens: int
-    max_running_requests: int
-    eos_token_ids: list[int]
+    kv_capacity: int
     device: str
     dtype: str
     overlap: bool
@@ -66,8 +62,8 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     num_running: int
     num_waiting: int
-    kv_slots_used: int
-    kv_slots_total: int
+    kv_used: int
+    kv_capacity: int
     req_slots_used: int
     req_slots_total: int
     iterations: int

@@ -15,62 +15,55 @@ Per token, in this order:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from batonlm.kernels.sampling import suppress_tokens
 
 
-def apply_penalties_reference(
-    logits: torch.Tensor,
-    req_slots: torch.Tensor,
-    output_counts: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    frequency_penalty: torch.Tensor,
-    presence_penalty: torch.Tensor,
-    repetition_penalty: torch.Tensor,
-    bias_ids: torch.Tensor,
-    bias_values: torch.Tensor,
-    banned: torch.Tensor,
-) -> torch.Tensor:
+@dataclass
+class PenaltyBatch:
+    """Penalty inputs of one batch; the count and mask tables are indexed by request slot."""
+
+    req_slots: torch.Tensor  # [B] int64, each row's request slot
+    output_counts: torch.Tensor  # [num_slots, V] int32
+    prompt_mask: torch.Tensor  # [num_slots, V] bool
+    frequency: torch.Tensor  # [B] float32
+    presence: torch.Tensor  # [B] float32
+    repetition: torch.Tensor  # [B] float32
+    bias_ids: torch.Tensor  # [B, NB] int64, -1 = padding
+    bias_values: torch.Tensor  # [B, NB] float32
+
+
+def apply_penalties_reference(logits: torch.Tensor, pen: PenaltyBatch, banned: torch.Tensor) -> torch.Tensor:
     """New float32 [B, V] logits with (a)-(d) of the module docstring applied."""
     logits = logits.to(torch.float32).clone()
-    counts = output_counts[req_slots]
-    if bias_ids.numel():
-        valid = bias_ids >= 0
-        rows = torch.arange(logits.shape[0], device=logits.device)[:, None].expand_as(bias_ids)
+    counts = pen.output_counts[pen.req_slots]
+    if pen.bias_ids.numel():
+        valid = pen.bias_ids >= 0
+        rows = torch.arange(logits.shape[0], device=logits.device)[:, None].expand_as(pen.bias_ids)
         logits.index_put_(
-            (rows[valid], bias_ids[valid]), bias_values[valid].to(torch.float32), accumulate=True
+            (rows[valid], pen.bias_ids[valid]), pen.bias_values[valid].to(torch.float32), accumulate=True
         )
-    seen = prompt_mask[req_slots] | (counts > 0)
-    rep = repetition_penalty.to(torch.float32)[:, None]
+    seen = pen.prompt_mask[pen.req_slots] | (counts > 0)
+    rep = pen.repetition.to(torch.float32)[:, None]
     logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
-    freq = frequency_penalty.to(torch.float32)[:, None]
-    pres = presence_penalty.to(torch.float32)[:, None]
+    freq = pen.frequency.to(torch.float32)[:, None]
+    pres = pen.presence.to(torch.float32)[:, None]
     logits = logits - (freq * counts.to(torch.float32) + pres * (counts > 0).to(torch.float32))
     return suppress_tokens(logits, banned)
 
 
-def apply_penalties_triton(
-    logits: torch.Tensor,
-    req_slots: torch.Tensor,
-    output_counts: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    frequency_penalty: torch.Tensor,
-    presence_penalty: torch.Tensor,
-    repetition_penalty: torch.Tensor,
-    bias_ids: torch.Tensor,
-    bias_values: torch.Tensor,
-    banned: torch.Tensor,
-) -> torch.Tensor:
+def apply_penalties_triton(logits: torch.Tensor, pen: PenaltyBatch, banned: torch.Tensor) -> torch.Tensor:
     """`apply_penalties_reference` as one kernel launch (a program per row and vocabulary block);
     returns a new tensor and leaves `logits` as it was."""
     # Imported on first use: see batonlm.kernels.sampling on why.
     from batonlm.kernels import _triton_penalties
 
     return _triton_penalties.apply(
-        logits, req_slots, output_counts, prompt_mask, frequency_penalty, presence_penalty,
-        repetition_penalty, bias_ids, bias_values, banned,
+        logits, pen.req_slots, pen.output_counts, pen.prompt_mask, pen.frequency, pen.presence,
+        pen.repetition, pen.bias_ids, pen.bias_values, banned,
     )
 
 

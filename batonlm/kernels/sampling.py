@@ -14,7 +14,21 @@ Semantics shared with the Triton kernels (which live beside these references):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class DrawBatch:
+    """Per-row inputs of a draw (device tensors, one entry per row)."""
+
+    temperature: torch.Tensor  # [B] float32, 0 = greedy
+    top_k: torch.Tensor  # [B] int64, < 1 = off
+    top_p: torch.Tensor  # [B] float32
+    min_p: torch.Tensor  # [B] float32
+    keys: torch.Tensor  # [B] int64 counter keys from (seed, output position): see row_keys
+
 
 _MASK32 = 0xFFFFFFFF
 # Odd constants of the lowbias32 finalizer and of the key schedule.
@@ -95,21 +109,14 @@ def keep_mask_reference(
     return (probs >= threshold) & (probs > 0)
 
 
-def sample_reference(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    keys: torch.Tensor,
-) -> torch.Tensor:
+def sample_reference(logits: torch.Tensor, draw: DrawBatch) -> torch.Tensor:
     """[B] int64 next tokens for float32 logits [B, V] (see the module docstring)."""
     greedy = logits.argmax(dim=-1)
-    is_greedy = temperature <= 0
-    temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+    is_greedy = draw.temperature <= 0
+    temp = torch.where(is_greedy, torch.ones_like(draw.temperature), draw.temperature)
     probs = torch.softmax(logits / temp[:, None], dim=-1)
-    keep = keep_mask_reference(probs, top_k, top_p, min_p)
-    race = -torch.log(counter_uniform(keys, logits.shape[-1]))
+    keep = keep_mask_reference(probs, draw.top_k, draw.top_p, draw.min_p)
+    race = -torch.log(counter_uniform(draw.keys, logits.shape[-1]))
     scores = torch.where(keep, probs / race, torch.full_like(probs, -1.0))
     return torch.where(is_greedy, greedy, scores.argmax(dim=-1))
 
@@ -139,20 +146,13 @@ def _kernels():
     return _triton_sampling
 
 
-def sample_triton(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    keys: torch.Tensor,
-) -> torch.Tensor:
+def sample_triton(logits: torch.Tensor, draw: DrawBatch) -> torch.Tensor:
     """`sample_reference` as one kernel launch (a program per row, no sort of the vocabulary).
 
     The noise is the same integers, so the tokens are the reference's but for float near-ties:
     two race scores within a rounding of each other, or a top-p boundary within the rounding of
     the mass sums (which the two add up in different orders)."""
-    return _kernels().sample(logits, temperature, top_k, top_p, min_p, keys)
+    return _kernels().sample(logits, draw.temperature, draw.top_k, draw.top_p, draw.min_p, draw.keys)
 
 
 def keep_mask_triton(

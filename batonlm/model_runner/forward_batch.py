@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,24 +10,11 @@ import torch
 from batonlm.model_runner.host_to_device import to_device
 
 
-class ForwardMode(enum.IntEnum):
-    IDLE = 0
-    PREFILL = 1  # every row extends a request by its new prompt tokens
-    DECODE = 2  # every row adds one token whose id comes from the previous iteration
-    MIXED = 3  # prefill rows and decode rows together
-
-    @property
-    def is_extend(self) -> bool:
-        """True when the batch computes any prompt tokens (prefill or mixed)."""
-        return self in (ForwardMode.PREFILL, ForwardMode.MIXED)
-
-
 @dataclass
 class ForwardBatch:
     """Rows are requests; each row `b` computes `extend_lens[b]` tokens at positions
     `prefix_lens[b] .. seq_lens[b] - 1`, stored flat in request order ([T] tensors)."""
 
-    mode: ForwardMode
     input_ids: torch.Tensor | None  # [T]; may be set after build (it can depend on positions)
     positions: torch.Tensor  # [T]
     out_cache_loc: torch.Tensor  # [T] KV slot each new token is written to
@@ -51,7 +37,6 @@ class ForwardBatch:
     @classmethod
     def build(
         cls,
-        mode: ForwardMode,
         out_cache_loc: torch.Tensor,
         req_slots: list[int],
         prefix_lens: list[int],
@@ -77,7 +62,6 @@ class ForwardBatch:
             return to_device(x, torch.int64, dev)
 
         return cls(
-            mode=mode,
             input_ids=input_ids,
             positions=t(positions),
             out_cache_loc=out_cache_loc,

@@ -7,8 +7,8 @@ import torch
 from batonlm.model_runner.layers import RotaryEmbedding
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.decoder import DecoderLM
-from batonlm.model_runner.models.registry import family_for
 from batonlm.model_runner.weight_loader import load_weights
+from batonlm.registries import MODEL_ARCHITECTURES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -25,8 +25,7 @@ def resolve_dtype(name: str, cfg: ModelConfig, device: str) -> torch.dtype:
 
 
 def load_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> DecoderLM:
-    family = family_for(cfg.architecture)
-    opts = family.options(cfg.raw)
+    opts = MODEL_ARCHITECTURES[cfg.architecture](cfg.raw)
     # Built on the meta device so no memory is touched until the checkpoint fills it.
     with torch.device("meta"):
         model = DecoderLM(cfg, opts)

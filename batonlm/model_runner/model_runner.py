@@ -6,13 +6,14 @@ import logging
 
 import torch
 
-from batonlm.model_runner.attention.base import get_attention_backend
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model
 from batonlm.model_runner.req_to_token import ReqToTokenPool
-from batonlm.model_runner.sampler import SampleOutput, SlotSamplingTable, get_sampler
+from batonlm.model_runner.sampler import SampleOutput
+from batonlm.model_runner.sampling_table import SlotSamplingTable
+from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     """Runs forward passes over a `ForwardBatch` and samples their next tokens.
 
-    `num_kv_slots` counts usable KV slots; the pool has one more (slot 0, padding).
+    `kv_capacity` counts usable KV slots; the pool has one more (slot 0, padding).
     """
 
     def __init__(
@@ -29,7 +30,7 @@ class ModelRunner:
         *,
         dtype: torch.dtype,
         device: str,
-        num_kv_slots: int,
+        kv_capacity: int,
         num_req_slots: int,
         context_length: int,
         attention_backend: str,
@@ -39,12 +40,12 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.model = load_model(cfg, dtype, self.device)
-        self.kv_pool = KVPool(num_kv_slots + 1, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, self.device)
+        self.kv_pool = KVPool(kv_capacity + 1, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, self.device)
         self.req_to_token = ReqToTokenPool(num_req_slots, context_length, self.device)
-        self.attn = get_attention_backend(attention_backend)(
+        self.attn = ATTENTION_BACKENDS[attention_backend](
             self.kv_pool, self.req_to_token, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows
         )
-        self.sampler = get_sampler(sampler)
+        self.sampler = SAMPLERS[sampler]()
         self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)
 
     @torch.inference_mode()
@@ -58,8 +59,11 @@ class ModelRunner:
         return self.model.logits(hidden[batch.last_token_index])
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, batch: ForwardBatch, all_greedy: bool, top_logprobs: int = -1) -> SampleOutput:
-        info = self.sampling_table.gather(batch.req_slots, batch.seq_lens, all_greedy, top_logprobs)
-        out = self.sampler.sample(logits, info)
-        self.sampling_table.record_outputs(batch.req_slots, out.token_ids)
+    def sample(
+        self, logits: torch.Tensor, batch: ForwardBatch, *, all_greedy: bool, any_penalties: bool, top_logprobs: int
+    ) -> SampleOutput:
+        table = self.sampling_table
+        out = self.sampler.sample(logits, table.gather(batch.req_slots, batch.seq_lens, all_greedy, any_penalties, top_logprobs))
+        if any_penalties:
+            table.record_outputs(batch.req_slots, out.token_ids)
         return out

@@ -3,7 +3,7 @@ running request never runs out of memory and decode steps allocate nothing."""
 
 from __future__ import annotations
 
-from batonlm.model_runner.kv_allocator import KVSlotAllocator, ReqSlotAllocator
+from batonlm.scheduler.kv_allocator import KVSlotAllocator, ReqSlotAllocator
 from batonlm.scheduler.request import Request
 
 

@@ -18,13 +18,14 @@ logger = logging.getLogger(__name__)
 
 def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
     """Load the model onto its device and build a scheduler around `io`."""
+    from batonlm.device.factory import create_device
+    from batonlm.device.spec import device_spec
     from batonlm.model_runner.model_config import ModelConfig
-    from batonlm.scheduler.device.factory import create_device, device_spec
     from batonlm.scheduler.scheduler import Scheduler
 
     cfg = ModelConfig.from_hf(args.model)
     spec = device_spec(args, cfg)
-    device = create_device(spec, args)
+    device = create_device(spec)
     sched = Scheduler(
         io,
         device,
@@ -40,9 +41,7 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
         model_path=cfg.path,
         context_length=spec.context_length,
         vocab_size=cfg.vocab_size,
-        max_total_tokens=spec.num_kv_slots,
-        max_running_requests=args.max_running_requests,
-        eos_token_ids=list(cfg.eos_token_ids),
+        kv_capacity=spec.kv_capacity,
         device=spec.device,
         dtype=spec.dtype,
         overlap=not args.disable_overlap,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from batonlm.ipc.device_messages import SlotSampling
 from batonlm.request_checks import kv_slots_needed
 from batonlm.sampling_params import SamplingParams
 
@@ -34,8 +35,6 @@ class Request:
         "num_launched",
         "inflight",
         "finish_reason",
-        "error",
-        "matched_stop",
     )
 
     def __init__(
@@ -59,8 +58,6 @@ class Request:
         self.num_launched = 0
         self.inflight = 0
         self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.matched_stop: int | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -85,9 +82,21 @@ class Request:
         n = len(self.output_ids)
         last = self.output_ids[-1]
         if last in self.stop_ids and n > self.params.min_new_tokens:
-            self.finish_reason, self.matched_stop = FINISH_STOP, last
+            self.finish_reason = FINISH_STOP
         elif n >= self.max_new_tokens:
             self.finish_reason = FINISH_LENGTH
+
+    def slot_sampling(self) -> SlotSampling:
+        """The sampling record the device keeps for this request while it holds its slot."""
+        p = self.params
+        return SlotSampling(
+            req_slot=self.req_slot,  # type: ignore[arg-type]
+            params=p,
+            seed=self.seed,
+            stop_ids=sorted(self.stop_ids),
+            prompt_len=self.prompt_len,
+            prompt_ids=self.prompt_ids if p.has_penalties else [],
+        )
 
     def __repr__(self) -> str:
         return f"Request({self.rid!r}, prompt={self.prompt_len}, out={len(self.output_ids)}, finish={self.finish_reason})"

@@ -13,6 +13,7 @@ import random
 import time
 from collections import deque
 
+from batonlm.device.base import DeviceStream, PendingResult
 from batonlm.ipc.codec import Message
 from batonlm.ipc.device_messages import SampleLaunch
 from batonlm.ipc.messages import (
@@ -24,11 +25,10 @@ from batonlm.ipc.messages import (
     StatsRequest,
     TokenOutput,
 )
-from batonlm.model_runner.kv_allocator import KVSlotAllocator, ReqSlotAllocator
 from batonlm.request_checks import check_request
 from batonlm.scheduler.batch import ScheduleBatch
-from batonlm.scheduler.device.base import DeviceStream, PendingResult
 from batonlm.scheduler.io import SchedulerIO
+from batonlm.scheduler.kv_allocator import KVSlotAllocator, ReqSlotAllocator
 from batonlm.scheduler.kv_budget import KVBudget
 from batonlm.scheduler.overlap_policy import (
     DISABLE_CONSECUTIVE_PREFILL_ENV,
@@ -71,7 +71,7 @@ class Scheduler:
         self.disable_consecutive_prefill_overlap = env_flag(DISABLE_CONSECUTIVE_PREFILL_ENV)
         self.require_mlp_sync = False  # set by data parallelism
 
-        self.kv_alloc = KVSlotAllocator(spec.num_kv_slots)
+        self.kv_alloc = KVSlotAllocator(spec.kv_capacity)
         self.req_alloc = ReqSlotAllocator(spec.num_req_slots)
         self.budget = KVBudget(self.kv_alloc, self.req_alloc)
         # Ordered containers only: batch order must be the same in every run.
@@ -105,8 +105,8 @@ class Scheduler:
         return SchedulerStats(
             num_running=sum(1 for r in self.running if not r.finished),
             num_waiting=len(self.waiting),
-            kv_slots_used=self.kv_alloc.num_used,
-            kv_slots_total=self.kv_alloc.capacity,
+            kv_used=self.kv_alloc.num_used,
+            kv_capacity=self.kv_alloc.capacity,
             req_slots_used=self.req_alloc.num_used,
             req_slots_total=self.req_alloc.capacity,
             iterations=self.iteration,
@@ -183,8 +183,8 @@ class Scheduler:
             self.running = [r for r in self.running if not r.finished]
             self._running_dirty = False
         batch = ScheduleBatch(self._next_batch_id)
-        batch.prefill = self._admit()
-        if not batch.prefill or self.enable_mixed_batch:
+        batch.extend = self._admit()
+        if not batch.extend or self.enable_mixed_batch:
             batch.decode = [r for r in self.running if r.can_decode]
         if not batch:
             return None
@@ -192,7 +192,7 @@ class Scheduler:
         for r in batch.reqs:
             r.num_launched += 1
             r.inflight += 1
-        self.running.extend(batch.prefill)
+        self.running.extend(batch.extend)
         batch.delay_sampling = self.needs_delayed_sampling(batch)
         return batch
 
@@ -259,11 +259,11 @@ class Scheduler:
                 self._finish(req)
             n = req.params.logprobs
             if n is None or lp is None:
-                self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason, None, req.matched_stop))
+                self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason))
             else:
                 top = list(zip(lp.top_ids[row][:n], lp.top_logprobs[row][:n], strict=True))
                 self._outputs.append(
-                    TokenOutput(req.rid, [tok], req.finish_reason, None, req.matched_stop, [lp.chosen[row]], [top])
+                    TokenOutput(req.rid, [tok], req.finish_reason, None, [lp.chosen[row]], [top])
                 )
         self.timing.wait_s += t1 - t0
         self.timing.process_s += time.perf_counter() - t1

@@ -7,18 +7,15 @@ import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from batonlm.config import ServerArgs
-from batonlm.request_checks import RequestRejected
 from batonlm.server import native, openai_chat, openai_completions
-from batonlm.server.errors import APIError, unavailable
+from batonlm.server.errors import EXPECTED_ERRORS, to_api_error
 from batonlm.server.guard import GuardMiddleware
 from batonlm.server.metrics import ServerMetrics
 from batonlm.server.state import ServerState
-from batonlm.tokenizer_manager.manager import SchedulerGone, TokenizerManager
+from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
@@ -46,30 +43,14 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
 
     app.add_middleware(GuardMiddleware, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
 
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def expected_error(request: Request, exc: Exception) -> JSONResponse:
+        return to_api_error(exc).response()
 
-    @app.exception_handler(SchedulerGone)
-    async def scheduler_gone(request: Request, exc: SchedulerGone) -> JSONResponse:
-        return unavailable(str(exc)).response()
-
-    @app.exception_handler(RequestRejected)
-    async def rejected(request: Request, exc: RequestRejected) -> JSONResponse:
-        return APIError(400, str(exc), code="request_rejected").response()
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return APIError(400, str(exc), code="invalid_value").response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), type=kind).response()
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s", request.url.path)
-        return APIError(500, f"internal error: {type(exc).__name__}", type="internal_error").response()
+        return to_api_error(exc).response()
 
+    for kind in EXPECTED_ERRORS:
+        app.add_exception_handler(kind, expected_error)
+    app.add_exception_handler(Exception, unexpected_error)
     return app

@@ -1,9 +1,23 @@
-"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status."""
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status.
+
+`to_api_error` is the one place an exception becomes an HTTP error: the app's exception
+handlers and the streaming bodies (whose errors arrive after the 200) both go through it.
+"""
 
 from __future__ import annotations
 
+import logging
+
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from batonlm.request_checks import RequestRejected
+from batonlm.sampling_params import InvalidSamplingParams
+from batonlm.tokenizer_manager.manager import SchedulerGone
+
+logger = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -55,3 +69,36 @@ def from_validation_error(err: ValidationError) -> APIError:
         return APIError(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
     return APIError(400, f"Invalid value for '{param}': {msg}" if param else msg, param=param or None, code="invalid_value")
+
+
+# Exceptions that are a client's mistake or a known state of the server: answered without a
+# traceback in the log. Anything else is a bug, logged, and answered with a bare 500.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (
+    APIError,
+    ValidationError,
+    RequestValidationError,
+    InvalidSamplingParams,
+    RequestRejected,
+    SchedulerGone,
+    HTTPException,
+)
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """The HTTP error a client gets for `exc`."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValidationError):
+        return from_validation_error(exc)
+    if isinstance(exc, RequestValidationError):
+        return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, InvalidSamplingParams):
+        return bad_request(f"Invalid value for '{exc.field}': {exc.message}", param=exc.field)
+    if isinstance(exc, RequestRejected):
+        return APIError(400, str(exc), param=exc.param, code="request_rejected")
+    if isinstance(exc, SchedulerGone):
+        return unavailable(str(exc))
+    if isinstance(exc, HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), type=kind)
+    return APIError(500, "internal error", type="internal_error", code="internal_error")

@@ -55,9 +55,9 @@ class ServerMetrics:
     def update(self, stats: SchedulerStats) -> None:
         self.running.labels(**self.label).set(stats.num_running)
         self.queued.labels(**self.label).set(stats.num_waiting)
-        self.kv_used.labels(**self.label).set(stats.kv_slots_used)
-        self.kv_total.labels(**self.label).set(stats.kv_slots_total)
-        self.kv_usage.labels(**self.label).set(stats.kv_slots_used / max(1, stats.kv_slots_total))
+        self.kv_used.labels(**self.label).set(stats.kv_used)
+        self.kv_total.labels(**self.label).set(stats.kv_capacity)
+        self.kv_usage.labels(**self.label).set(stats.kv_used / max(1, stats.kv_capacity))
         self.req_slots_used.labels(**self.label).set(stats.req_slots_used)
         self.sched_cpu.labels(**self.label).set(stats.scheduler_cpu_s)
         self.device_wait.labels(**self.label).set(stats.device_wait_s)

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.server import openai_common as common
-from batonlm.server.errors import bad_request, model_not_found
+from batonlm.server.errors import bad_request, model_not_found, to_api_error
 from batonlm.server.protocol import NativeGenerateRequest
 from batonlm.server.sse import DONE, sse
 from batonlm.server.state import ServerState, parse, read_json, server_state, until_disconnected
@@ -77,9 +77,9 @@ async def generate(request: Request):
     try:
         params = SamplingParams.from_dict(raw)
     except InvalidSamplingParams as e:
-        raise bad_request(str(e), param=f"sampling_params.{e.field}") from None
+        raise e.nested("sampling_params") from None
     ids = state.manager.tokenize(req.text) if req.text is not None else list(req.input_ids or [])
-    common.check_fits(state, ids, params, "text" if req.text is not None else "input_ids")
+    state.manager.validate_prompt(ids, params, "text" if req.text is not None else "input_ids")
     rid = req.rid or common.request_id("gen")
     jobs = [(ids, params)]
 
@@ -92,7 +92,7 @@ async def generate(request: Request):
                 async for _, c in common.stream_choices(state, jobs, stop, rid):
                     yield sse({"text": c.text, "output_ids": c.token_ids, "meta_info": meta(c.finish_reason, c.completion_tokens)})
             except Exception as e:
-                yield sse(common.as_api_error(e).body())
+                yield sse(to_api_error(e).body())
             yield DONE
 
         return StreamingResponse(stream(), media_type="text/event-stream")

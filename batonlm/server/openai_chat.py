@@ -27,7 +27,7 @@ async def chat_completions(request: Request):
     except Exception as e:
         raise common.bad_request(f"the chat template failed on these messages: {e}", param="messages") from None
     params = common.sampling_params(state, req, len(input_ids), req.num_logprobs, "messages")
-    common.check_fits(state, input_ids, params[0], "messages")
+    state.manager.validate_prompt(input_ids, params[0], "messages")
     jobs = [(input_ids, p) for p in params]
     rid = common.request_id("chatcmpl")
     created = int(time.time())

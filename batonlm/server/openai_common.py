@@ -7,13 +7,15 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from batonlm.request_checks import RequestRejected
-from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
-from batonlm.server.errors import APIError, bad_request, unavailable
+from batonlm.sampling_params import SamplingParams
+from batonlm.server.errors import bad_request, to_api_error
 from batonlm.server.protocol import SamplingFields
 from batonlm.server.sse import DONE, sse
 from batonlm.server.state import ServerState
-from batonlm.tokenizer_manager.manager import GenerationChunk, SchedulerGone, TokenLogprob
+from batonlm.tokenizer_manager.manager import GenerationChunk, TokenLogprob
 
 
 def request_id(prefix: str) -> str:
@@ -46,39 +48,31 @@ def sampling_params(
     max_new = wanted if wanted is not None else ctx - prompt_len
     if req.min_tokens > max_new:
         raise bad_request(f"min_tokens ({req.min_tokens}) exceeds max_tokens ({max_new})", param="min_tokens")
-    out = []
-    for i in range(req.n):
-        try:
-            p = SamplingParams(
-                max_new_tokens=max_new,
-                min_new_tokens=req.min_tokens,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p,
-                seed=None if req.seed is None else req.seed + i,
-                stop_token_ids=list(req.stop_token_ids or []),
-                ignore_eos=req.ignore_eos,
-                frequency_penalty=req.frequency_penalty,
-                presence_penalty=req.presence_penalty,
-                repetition_penalty=req.repetition_penalty,
-                logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
-                logprobs=num_logprobs,
-            )
-            p.validate(info.vocab_size)
-        except InvalidSamplingParams as e:
-            raise bad_request(str(e), param=e.field) from None
-        out.append(p)
-    return out
+    # The request model has checked every value against SamplingParams' ranges already.
+    base = SamplingParams(
+        max_new_tokens=max_new,
+        min_new_tokens=req.min_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        seed=req.seed,
+        stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+        repetition_penalty=req.repetition_penalty,
+        logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
+        logprobs=num_logprobs,
+    )
+    if req.seed is None:
+        return [base] * req.n
+    # Seeds stay in the int64 range SamplingParams states: choice i uses seed + i, wrapped.
+    return [msgspec.structs.replace(base, seed=_wrap_int64(req.seed + i)) for i in range(req.n)]
 
 
-def check_fits(state: ServerState, input_ids: list[int], params: SamplingParams, param: str) -> None:
-    try:
-        state.manager.validate_prompt(input_ids, params)
-    except RequestRejected as e:
-        raise bad_request(str(e), param=param) from None
-    except InvalidSamplingParams as e:
-        raise bad_request(str(e), param=e.field) from None
+def _wrap_int64(x: int) -> int:
+    return (x + 2**63) % 2**64 - 2**63
 
 
 @dataclass
@@ -155,22 +149,12 @@ async def sse_body(
             for choice in to_choices(i, chunk):
                 yield event([choice])
     except Exception as e:
-        yield sse(as_api_error(e).body())
+        yield sse(to_api_error(e).body())
         yield DONE
         return
     if include_usage:
         yield event([], usage=usage(prompt_tokens, sum(completion_tokens)))
     yield DONE
-
-
-def as_api_error(e: Exception) -> APIError:
-    if isinstance(e, APIError):
-        return e
-    if isinstance(e, SchedulerGone):
-        return unavailable(str(e))
-    if isinstance(e, RequestRejected):
-        return bad_request(str(e), code="request_rejected")
-    return APIError(500, f"internal error: {type(e).__name__}: {e}", type="internal_error", code="internal_error")
 
 
 async def collect_choices(
@@ -189,7 +173,7 @@ async def collect_choices(
             r.error = chunk.error
     for r in results:
         if r.error:
-            raise APIError(400, r.error, code="request_rejected")
+            raise RequestRejected(r.error)
     return results
 
 

@@ -32,7 +32,7 @@ async def completions(request: Request):
     jobs = []
     for ids in prompts:
         params = common.sampling_params(state, req, len(ids), req.num_logprobs, "prompt")
-        common.check_fits(state, ids, params[0], "prompt")
+        state.manager.validate_prompt(ids, params[0], "prompt")
         jobs += [(ids, p) for p in params]
     echoes = [state.tokenizer.decode(ids, skip_special_tokens=True) if req.echo else "" for ids, _ in jobs]
     rid = common.request_id("cmpl")

@@ -1,24 +1,31 @@
-"""OpenAI-compatible request models (pydantic). Unknown fields are rejected, never ignored."""
+"""OpenAI-compatible request models (pydantic). Unknown fields are rejected, never ignored, and
+types are strict (a number sent as a string is an error). Value ranges of sampling fields come
+from `SamplingParams`, where they are stated once (`ranged`)."""
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from batonlm.sampling_params import MAX_TOP_LOGPROBS
+from batonlm.sampling_params import field_range
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
 
 
+def ranged(sampling_field: str) -> Any:
+    """A pydantic Field with the bounds SamplingParams states for `sampling_field`."""
+    return Field(**field_range(sampling_field))
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
-    include_usage: StrictBool = False
+    include_usage: bool = False
 
 
 class ChatMessage(_Strict):
@@ -50,32 +57,25 @@ class SamplingFields(_Strict):
     """Fields shared by chat and text completions."""
 
     model: str | None = None
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: StrictInt = -1
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
+    max_tokens: Annotated[int, ranged("max_new_tokens")] | None = None
+    max_completion_tokens: Annotated[int, ranged("max_new_tokens")] | None = None
+    temperature: Annotated[float, ranged("temperature")] = 1.0
+    top_p: Annotated[float, ranged("top_p")] = 1.0
+    top_k: Annotated[int, ranged("top_k")] = -1
+    min_p: Annotated[float, ranged("min_p")] = 0.0
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stop: str | list[str] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    seed: StrictInt | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
-    stream: StrictBool = False
+    stop_token_ids: list[Annotated[int, ranged("stop_token_ids")]] | None = None
+    seed: Annotated[int, ranged("seed")] | None = None
+    frequency_penalty: Annotated[float, ranged("frequency_penalty")] = 0.0
+    presence_penalty: Annotated[float, ranged("presence_penalty")] = 0.0
+    repetition_penalty: Annotated[float, ranged("repetition_penalty")] = 1.0
+    logit_bias: dict[str, Annotated[float, ranged("logit_bias")]] | None = None
+    stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: StrictBool = False
-    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, ranged("min_new_tokens")] = 0
     user: str | None = None
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int) -> int:
-        if v != -1 and v < 1:
-            raise ValueError("must be -1 (disabled) or >= 1")
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -90,8 +90,9 @@ class SamplingFields(_Strict):
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        # JSON keys are strings: token ids as decimal strings.
         for key in v or {}:
-            if not re.fullmatch(r"-?[0-9]+", key):
+            if not re.fullmatch(r"[0-9]{1,10}", key):
                 raise ValueError(f"keys must be token ids, got {key!r}")
         return v
 
@@ -121,8 +122,8 @@ class SamplingFields(_Strict):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: StrictBool = False
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, ranged("logprobs")] | None = None
 
     @field_validator("messages")
     @classmethod
@@ -145,9 +146,9 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    echo: StrictBool = False
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: Annotated[int, ranged("logprobs")] | None = None
+    echo: bool = False
     suffix: None = None
 
     @field_validator("echo")
@@ -175,9 +176,9 @@ class NativeGenerateRequest(_Strict):
     """POST /generate: SGLang-style native API."""
 
     text: str | None = None
-    input_ids: list[StrictInt] | None = None
+    input_ids: list[int] | None = None
     sampling_params: dict | None = None
-    stream: StrictBool = False
+    stream: bool = False
     rid: str | None = None
 
     @model_validator(mode="after")

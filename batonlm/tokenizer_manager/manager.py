@@ -210,14 +210,15 @@ class TokenizerManager:
     def tokenize(self, prompt: str) -> list[int]:
         return list(self.tokenizer(prompt).input_ids)
 
-    def validate_prompt(self, input_ids: list[int], params: SamplingParams) -> None:
-        """Reject what the scheduler would reject, with the numbers, before sending anything."""
+    def validate_prompt(self, input_ids: list[int], params: SamplingParams, prompt_param: str | None = None) -> None:
+        """Reject what the scheduler would reject, with the numbers, before sending anything
+        (RequestRejected naming `prompt_param`, or InvalidSamplingParams)."""
         info = self.info
         if info is None:
             raise SchedulerGone("the scheduler has not started")
         check_request(
             input_ids, params, context_length=info.context_length, vocab_size=info.vocab_size,
-            kv_capacity=info.max_total_tokens,
+            kv_capacity=info.kv_capacity, prompt_param=prompt_param,
         )
 
     async def generate(

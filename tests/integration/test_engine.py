@@ -28,7 +28,7 @@ def _wait_all_free(engine, timeout=10.0):
     deadline = time.monotonic() + timeout
     while True:
         stats = engine.get_stats()
-        if stats["kv_slots_used"] == 0 and stats["req_slots_used"] == 0 and stats["num_running"] == 0:
+        if stats["kv_used"] == 0 and stats["req_slots_used"] == 0 and stats["num_running"] == 0:
             return stats
         assert time.monotonic() < deadline, f"slots not freed: {stats}"
         time.sleep(0.05)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from batonlm.kernels import sampling as ref
+from batonlm.kernels.penalties import PenaltyBatch
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # The CPU tests give the kernels CPU tensors, which only the interpreter takes.
@@ -71,3 +72,14 @@ def chi_square(counts: torch.Tensor, expected_p: list[float]) -> tuple[float, in
             stat += (c - n * p) ** 2 / (n * p)
             cells += 1
     return stat, cells - 1
+
+
+def flat_penalties(fn):
+    """`fn` (a penalties function) taking the PenaltyBatch fields as positional arguments:
+    (logits, req_slots, counts, prompt_mask, freq, pres, rep, bias_ids, bias_values, banned)."""
+
+    def call(logits, *fields_and_banned):
+        *fields, banned = fields_and_banned
+        return fn(logits, PenaltyBatch(*fields), banned)
+
+    return call

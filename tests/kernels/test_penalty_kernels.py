@@ -5,10 +5,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import interpreted_only  # noqa: E402
+from kernel_helpers import flat_penalties, interpreted_only  # noqa: E402
 
 from batonlm.kernels import _triton_penalties  # noqa: E402
 from batonlm.kernels.penalties import (  # noqa: E402
+    PenaltyBatch,  # noqa: E402
     apply_penalties_reference,
     apply_penalties_triton,
     prompt_mask_row,
@@ -16,9 +17,11 @@ from batonlm.kernels.penalties import (  # noqa: E402
     update_output_counts,
 )
 
+reference_flat, triton_flat = flat_penalties(apply_penalties_reference), flat_penalties(apply_penalties_triton)
+
 pytestmark = interpreted_only
 NEG_INF = float("-inf")
-BOTH = [apply_penalties_reference, apply_penalties_triton]
+BOTH = [reference_flat, triton_flat]
 
 
 def _f32(values):
@@ -95,8 +98,8 @@ def _random_case(v: int, b: int, seed: int):
 @pytest.mark.parametrize("v", [512, 32000, 151936])
 def test_kernel_equals_the_reference(v):
     args = _random_case(v, 3, seed=v)
-    out = apply_penalties_triton(*args)
-    assert torch.equal(out, apply_penalties_reference(*args))
+    out = triton_flat(*args)
+    assert torch.equal(out, reference_flat(*args))
     assert out[0, : v // 3].eq(NEG_INF).all()
 
 
@@ -106,7 +109,7 @@ def test_kernel_equals_the_reference_over_small_blocks_and_padded_rows():
     wide[:, :1000] = args[0]
     args[0] = wide[:, :1000]
     out = _triton_penalties.apply(*args, block=128)
-    assert out.shape == (4, 1000) and torch.equal(out, apply_penalties_reference(*args))
+    assert out.shape == (4, 1000) and torch.equal(out, reference_flat(*args))
 
 
 def test_no_penalties_change_nothing():
@@ -114,10 +117,7 @@ def test_no_penalties_change_nothing():
     logits = torch.randn(2, 700, generator=g)
     counts = torch.randint(0, 3, (2, 700), generator=g, dtype=torch.int32)
     zeros = torch.zeros(2)
-    out = apply_penalties_triton(
-        logits, torch.tensor([1, 0]), counts, counts > 1, zeros, zeros, torch.ones(2),
-        torch.full((2, 3), -1), torch.zeros(2, 3), torch.full((2, 2), -1),
-    )
+    out = apply_penalties_triton(logits, PenaltyBatch(torch.tensor([1, 0]), counts, counts > 1, zeros, zeros, torch.ones(2), torch.full((2, 3), -1), torch.zeros(2, 3)), torch.full((2, 2), -1))
     assert torch.equal(out, logits)
 
 
@@ -125,8 +125,8 @@ def test_repeated_bias_ids_add_up():
     args = list(_random_case(300, 3, seed=3))
     args[7] = torch.tensor([[5, 5, 9], [7, -1, 7], [-1, -1, -1]])
     args[8] = _f32([[1.0, 2.0, -1.0], [0.5, 9.0, 0.25], [0.0, 0.0, 0.0]])
-    out = apply_penalties_triton(*args)
-    torch.testing.assert_close(out, apply_penalties_reference(*args), rtol=1e-6, atol=1e-6)
+    out = triton_flat(*args)
+    torch.testing.assert_close(out, reference_flat(*args), rtol=1e-6, atol=1e-6)
 
 
 def test_output_counts_and_prompt_mask_rows():

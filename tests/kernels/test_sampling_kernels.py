@@ -138,8 +138,8 @@ def test_sampled_tokens_equal_the_reference(v):
     temp, k, p, m = params(ROWS)
     for pos in range(2):
         keys = keys_for([11, 22, 33, 44, 55, 66], [pos] * 6)
-        out = ref.sample_triton(x, temp, k, p, m, keys)
-        assert out.tolist() == ref.sample_reference(x, temp, k, p, m, keys).tolist()
+        out = ref.sample_triton(x, ref.DrawBatch(temp, k, p, m, keys))
+        assert out.tolist() == ref.sample_reference(x, ref.DrawBatch(temp, k, p, m, keys)).tolist()
         assert out[0] == x[0].argmax() and out[3] == v - 7
 
 
@@ -153,7 +153,7 @@ def test_sampled_tokens_equal_the_reference_over_small_blocks_and_padded_rows():
     temp, k, p, m = params(rows)
     keys = keys_for(list(range(8)), [9] * 8)
     out = _triton_sampling.sample(x, temp, k, p, m, keys, block=128)
-    assert out.tolist() == ref.sample_reference(x, temp, k, p, m, keys).tolist()
+    assert out.tolist() == ref.sample_reference(x, ref.DrawBatch(temp, k, p, m, keys)).tolist()
 
 
 def test_greedy_and_sampled_rows_mix_in_one_batch():
@@ -161,9 +161,9 @@ def test_greedy_and_sampled_rows_mix_in_one_batch():
     x = torch.randn(6, 4000, generator=g)
     rows = [(0.0, -1, 1.0, 0.0), (1.0, 1, 1.0, 0.0), (0.0, 50, 0.5, 0.3), (1.0, -1, 1.0, 0.0)] + [(2.0, -1, 1.0, 0.0)] * 2
     temp, k, p, m = params(rows)
-    out = ref.sample_triton(x, temp, k, p, m, keys_for(list(range(6)), [0] * 6))
+    out = ref.sample_triton(x, ref.DrawBatch(temp, k, p, m, keys_for(list(range(6)), [0] * 6)))
     assert out[:3].tolist() == x[:3].argmax(-1).tolist()  # greedy, and top_k = 1
-    assert out.tolist() == ref.sample_reference(x, temp, k, p, m, keys_for(list(range(6)), [0] * 6)).tolist()
+    assert out.tolist() == ref.sample_reference(x, ref.DrawBatch(temp, k, p, m, keys_for(list(range(6)), [0] * 6))).tolist()
 
 
 def test_a_seeded_row_draws_the_same_token_alone_and_in_a_batch():
@@ -171,15 +171,15 @@ def test_a_seeded_row_draws_the_same_token_alone_and_in_a_batch():
     row = torch.randn(1, 512, generator=g) * 2
     mine = (0.9, 30, 0.9, 0.02)
     for pos in range(6):
-        alone = ref.sample_triton(row, *params([mine]), keys_for([1234], [pos]))
+        alone = ref.sample_triton(row, ref.DrawBatch(*params([mine]), keys_for([1234], [pos])))
         others = torch.randn(16, 512, generator=g) * 3
         batch = torch.cat([others[:7], row, others[7:]])
         rows = [(1.0 + 0.1 * i, [-1, 5, 50][i % 3], [1.0, 0.8][i % 2], 0.0) for i in range(16)]
         rows.insert(7, mine)
         seeds = list(range(7)) + [1234] + list(range(7, 16))
-        in_batch = ref.sample_triton(batch, *params(rows), keys_for(seeds, [pos] * 17))
+        in_batch = ref.sample_triton(batch, ref.DrawBatch(*params(rows), keys_for(seeds, [pos] * 17)))
         assert in_batch[7] == alone[0]
-        assert alone[0] == ref.sample_reference(row, *params([mine]), keys_for([1234], [pos]))[0]
+        assert alone[0] == ref.sample_reference(row, ref.DrawBatch(*params([mine]), keys_for([1234], [pos])))[0]
 
 
 LOGITS_8 = [1.2, 0.8, 0.5, 0.2, -0.2, -0.7, -1.1, -1.6]
@@ -199,7 +199,7 @@ def test_sampling_frequencies_follow_the_filtered_distribution(case):
     expected = filtered_distribution(LOGITS_8, t, k, p, m)
     logits = torch.tensor([LOGITS_8]).repeat(n, 1)
     # One draw per output position: independent noise from one seed.
-    out = ref.sample_triton(logits, *params([(t, k, p, m)] * n), keys_for([2024] * n, list(range(n))))
+    out = ref.sample_triton(logits, ref.DrawBatch(*params([(t, k, p, m)] * n), keys_for([2024] * n, list(range(n)))))
     counts = torch.bincount(out, minlength=8).double()
     assert all(c == 0 for c, e in zip(counts.tolist(), expected) if e == 0), counts.tolist()
     stat, dof = chi_square(counts, expected)

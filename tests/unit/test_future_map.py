@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from batonlm.scheduler.future_map import FutureMap, FutureMapError
+from batonlm.device.future_map import FutureMap, FutureMapError
 
 
 def t(x):
@@ -42,15 +42,15 @@ def test_debug_mode_catches_a_stale_position():
 
 def test_debug_mode_catches_an_unstashed_decode_in_the_device(stories_path):
     """End to end through the executor: a decode launch for a slot that never ran a prefill."""
+    from batonlm.device.inline import InlineDevice
+    from batonlm.device.spec import DeviceSpec
     from batonlm.ipc.device_messages import BatchLaunch
-    from batonlm.scheduler.device.base import DeviceSpec
-    from batonlm.scheduler.device.inline import InlineDevice
 
     spec = DeviceSpec(stories_path, "float32", "cpu", 64, 4, 512, "torch", "torch", debug_future_map=True)
     dev = InlineDevice(spec)
     launch = BatchLaunch(
-        batch_id=0, mode=2, req_slots=[1], prefix_lens=[3], extend_lens=[1], from_future=[True],
-        input_ids=[], out_cache_loc=[5], new_slots=[], all_greedy=True,
+        batch_id=0, req_slots=[1], prefix_lens=[3], extend_lens=[1], from_future=[True],
+        input_ids=[], out_cache_loc=[5], new_slots=[], all_greedy=True, any_penalties=False,
     )
     with pytest.raises(FutureMapError):
         dev.launch(launch)

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from batonlm.model_runner.kv_allocator import KVSlotAllocator, OutOfSlots, ReqSlotAllocator
+from batonlm.scheduler.kv_allocator import KVSlotAllocator, OutOfSlots, ReqSlotAllocator
 
 
 def test_kv_slot_zero_is_never_handed_out():

@@ -11,7 +11,7 @@ def _req(i: int) -> Request:
 
 
 def prefill(global_is_extend=None, **kw) -> ScheduleBatch:
-    return ScheduleBatch(0, prefill=[_req(0)], global_is_extend=global_is_extend, **kw)
+    return ScheduleBatch(0, extend=[_req(0)], global_is_extend=global_is_extend, **kw)
 
 
 def decode(global_is_extend=None, **kw) -> ScheduleBatch:
@@ -36,7 +36,7 @@ def test_consecutive_prefill_switch():
     assert not policy(decode(), prefill(), switch=True)
     assert not policy(prefill(), None, switch=True)
     # A mixed batch computes prompt tokens: it counts as a prefill.
-    mixed = ScheduleBatch(2, prefill=[_req(2)], decode=[_req(3)])
+    mixed = ScheduleBatch(2, extend=[_req(2)], decode=[_req(3)])
     assert policy(mixed, prefill(), switch=True)
 
 

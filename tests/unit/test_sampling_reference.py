@@ -21,14 +21,16 @@ def _batch(b, temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, seeds=None, posit
         return torch.tensor(v if isinstance(v, list) else [v] * b, dtype=dtype)
 
     temp = full(temperature, torch.float32)
-    return SamplingBatch(
+    draw = ref.DrawBatch(
         temperature=temp,
         top_k=full(top_k, torch.int64),
         top_p=full(top_p, torch.float32),
         min_p=full(min_p, torch.float32),
         keys=keys,
+    )
+    return SamplingBatch(
         banned=banned if banned is not None else torch.empty(b, 0, dtype=torch.int64),
-        all_greedy=bool((temp == 0).all()),
+        draw=None if bool((temp == 0).all()) else draw,
     )
 
 
@@ -69,7 +71,7 @@ def test_sampling_never_picks_a_filtered_token():
         b = _batch(64, temperature=0.8, top_k=10, top_p=0.7, min_p=0.05, positions=[pos] * 64)
         out = s.sample(logits, b).token_ids
         probs = torch.softmax(logits / 0.8, -1)
-        keep = ref.keep_mask_reference(probs, b.top_k, b.top_p, b.min_p)
+        keep = ref.keep_mask_reference(probs, b.draw.top_k, b.draw.top_p, b.draw.min_p)
         assert keep[torch.arange(64), out].all()
 
 

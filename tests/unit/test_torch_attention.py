@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from batonlm.model_runner.attention.torch_backend import TorchAttentionBackend
-from batonlm.model_runner.forward_batch import ForwardBatch, ForwardMode
+from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.req_to_token import ReqToTokenPool
 
@@ -45,9 +45,7 @@ def test_mixed_prefills_and_decodes_match_per_request_attention(window):
         r2t.table[slot, : prefix + ext] = kv_slots
         pool.write(0, kv_slots[:prefix], full_k[slot][:prefix], full_v[slot][:prefix])
     out_loc = torch.cat([r2t.table[s, p : p + e] for s, p, e in rows])
-    batch = ForwardBatch.build(
-        ForwardMode.MIXED, out_loc, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], "cpu"
-    )
+    batch = ForwardBatch.build(out_loc, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], "cpu")
     backend.prepare(batch)
     q = {s: torch.randn(e, H, D) for s, _, e in rows}
     out = backend.forward(

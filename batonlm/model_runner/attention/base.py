@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
 
 import torch
 
@@ -19,8 +18,6 @@ class AttentionBackend(ABC):
     tokens' K/V into the pool and attends each query over its request's cached prefix plus the
     new tokens up to itself (causal), honouring a per-layer sliding window.
     """
-
-    name: ClassVar[str]
 
     def __init__(
         self,
@@ -48,28 +45,3 @@ class AttentionBackend(ABC):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
         """q: [T, heads, d], k/v: [T, kv_heads, d] -> [T, heads * d]."""
-
-
-ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {}
-
-
-def register_attention_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
-    ATTENTION_BACKENDS[cls.name] = cls
-    return cls
-
-
-def attention_backend_names() -> list[str]:
-    # Import for the registration side effect.
-    from batonlm.model_runner.attention import torch_backend  # noqa: F401
-
-    return sorted(ATTENTION_BACKENDS)
-
-
-def get_attention_backend(name: str) -> type[AttentionBackend]:
-    attention_backend_names()
-    try:
-        return ATTENTION_BACKENDS[name]
-    except KeyError:
-        raise ValueError(
-            f"attention backend {name!r} is not known (known: {sorted(ATTENTION_BACKENDS)})"
-        ) from None

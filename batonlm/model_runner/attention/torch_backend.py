@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batonlm.model_runner.attention.base import AttentionBackend, register_attention_backend
+from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch
 
 
@@ -28,10 +28,7 @@ class TorchAttentionMetadata:
     buffers: tuple[torch.Tensor, torch.Tensor]  # gathered K and V, reused by every layer
 
 
-@register_attention_backend
 class TorchAttentionBackend(AttentionBackend):
-    name = "torch"
-
     def prepare(self, batch: ForwardBatch) -> None:
         device = batch.req_slots.device
         s, e = batch.max_seq_len, batch.max_extend_len

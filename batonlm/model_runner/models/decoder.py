@@ -13,7 +13,7 @@ from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 from batonlm.model_runner.model_config import ModelConfig
-from batonlm.model_runner.models.registry import DecoderOptions
+from batonlm.model_runner.models.families import DecoderOptions
 
 
 class Attention(nn.Module):

@@ -17,6 +17,14 @@ import traceback
 from multiprocessing.connection import Connection
 
 from batonlm import spawn
+from batonlm.device.base import (
+    BatchResult,
+    DeviceError,
+    DeviceStream,
+    PendingResult,
+    host_result,
+)
+from batonlm.device.spec import DeviceSpec
 from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
@@ -25,14 +33,6 @@ from batonlm.ipc.device_messages import (
     WorkerFailed,
     WorkerReady,
     WorkerShutdown,
-)
-from batonlm.scheduler.device.base import (
-    BatchResult,
-    DeviceError,
-    DeviceSpec,
-    DeviceStream,
-    PendingResult,
-    host_result,
 )
 
 logger = logging.getLogger(__name__)
@@ -148,14 +148,14 @@ def worker_main(conn: Connection, spec: DeviceSpec) -> None:
     # See factory.cpu_worker_threads: one thread for tiny models, all cores for larger ones.
     torch.set_num_threads(spec.cpu_threads)
     logging.basicConfig(level=os.environ.get("BATONLM_WORKER_LOG_LEVEL", "WARNING"))
-    from batonlm.scheduler.device.runner_factory import build_executor
+    from batonlm.device.factory import build_executor
 
     try:
         executor = build_executor(spec)
     except Exception as e:  # report, then exit: the scheduler turns this into a start-up error
         conn.send_bytes(codec.encode(WorkerFailed(-1, f"{type(e).__name__}: {e}")))
         return
-    conn.send_bytes(codec.encode(WorkerReady(dtype=spec.dtype)))
+    conn.send_bytes(codec.encode(WorkerReady()))
     while True:
         try:
             msg = codec.decode(conn.recv_bytes())

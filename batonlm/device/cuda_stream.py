@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from batonlm.device.base import BatchResult, DeviceStream, PendingResult, host_result
+from batonlm.device.batch_executor import BatchExecutor
+from batonlm.device.factory import build_executor
+from batonlm.device.spec import DeviceSpec
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
 from batonlm.model_runner.sampler import SampleOutput
-from batonlm.scheduler.batch_executor import BatchExecutor
-from batonlm.scheduler.device.base import BatchResult, DeviceSpec, DeviceStream, PendingResult, host_result
-from batonlm.scheduler.device.runner_factory import build_executor
 
 
 class _CudaPending(PendingResult):

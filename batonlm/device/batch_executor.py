@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from batonlm.device.future_map import FutureMap
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
-from batonlm.model_runner.forward_batch import ForwardBatch, ForwardMode
+from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_runner import ModelRunner
 from batonlm.model_runner.sampler import SampleOutput
-from batonlm.scheduler.future_map import FutureMap
 
 
 class BatchExecutor:
@@ -44,37 +44,11 @@ class BatchExecutor:
         ids[self._tensor(host_at)] = self._tensor(launch.input_ids)
         return ids
 
-    def _init_slots(self, launch: BatchLaunch) -> None:
-        # Prompt ids of each starting request: its row's host tokens.
-        prompts: dict[int, list[int]] = {}
-        offset = 0
-        for slot, n, fut in zip(launch.req_slots, launch.extend_lens, launch.from_future):
-            if not fut:
-                prompts[slot] = launch.input_ids[offset : offset + n]
-                offset += n
-        table = self.runner.sampling_table
-        for s in launch.new_slots:
-            table.init_slot(
-                s.req_slot,
-                prompt_ids=prompts[s.req_slot],
-                temperature=s.temperature,
-                top_k=s.top_k,
-                top_p=s.top_p,
-                min_p=s.min_p,
-                seed=s.seed,
-                min_new_tokens=s.min_new_tokens,
-                stop_ids=s.stop_ids,
-                frequency_penalty=s.frequency_penalty,
-                presence_penalty=s.presence_penalty,
-                repetition_penalty=s.repetition_penalty,
-                logit_bias=s.logit_bias,
-            )
-
     def run(self, launch: BatchLaunch) -> SampleOutput | None:
         """Execute one launch; returns the sampled ids, or None when sampling is delayed."""
-        self._init_slots(launch)
+        for rec in launch.new_slots:
+            self.runner.sampling_table.init_slot(rec)
         batch = ForwardBatch.build(
-            ForwardMode(launch.mode),
             self._tensor(launch.out_cache_loc),
             launch.req_slots,
             launch.prefix_lens,
@@ -97,7 +71,10 @@ class BatchExecutor:
         return self._sample_and_stash(logits, batch, launch)
 
     def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch) -> SampleOutput:
-        out = self.runner.sample(logits, batch, launch.all_greedy, launch.top_logprobs)
+        out = self.runner.sample(
+            logits, batch, all_greedy=launch.all_greedy, any_penalties=launch.any_penalties,
+            top_logprobs=launch.top_logprobs,
+        )
         self.future_map.stash(batch.req_slots, out.token_ids)
         self.future_map.publish(batch.req_slots, batch.seq_lens)
         return out

@@ -1,31 +1,20 @@
-"""The device-stream abstraction: launch a batch without waiting, collect its tokens later."""
+"""The device-stream abstraction: launch a batch without waiting, collect its tokens later.
+
+The scheduler sees only this interface; what executes a launch (a worker process, a CUDA
+stream, or the scheduler itself) is chosen by `factory.create_device`.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from batonlm.device.spec import DeviceSpec
 from batonlm.ipc.device_messages import BatchLaunch, SampledLogprobs, SampleLaunch
 
 
 class DeviceError(RuntimeError):
     """The device failed to run a batch, or its worker is gone."""
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """What the device side needs to build its ModelRunner (sent to a worker at spawn)."""
-
-    model_path: str
-    dtype: str  # float32 | bfloat16 | float16 (resolved)
-    device: str  # cpu | cuda[:n]
-    num_kv_slots: int
-    num_req_slots: int
-    context_length: int
-    attention_backend: str
-    sampler: str
-    debug_future_map: bool = False
-    cpu_threads: int = 1  # intra-op threads of the CPU device worker
 
 
 @dataclass(frozen=True)

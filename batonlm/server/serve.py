@@ -109,7 +109,7 @@ async def _serve(args: ServerArgs, sock: socket.socket, tokenizer) -> int:
     shown = f"[{host}]" if ":" in host else host
     logger.info(
         "batonlm ready on http://%s:%d (model %s, %s, %s, %d KV slots, %s loop)",
-        shown, port, args.model_name, info.device, info.dtype, info.max_total_tokens,
+        shown, port, args.model_name, info.device, info.dtype, info.kv_capacity,
         "overlap" if info.overlap else "normal",
     )
     # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, with the handlers found

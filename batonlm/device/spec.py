@@ -1,9 +1,11 @@
-"""Choose and size the device: backends, dtype, KV slots, request slots."""
+"""DeviceSpec: what the device side is built from, and how it is chosen and sized from the
+server arguments and the model (backends, dtype, KV capacity, request slots)."""
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -11,9 +13,26 @@ from batonlm.config import ServerArgs
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import DTYPES, resolve_dtype
-from batonlm.scheduler.device.base import DeviceSpec, DeviceStream
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the device side needs to build its ModelRunner (sent to a worker at spawn)."""
+
+    model_path: str
+    dtype: str  # float32 | bfloat16 | float16 (resolved)
+    device: str  # cpu | cuda[:n]
+    kv_capacity: int  # usable KV slots (tokens); the pool has one more, slot 0 (padding)
+    num_req_slots: int
+    context_length: int
+    attention_backend: str
+    sampler: str
+    debug_future_map: bool = False
+    cpu_threads: int = 1  # intra-op threads of the CPU device worker
+    cpu_worker: str = "process"  # CPU only: "process" (a worker process) or "inline" (debugging)
+
 
 # KV memory the CPU device may use when --max-total-tokens is not given.
 CPU_KV_BUDGET_BYTES = 2 * 1024**3
@@ -33,7 +52,7 @@ def context_length(args: ServerArgs, cfg: ModelConfig) -> int:
     return args.context_length
 
 
-def _num_kv_slots(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str, ctx: int) -> int:
+def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str, ctx: int) -> int:
     if args.max_total_tokens is not None:
         return args.max_total_tokens
     per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
@@ -98,7 +117,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
         model_path=cfg.path,
         dtype=dtype_name,
         device=device,
-        num_kv_slots=_num_kv_slots(args, cfg, dtype, device, ctx),
+        kv_capacity=_kv_capacity(args, cfg, dtype, device, ctx),
         # Twice the running limit: a finished request's slot is freed one iteration late.
         num_req_slots=2 * args.max_running_requests,
         context_length=ctx,
@@ -106,18 +125,5 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
         sampler=sampler,
         debug_future_map=args.debug_future_map,
         cpu_threads=args.cpu_worker_threads or cpu_worker_threads(cfg),
+        cpu_worker=args.cpu_device_worker,
     )
-
-
-def create_device(spec: DeviceSpec, args: ServerArgs) -> DeviceStream:
-    if spec.device.startswith("cuda"):
-        from batonlm.scheduler.device.cuda_stream import CudaDevice
-
-        return CudaDevice(spec)
-    if args.cpu_device_worker == "inline":
-        from batonlm.scheduler.device.inline import InlineDevice
-
-        return InlineDevice(spec)
-    from batonlm.scheduler.device.cpu_worker import CpuWorkerDevice
-
-    return CpuWorkerDevice(spec)

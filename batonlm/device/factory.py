@@ -1,0 +1,43 @@
+"""The one place devices and their executors are built from a DeviceSpec."""
+
+from __future__ import annotations
+
+from batonlm.device.base import DeviceStream
+from batonlm.device.batch_executor import BatchExecutor
+from batonlm.device.future_map import FutureMap
+from batonlm.device.spec import DeviceSpec
+from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.model_loader import DTYPES
+from batonlm.model_runner.model_runner import ModelRunner
+
+
+def build_executor(spec: DeviceSpec) -> BatchExecutor:
+    """The model runner and FutureMap that execute launches, wherever the device is."""
+    cfg = ModelConfig.from_hf(spec.model_path)
+    runner = ModelRunner(
+        cfg,
+        dtype=DTYPES[spec.dtype],
+        device=spec.device,
+        kv_capacity=spec.kv_capacity,
+        num_req_slots=spec.num_req_slots,
+        context_length=spec.context_length,
+        attention_backend=spec.attention_backend,
+        sampler=spec.sampler,
+    )
+    return BatchExecutor(runner, FutureMap(spec.num_req_slots, runner.device, debug=spec.debug_future_map))
+
+
+def create_device(spec: DeviceSpec) -> DeviceStream:
+    """The device that runs launches: a CUDA stream, a CPU worker process, or (debugging) the
+    caller's own process."""
+    if spec.device.startswith("cuda"):
+        from batonlm.device.cuda_stream import CudaDevice
+
+        return CudaDevice(spec)
+    if spec.cpu_worker == "inline":
+        from batonlm.device.inline import InlineDevice
+
+        return InlineDevice(spec)
+    from batonlm.device.cpu_worker import CpuWorkerDevice
+
+    return CpuWorkerDevice(spec)

@@ -1,0 +1,37 @@
+"""Every pluggable part of batonlm, by name: model architectures, attention backends, samplers.
+
+Adding one is a line here plus its module. Entries are imported only when used, so the CLI
+lists the choices without importing torch, and no module imports another just to register it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batonlm.registry import LazyRegistry
+
+# Hugging Face `architectures[0]` -> a function of the raw config returning DecoderOptions.
+MODEL_ARCHITECTURES: LazyRegistry[Any] = LazyRegistry(
+    "model architecture",
+    {
+        "LlamaForCausalLM": "batonlm.model_runner.models.families:llama",
+        "MistralForCausalLM": "batonlm.model_runner.models.families:mistral",
+        "Qwen2ForCausalLM": "batonlm.model_runner.models.families:qwen2",
+        "Qwen3ForCausalLM": "batonlm.model_runner.models.families:qwen3",
+    },
+)
+
+# Subclasses of batonlm.model_runner.attention.base.AttentionBackend.
+ATTENTION_BACKENDS: LazyRegistry[Any] = LazyRegistry(
+    "attention backend",
+    {"torch": "batonlm.model_runner.attention.torch_backend:TorchAttentionBackend"},
+)
+
+# Subclasses of batonlm.model_runner.sampler.Sampler.
+SAMPLERS: LazyRegistry[Any] = LazyRegistry(
+    "sampler",
+    {
+        "torch": "batonlm.model_runner.sampler:TorchSampler",
+        "triton": "batonlm.model_runner.triton_sampler:TritonSampler",
+    },
+)
