@@ -1,6 +1,6 @@
 """batonlm: an LLM serving engine built around an overlap event loop."""
 
 from batonlm.engine import Engine
+from batonlm.version import __version__
 
-__all__ = ["Engine"]
-__version__ = "0.1.0"
+__all__ = ["Engine", "__version__"]

@@ -17,8 +17,9 @@ from batonlm.config import (
     ServerArgs,
 )
 
-# Defaults a container sets through the environment (the image listens on 0.0.0.0).
-HOST_ENV, PORT_ENV = "BATONLM_HOST", "BATONLM_PORT"
+# Defaults a container sets through the environment (the image listens on 0.0.0.0), and the
+# API key, which the environment keeps out of `ps`.
+HOST_ENV, PORT_ENV, API_KEY_ENV = "BATONLM_HOST", "BATONLM_PORT", "BATONLM_API_KEY"
 
 
 def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +33,9 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=int(os.environ.get(PORT_ENV, d.port)))
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: derived from MODEL)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /generate")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1 and /generate (default: ${API_KEY_ENV})")
+    p.add_argument("--api-key-file", default=None, metavar="FILE", help="read the API key from FILE")
     p.add_argument("--disable-overlap", action=bool_flag, default=False, help="use the normal (serial) event loop")
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens (default: sized to memory)")
@@ -45,7 +48,25 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler", choices=SAMPLER_CHOICES, default=d.sampler,
                    help="sampling kernels: triton (auto on CUDA) or their torch references (auto on the CPU)")
     p.add_argument("--random-seed", type=int, default=d.random_seed)
-    p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes)
+    limits = p.add_argument_group("limits", "what one request, and the server, accept (see docs/limits.md)")
+    limits.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="413 above this body size")
+    limits.add_argument("--max-prompts-per-request", type=int, default=d.max_prompts_per_request)
+    limits.add_argument("--max-n", type=int, default=d.max_n, help="choices per prompt")
+    limits.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings)
+    limits.add_argument("--max-stop-string-length", type=int, default=d.max_stop_string_length)
+    limits.add_argument("--max-stop-token-ids", type=int, default=d.max_stop_token_ids)
+    limits.add_argument("--max-logit-bias", type=int, default=d.max_logit_bias, help="logit_bias entries")
+    limits.add_argument("--max-logprobs", type=int, default=d.max_logprobs, help="top logprobs per token (<= 20)")
+    limits.add_argument("--max-connections", type=int, default=d.max_connections, help="open connections; 503 beyond")
+    limits.add_argument("--client-timeout", type=float, default=d.client_timeout,
+                        help="seconds a client may take to send a request's head or body, or leave a response unread")
+    limits.add_argument("--max-queued-requests", type=int, default=d.max_queued_requests,
+                        help="requests waiting for admission; 429 with Retry-After beyond")
+    limits.add_argument("--request-timeout", type=float, default=None, help="seconds a request may run (default: no limit)")
+    limits.add_argument("--max-stream-backlog", type=int, default=d.max_stream_backlog,
+                        help="outputs a stream may fall behind its client before it is aborted")
+    limits.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
+                        help="on SIGTERM, seconds in-flight requests get to finish")
     p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static)
     p.add_argument("--cpu-worker-threads", type=int, default=None,
                    help="intra-op threads of the CPU device worker (default: 1 for tiny models, else all cores)")

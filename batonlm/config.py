@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS
+from batonlm.sampling_params import MAX_TOP_LOGPROBS
 
 EMBEDDED_MODEL = str(Path(__file__).resolve().parent / "assets" / "stories260K")
 EMBEDDED_MODEL_NAME = "stories260K"
@@ -41,8 +42,30 @@ class ServerArgs:
     # HTTP
     host: str = "127.0.0.1"
     port: int = 30000
+    # Required as "Authorization: Bearer KEY" on /v1 and /generate. The CLI also reads it from
+    # $BATONLM_API_KEY or `api_key_file`, so that it need not show in `ps`.
     api_key: str | None = None
+    api_key_file: str | None = None
+    # Limits on one request (a 413 or a 400 naming the field beyond them).
     max_request_bytes: int = 4 * 1024 * 1024
+    max_prompts_per_request: int = 256
+    max_n: int = 16
+    max_stop_strings: int = 16
+    max_stop_string_length: int = 1024
+    max_stop_token_ids: int = 256
+    max_logit_bias: int = 1024
+    max_logprobs: int = MAX_TOP_LOGPROBS
+    # Limits on the server: open connections (503 beyond), seconds a client may take to send a
+    # request's head or body or leave a response unread (then 408 / closed), requests waiting
+    # for admission (429 beyond), seconds a request may run (None: unbounded), outputs a stream
+    # may fall behind its client (then aborted).
+    max_connections: int = 1024
+    client_timeout: float = 30.0
+    max_queued_requests: int | None = 2048
+    request_timeout: float | None = None
+    max_stream_backlog: int = 4096
+    # On SIGTERM: seconds in-flight requests get to finish before they are aborted with an error.
+    shutdown_timeout: float = 30.0
     # Scheduling
     disable_overlap: bool = False
     max_running_requests: int = 128
@@ -76,7 +99,21 @@ class ServerArgs:
         _choice("sampler", self.sampler, SAMPLER_CHOICES)
         _positive("max_running_requests", self.max_running_requests)
         _positive("max_prefill_tokens", self.max_prefill_tokens)
-        _positive("max_request_bytes", self.max_request_bytes)
+        for name in (
+            "max_request_bytes", "max_prompts_per_request", "max_n", "max_stop_strings", "max_stop_string_length",
+            "max_stop_token_ids", "max_logit_bias", "max_connections", "max_stream_backlog",
+        ):
+            _positive(name, getattr(self, name))
+        if not (isinstance(self.max_logprobs, int) and 0 <= self.max_logprobs <= MAX_TOP_LOGPROBS):
+            raise ConfigError("max_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.max_logprobs!r}")
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ConfigError("api_key_file", "give the API key or a file holding it, not both")
+        if self.max_queued_requests is not None:
+            _positive("max_queued_requests", self.max_queued_requests)
+        for name in ("client_timeout", "shutdown_timeout", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
         if self.max_total_tokens is not None:
             _positive("max_total_tokens", self.max_total_tokens)
         if self.context_length is not None:
@@ -114,6 +151,18 @@ class ServerArgs:
         if os.path.realpath(self.model) == os.path.realpath(EMBEDDED_MODEL):
             return EMBEDDED_MODEL_NAME
         return self.model
+
+    def resolved_api_key(self) -> str | None:
+        """`api_key`, or the first line of `api_key_file`."""
+        if self.api_key_file is None:
+            return self.api_key
+        try:
+            key = Path(self.api_key_file).read_text().strip()
+        except OSError as e:
+            raise ConfigError("api_key_file", f"cannot read {self.api_key_file!r}: {e.strerror}") from None
+        if not key:
+            raise ConfigError("api_key_file", f"{self.api_key_file!r} is empty")
+        return key
 
     def replace(self, **changes: Any) -> ServerArgs:
         return dataclasses.replace(self, **changes)

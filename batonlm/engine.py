@@ -16,7 +16,8 @@ from batonlm.config import EMBEDDED_MODEL, ServerArgs
 from batonlm.launcher import start_scheduler
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
-from batonlm.tokenizer_manager.manager import GenerationChunk, TokenizerManager
+from batonlm.tokenizer_manager.manager import TokenizerManager
+from batonlm.tokenizer_manager.request_state import GenerationChunk
 from batonlm.tokenizer_manager.tokenizer import load_tokenizer
 
 _DONE = object()

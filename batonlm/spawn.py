@@ -1,32 +1,41 @@
 """Starting child processes with the `spawn` method from any kind of main program.
 
-`spawn` re-imports the parent's main module in the child. When that module is not a real file
-(`python - < script`, `python -c`, some notebooks and embedding hosts) the child would fail to
-start; it does not need the parent's main module, so it is hidden from the child.
+`spawn` re-imports the parent's main module in each child, to unpickle anything defined there.
+batonlm's children never need it (their entry points live in batonlm), and importing it is
+harmful: a script whose top level creates an `Engine` would create another one in the child
+(which then fails), and a main module that is not a file (`python -c`, stdin, a notebook) cannot
+be imported at all. So while a child starts, the main module is hidden from `spawn`: the child
+starts from batonlm alone, whatever the caller's program is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import os
 import sys
+import threading
+
+_lock = threading.Lock()  # two threads starting children must not interleave the hide/restore
+_HIDDEN = ("__file__", "__spec__")
 
 
 @contextlib.contextmanager
-def _main_module_importable():
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if main is None or path is None or os.path.isfile(path):
-        yield
-        return
-    del main.__file__
-    try:
-        yield
-    finally:
-        main.__file__ = path
+def _main_module_hidden():
+    with _lock:
+        main = sys.modules.get("__main__")
+        if main is None:
+            yield
+            return
+        saved = {k: main.__dict__[k] for k in _HIDDEN if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+        try:
+            yield
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def start(process: mp.process.BaseProcess) -> None:
-    with _main_module_importable():
+    with _main_module_hidden():
         process.start()

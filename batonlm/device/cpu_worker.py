@@ -173,7 +173,9 @@ def worker_main(conn: Connection, spec: DeviceSpec) -> None:
             else:
                 raise TypeError(f"unexpected message {type(msg).__name__}")
         except Exception as e:
-            conn.send_bytes(codec.encode(WorkerFailed(batch_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
+            # The traceback goes to this process's log; the scheduler gets one line.
+            logger.error("batch %s failed on the CPU device:\n%s", batch_id, traceback.format_exc())
+            conn.send_bytes(codec.encode(WorkerFailed(batch_id, f"{type(e).__name__}: {e}")))
             return
         if out is not None:
             res = host_result(out)

@@ -14,9 +14,11 @@ from batonlm.server import native, openai_chat, openai_completions
 from batonlm.server.errors import EXPECTED_ERRORS, to_api_error
 from batonlm.server.guard import GuardMiddleware
 from batonlm.server.metrics import ServerMetrics
+from batonlm.server.openapi import build_openapi
 from batonlm.server.state import ServerState
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.token_bytes import TokenBytes
+from batonlm.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
         finally:
             await manager.shutdown()
 
-    app = FastAPI(title="batonlm", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="batonlm", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batonlm = ServerState(
         args, manager, metrics, TokenBytes(manager.tokenizer), args.model_name, int(time.time())
     )
@@ -41,16 +43,19 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
     app.include_router(openai_completions.router)
     app.include_router(native.router)
 
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_openapi(app, args, manager.info.context_length if manager.info else 2)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     app.add_middleware(GuardMiddleware, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
 
     async def expected_error(request: Request, exc: Exception) -> JSONResponse:
         return to_api_error(exc).response()
 
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error on %s", request.url.path)
-        return to_api_error(exc).response()
-
+    # Anything else is a bug: GuardMiddleware logs it once and answers a bare 500.
     for kind in EXPECTED_ERRORS:
         app.add_exception_handler(kind, expected_error)
-    app.add_exception_handler(Exception, unexpected_error)
     return app

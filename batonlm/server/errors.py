@@ -1,11 +1,15 @@
-"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status.
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code", "request_id"}}` with a
+4xx/5xx status (and the request id in the `x-request-id` header of every response).
 
 `to_api_error` is the one place an exception becomes an HTTP error: the app's exception
-handlers and the streaming bodies (whose errors arrive after the 200) both go through it.
+handlers and the streaming bodies (whose errors arrive after the 200) both go through it. A
+client never sees a traceback, an exception type or a path: unexpected errors are logged and
+answered with a bare "internal error".
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 
 from fastapi.exceptions import RequestValidationError
@@ -15,9 +19,13 @@ from starlette.exceptions import HTTPException
 
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import InvalidSamplingParams
-from batonlm.tokenizer_manager.manager import SchedulerGone
+from batonlm.tokenizer_manager.request_state import ClientTooSlow, QueueFull, RequestTimedOut, SchedulerGone
 
 logger = logging.getLogger(__name__)
+
+# The id of the HTTP request being served (set by the guard middleware; tasks a handler starts
+# inherit it), carried by every error body and the x-request-id header.
+current_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
 
 class APIError(Exception):
@@ -29,6 +37,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -36,12 +45,21 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        request_id = current_request_id.get()
+        if request_id is not None:
+            error["request_id"] = request_id
+        return {"error": error}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response could be sent (logged as 499, never answered)."""
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
@@ -52,8 +70,12 @@ def model_not_found(model: str) -> APIError:
     return APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
 
-def unavailable(message: str) -> APIError:
-    return APIError(503, message, type="service_unavailable", code="scheduler_unavailable")
+def unavailable(message: str, code: str = "scheduler_unavailable", headers: dict[str, str] | None = None) -> APIError:
+    return APIError(503, message, type="service_unavailable", code=code, headers=headers)
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
 
 
 def from_validation_error(err: ValidationError) -> APIError:
@@ -80,7 +102,12 @@ EXPECTED_ERRORS: tuple[type[Exception], ...] = (
     InvalidSamplingParams,
     RequestRejected,
     SchedulerGone,
+    RequestTimedOut,
+    ClientTooSlow,
+    QueueFull,
+    ClientGone,
     HTTPException,
+    RecursionError,
 )
 
 
@@ -98,7 +125,19 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc), param=exc.param, code="request_rejected")
     if isinstance(exc, SchedulerGone):
         return unavailable(str(exc))
+    if isinstance(exc, QueueFull):
+        return APIError(
+            429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": str(exc.retry_after_s)}
+        )
+    if isinstance(exc, RequestTimedOut):
+        return APIError(408, str(exc), type="timeout_error", code="request_timeout")
+    if isinstance(exc, ClientTooSlow):
+        return APIError(408, str(exc), type="timeout_error", code="client_too_slow")
+    if isinstance(exc, ClientGone):
+        return APIError(499, "client disconnected", code="client_disconnected")
     if isinstance(exc, HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), type=kind)
+        return APIError(exc.status_code, str(exc.detail), type=kind, headers=dict(exc.headers or {}))
+    if isinstance(exc, RecursionError):  # a structure nested too deeply for the validators
+        return bad_request("the request body is nested too deeply", code="invalid_json")
     return APIError(500, "internal error", type="internal_error", code="internal_error")

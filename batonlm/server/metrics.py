@@ -29,9 +29,12 @@ class ServerMetrics:
         self.device_compute = Gauge("batonlm_device_compute_seconds", "Device compute so far (CPU device only)",
                                     labels, registry=r)
         self.batches = Gauge("batonlm_scheduler_batches", "Forward passes run so far", labels, registry=r)
-        self.prompt_tokens = Counter("batonlm_prompt_tokens", "Prompt tokens of finished requests", labels, registry=r)
-        self.generation_tokens = Counter("batonlm_generation_tokens", "Generated tokens", labels, registry=r)
-        self.requests = Counter("batonlm_requests_finished", "Finished requests", labels, registry=r)
+        self.prompt_tokens = Counter("batonlm_prompt_tokens", "Prompt tokens of finished requests (aborted "
+                                     "ones included)", labels, registry=r)
+        self.generation_tokens = Counter("batonlm_generation_tokens", "Generated tokens (of aborted requests "
+                                         "too)", labels, registry=r)
+        self.requests = Counter("batonlm_requests_finished", "Requests that ended, by finish reason (stop, length, "
+                                "abort)", [*labels, "finish_reason"], registry=r)
         self.ttft = Histogram("batonlm_time_to_first_token_seconds", "Time to first token", labels,
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("batonlm_inter_token_latency_seconds", "Time between tokens", labels,
@@ -46,11 +49,11 @@ class ServerMetrics:
     def on_token(self, itl_s: float) -> None:
         self.itl.labels(**self.label).observe(itl_s)
 
-    def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int) -> None:
+    def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, finish_reason: str) -> None:
         self.e2e.labels(**self.label).observe(e2e_s)
         self.prompt_tokens.labels(**self.label).inc(prompt_tokens)
         self.generation_tokens.labels(**self.label).inc(completion_tokens)
-        self.requests.labels(**self.label).inc()
+        self.requests.labels(**self.label, finish_reason=finish_reason).inc()
 
     def update(self, stats: SchedulerStats) -> None:
         self.running.labels(**self.label).set(stats.num_running)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
+from batonlm.server import limits
 from batonlm.server import openai_common as common
 from batonlm.server.errors import bad_request, model_not_found, to_api_error
 from batonlm.server.protocol import NativeGenerateRequest
 from batonlm.server.sse import DONE, sse
-from batonlm.server.state import ServerState, parse, read_json, server_state, until_disconnected
+from batonlm.server.state import ServerState, server_state, until_disconnected
 
 router = APIRouter()
 
@@ -22,6 +23,8 @@ async def health(request: Request):
     state = server_state(request)
     if not state.manager.healthy:
         return JSONResponse({"status": "unhealthy", "reason": "the scheduler is not running"}, status_code=503)
+    if state.manager.draining:
+        return JSONResponse({"status": "shutting_down", "reason": "the server is shutting down"}, status_code=503)
     return {"status": "ok"}
 
 
@@ -50,7 +53,7 @@ async def get_model(request: Request, model: str):
     return _model_card(state)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request):
     state = server_state(request)
     if state.manager.healthy:
@@ -58,7 +61,7 @@ async def metrics(request: Request):
             state.metrics.update(await state.manager.get_stats(timeout_s=5.0))
         except Exception:  # a dying scheduler: report what we have
             pass
-    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 @router.post("/generate")
@@ -66,20 +69,28 @@ async def generate(request: Request):
     """SGLang-style: `text` or `input_ids`, `sampling_params` (SGLang names, plus `stop`
     strings), `stream`. Returns `text`, `output_ids` and `meta_info`."""
     state = server_state(request)
-    req = parse(NativeGenerateRequest, await read_json(request, state.args.max_request_bytes))
+    req = await state.read(request, NativeGenerateRequest)
     state.check_healthy()
     raw = dict(req.sampling_params or {})
     stop = raw.pop("stop", None) or []
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise bad_request("stop must be a non-empty string or a list of them", param="sampling_params.stop")
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad_request("stop must be a string or a list of strings", param="sampling_params.stop")
     try:
         params = SamplingParams.from_dict(raw)
     except InvalidSamplingParams as e:
         raise e.nested("sampling_params") from None
-    ids = state.manager.tokenize(req.text) if req.text is not None else list(req.input_ids or [])
-    state.manager.validate_prompt(ids, params, "text" if req.text is not None else "input_ids")
+    limits.check_sampling_limits(
+        state.args, stops=stop, num_stop_token_ids=len(params.stop_token_ids),
+        num_logit_bias=len(params.logit_bias), logprobs=params.logprobs, prefix="sampling_params.",
+    )
+    state.manager.admit(1)
+    ids = await state.manager.tokenize_async(req.text) if req.text is not None else list(req.input_ids or [])
+    try:
+        state.manager.validate_prompt(ids, params, "text" if req.text is not None else "input_ids")
+    except InvalidSamplingParams as e:
+        raise e.nested("sampling_params") from None
     rid = req.rid or common.request_id("gen")
     jobs = [(ids, params)]
 

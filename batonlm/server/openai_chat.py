@@ -9,8 +9,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from batonlm.server import openai_common as common
 from batonlm.server.protocol import ChatCompletionRequest
-from batonlm.server.state import ServerState, parse, read_json, server_state, until_disconnected
-from batonlm.tokenizer_manager.chat_template import apply_chat_template
+from batonlm.server.state import ServerState, server_state, until_disconnected
 
 router = APIRouter()
 
@@ -18,14 +17,13 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     state = server_state(request)
-    req = parse(ChatCompletionRequest, await read_json(request, state.args.max_request_bytes))
+    req = await state.read(request, ChatCompletionRequest)
     state.check_model(req.model)
     state.check_healthy()
+    common.check_limits(state, req, num_prompts=1, prompt_param="messages")
+    state.manager.admit(req.n)
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:
-        input_ids = apply_chat_template(state.tokenizer, messages)
-    except Exception as e:
-        raise common.bad_request(f"the chat template failed on these messages: {e}", param="messages") from None
+    input_ids = await common.render_chat(state, messages)
     params = common.sampling_params(state, req, len(input_ids), req.num_logprobs, "messages")
     state.manager.validate_prompt(input_ids, params[0], "messages")
     jobs = [(input_ids, p) for p in params]
@@ -35,7 +33,7 @@ async def chat_completions(request: Request):
         return StreamingResponse(
             _stream(state, req, jobs, rid, created, len(input_ids)), media_type="text/event-stream"
         )
-    results = await until_disconnected(request, common.collect_choices(state, jobs, req.stop, rid))
+    results = await until_disconnected(request, common.collect_choices(state, jobs, req.stop_strings, rid))
     return JSONResponse({
         "id": rid,
         "object": "chat.completion",
@@ -67,6 +65,6 @@ def _stream(state: ServerState, req: ChatCompletionRequest, jobs, rid: str, crea
     opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                for i in range(len(jobs))]
     return common.sse_body(
-        state, jobs, req.stop, rid, obj="chat.completion.chunk", created=created, include_usage=req.include_usage,
+        state, jobs, req.stop_strings, rid, obj="chat.completion.chunk", created=created, include_usage=req.include_usage,
         prompt_tokens=prompt_tokens, opening=opening, to_choices=to_choices,
     )

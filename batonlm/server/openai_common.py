@@ -11,15 +11,49 @@ import msgspec
 
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
+from batonlm.server import limits
 from batonlm.server.errors import bad_request, to_api_error
 from batonlm.server.protocol import SamplingFields
 from batonlm.server.sse import DONE, sse
 from batonlm.server.state import ServerState
-from batonlm.tokenizer_manager.manager import GenerationChunk, TokenLogprob
+from batonlm.tokenizer_manager.chat_template import apply_chat_template
+from batonlm.tokenizer_manager.request_state import GenerationChunk, TokenLogprob
 
 
 def request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+# Conversations longer than this (in characters) are rendered and tokenized in a thread.
+RENDER_INLINE_CHARS = 8192
+
+
+async def render_chat(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
+    """The conversation's token ids through the chat template (400 naming `messages` if the
+    template rejects it)."""
+
+    def render() -> list[int]:
+        try:
+            return apply_chat_template(state.tokenizer, messages)
+        except Exception as e:
+            raise bad_request(f"the chat template failed on these messages: {e}", param="messages") from None
+
+    if sum(len(m["content"]) for m in messages) <= RENDER_INLINE_CHARS:
+        return render()
+    return await asyncio.to_thread(render)
+
+
+def check_limits(state: ServerState, req: SamplingFields, *, num_prompts: int, prompt_param: str) -> None:
+    """The request-level limits that do not need the prompt's tokens."""
+    limits.check_choices(state.args, num_prompts, req.n, prompt_param)
+    limits.check_sampling_limits(
+        state.args,
+        stops=req.stop_strings,
+        num_stop_token_ids=len(req.stop_token_ids or []),
+        num_logit_bias=len(req.logit_bias or {}),
+        logprobs=req.num_logprobs,
+        logprobs_name=req.logprobs_field,
+    )
 
 
 def sampling_params(
@@ -89,13 +123,19 @@ async def stream_choices(
     state: ServerState, jobs: list[tuple[list[int], SamplingParams]], stop: list[str], rid: str
 ) -> AsyncIterator[tuple[int, GenerationChunk]]:
     """Run every choice at once; yield (choice index, chunk) as they come. Cancelling the
-    consumer cancels every choice (each aborts its request)."""
+    consumer cancels every choice (each aborts its request).
+
+    At most a few chunks per choice wait here for the consumer: one that does not consume (a
+    stream whose client does not read) leaves the rest waiting in each request's own queue,
+    where `max_stream_backlog` bounds them."""
     queue: asyncio.Queue = asyncio.Queue()
+    room = asyncio.Semaphore(2 * len(jobs))  # chunks (not ends or errors) allowed in the queue
     done = object()
 
     async def run(i: int, ids: list[int], params: SamplingParams) -> None:
         try:
             async for chunk in state.manager.generate(ids, params, rid=f"{rid}-{i}", stop=stop):
+                await room.acquire()
                 queue.put_nowait((i, chunk))
         except Exception as e:  # reported to the consumer below
             queue.put_nowait((i, e))
@@ -112,6 +152,7 @@ async def stream_choices(
             elif isinstance(item, Exception):
                 raise item
             else:
+                room.release()
                 yield i, item
     finally:
         for t in tasks:

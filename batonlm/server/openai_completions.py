@@ -9,26 +9,33 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from batonlm.server import openai_common as common
 from batonlm.server.protocol import CompletionRequest
-from batonlm.server.state import ServerState, parse, read_json, server_state, until_disconnected
+from batonlm.server.state import ServerState, server_state, until_disconnected
 
 router = APIRouter()
 
 
-def _prompts(state: ServerState, prompt) -> list[list[int]]:
+def _num_prompts(prompt) -> int:
+    return 1 if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt) else len(prompt)
+
+
+async def _prompts(state: ServerState, prompt) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [state.manager.tokenize(prompt)]
+        return [await state.manager.tokenize_async(prompt)]
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
-    return [state.manager.tokenize(p) if isinstance(p, str) else list(p) for p in prompt]
+    return [await state.manager.tokenize_async(p) if isinstance(p, str) else list(p) for p in prompt]
 
 
 @router.post("/v1/completions")
 async def completions(request: Request):
     state = server_state(request)
-    req = parse(CompletionRequest, await read_json(request, state.args.max_request_bytes))
+    req = await state.read(request, CompletionRequest)
     state.check_model(req.model)
     state.check_healthy()
-    prompts = _prompts(state, req.prompt)
+    num_prompts = _num_prompts(req.prompt)
+    common.check_limits(state, req, num_prompts=num_prompts, prompt_param="prompt")
+    state.manager.admit(num_prompts * req.n)
+    prompts = await _prompts(state, req.prompt)
     jobs = []
     for ids in prompts:
         params = common.sampling_params(state, req, len(ids), req.num_logprobs, "prompt")
@@ -41,7 +48,7 @@ async def completions(request: Request):
     if req.stream:
         return StreamingResponse(_stream(state, req, jobs, echoes, rid, created, prompt_tokens),
                                  media_type="text/event-stream")
-    results = await until_disconnected(request, common.collect_choices(state, jobs, req.stop, rid))
+    results = await until_disconnected(request, common.collect_choices(state, jobs, req.stop_strings, rid))
     return JSONResponse({
         "id": rid,
         "object": "text_completion",
@@ -76,6 +83,6 @@ def _stream(state: ServerState, req: CompletionRequest, jobs, echoes: list[str],
 
     opening = [{"index": i, "text": e, "logprobs": None, "finish_reason": None} for i, e in enumerate(echoes) if e]
     return common.sse_body(
-        state, jobs, req.stop, rid, obj="text_completion", created=created, include_usage=req.include_usage,
+        state, jobs, req.stop_strings, rid, obj="text_completion", created=created, include_usage=req.include_usage,
         prompt_tokens=prompt_tokens, opening=opening, to_choices=to_choices,
     )

@@ -5,14 +5,11 @@ from `SamplingParams`, where they are stated once (`ranged`)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from batonlm.sampling_params import field_range
-
-MAX_N = 16
-MAX_STOP_STRINGS = 16
 
 
 def ranged(sampling_field: str) -> Any:
@@ -63,7 +60,7 @@ class SamplingFields(_Strict):
     top_p: Annotated[float, ranged("top_p")] = 1.0
     top_k: Annotated[int, ranged("top_k")] = -1
     min_p: Annotated[float, ranged("min_p")] = 0.0
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    n: Annotated[int, Field(ge=1)] = 1
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, ranged("stop_token_ids")]] | None = None
     seed: Annotated[int, ranged("seed")] | None = None
@@ -77,15 +74,9 @@ class SamplingFields(_Strict):
     min_tokens: Annotated[int, ranged("min_new_tokens")] = 0
     user: str | None = None
 
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> list[str]:
-        stops = [v] if isinstance(v, str) else list(v or [])
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        if any(s == "" for s in stops):
-            raise ValueError("stop strings must not be empty")
-        return stops
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     @field_validator("logit_bias")
     @classmethod
@@ -144,6 +135,8 @@ class ChatCompletionRequest(SamplingFields):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    logprobs_field: ClassVar[str] = "top_logprobs"
+
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -171,6 +164,8 @@ class CompletionRequest(SamplingFields):
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
+    logprobs_field: ClassVar[str] = "logprobs"
+
 
 class NativeGenerateRequest(_Strict):
     """POST /generate: SGLang-style native API."""
@@ -179,7 +174,7 @@ class NativeGenerateRequest(_Strict):
     input_ids: list[int] | None = None
     sampling_params: dict | None = None
     stream: bool = False
-    rid: str | None = None
+    rid: Annotated[str, Field(max_length=256)] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> NativeGenerateRequest:

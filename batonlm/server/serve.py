@@ -9,18 +9,53 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
-from batonlm.config import ServerArgs
+from batonlm.config import ConfigError, ServerArgs
 from batonlm.launcher import SchedulerStartError, start_scheduler
 from batonlm.logging_setup import configure_logging
+from batonlm.server.http_protocol import guarded_protocol
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.tokenizer import TokenizerLoadError, load_tokenizer
 
 logger = logging.getLogger("batonlm.serve")
 
-GRACEFUL_SHUTDOWN_S = 3.0
+KEEP_ALIVE_S = 30.0
+GRACEFUL_MARGIN_S = 5.0
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM or Ctrl-C, uvicorn stops accepting connections and waits for open ones; this
+    also drains the requests: new ones get a 503, those in flight get `shutdown_timeout`
+    seconds to finish, then end with an error (an error event on a stream, a 503 otherwise)."""
+
+    def __init__(self, config: uvicorn.Config, manager: TokenizerManager, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.manager = manager
+        self.shutdown_timeout = shutdown_timeout
+        self._drain: asyncio.Task | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self._drain is None:
+            logger.info("shutting down: %d request(s) in flight get up to %.0f s to finish",
+                        len(self.manager.states), self.shutdown_timeout)
+            self._drain = asyncio.get_event_loop().create_task(self.manager.drain(self.shutdown_timeout))
+        super().handle_exit(sig, frame)
+
+
+def raise_open_file_limit(wanted: int) -> None:
+    """Each connection holds a file descriptor: raise the soft limit toward `wanted`."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError) as e:  # not POSIX, or not allowed
+        logger.warning("could not raise the open-file limit: %s", e)
 
 
 class StartupError(RuntimeError):
@@ -67,7 +102,7 @@ def check_device(args: ServerArgs) -> None:
 
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -91,12 +126,13 @@ async def _serve(args: ServerArgs, sock: socket.socket, tokenizer) -> int:
         raise StartupError(f"the model could not be started: {e}") from None
     app = create_app(args, manager)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30,
-        # Open streams get this long to finish when shutting down (they end at once when the
-        # scheduler is gone: every request has already failed).
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        app, log_level="warning", access_log=False, lifespan="on",
+        http=guarded_protocol(args.client_timeout, args.max_connections),
+        timeout_keep_alive=min(KEEP_ALIVE_S, args.client_timeout),
+        # A backstop: the drain below ends every request within shutdown_timeout.
+        timeout_graceful_shutdown=args.shutdown_timeout + GRACEFUL_MARGIN_S,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, manager, args.shutdown_timeout)
     exit_code = 0
 
     def on_scheduler_death() -> None:
@@ -128,10 +164,12 @@ def serve(args: ServerArgs) -> int:
         model = resolve_model(args.model)
         if model != args.model:
             args = args.replace(model=model, served_model_name=args.served_model_name or args.model)
+        args = args.replace(api_key=args.resolved_api_key(), api_key_file=None)
+        raise_open_file_limit(args.max_connections + 256)
         sock = bind_socket(args.host, args.port)
         tokenizer = load_tokenizer(args.tokenizer or args.model)
         return asyncio.run(_serve(args, sock, tokenizer))
-    except (StartupError, TokenizerLoadError) as e:
+    except (StartupError, TokenizerLoadError, ConfigError) as e:
         logger.error("%s", e)
         return 2
     except KeyboardInterrupt:

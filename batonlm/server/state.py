@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from batonlm.config import ServerArgs
-from batonlm.server.errors import APIError, bad_request, from_validation_error, model_not_found, unavailable
+from batonlm.server.errors import (
+    APIError,
+    ClientGone,
+    bad_request,
+    from_validation_error,
+    model_not_found,
+    too_large,
+    unavailable,
+)
 from batonlm.server.metrics import ServerMetrics
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.token_bytes import TokenBytes
@@ -38,25 +47,44 @@ class ServerState:
         if model is not None and model != self.model_name:
             raise model_not_found(model)
 
+    async def read(self, request: Request, model: type[M]) -> M:
+        """The request body, read within the limits and parsed into `model`."""
+        data = await read_json(request, self.args.max_request_bytes, self.args.client_timeout)
+        return parse(model, data)
+
     def check_healthy(self) -> None:
         if not self.manager.healthy:
             raise unavailable("the scheduler is not running")
+        if self.manager.draining:
+            raise unavailable("the server is shutting down", code="shutting_down")
 
 
 def server_state(request: Request) -> ServerState:
     return request.app.state.batonlm
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body as JSON: 413 above `limit` bytes, 400 if not valid JSON."""
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+async def read_json(request: Request, limit: int, timeout_s: float) -> Any:
+    """The request body as JSON: 413 above `limit` bytes, 408 when it takes longer than
+    `timeout_s` to arrive, 400 when it is not JSON (invalid UTF-8, a lone surrogate, nesting
+    deeper than 1024, an integer beyond 64 bits as a float)."""
+
+    async def receive() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large(limit)
+        return bytes(body)
+
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        body = await asyncio.wait_for(receive(), timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout") from None
+    except ClientDisconnect:
+        raise ClientGone() from None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
 
 
@@ -67,10 +95,13 @@ def parse(model: type[M], data: Any) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise from_validation_error(e) from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply", code="invalid_json") from None
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`; if the client goes away first, cancel it (its requests are aborted)."""
+    """Run `work`; if the client goes away first, cancel it (its requests are aborted) and raise
+    ClientGone."""
     task = asyncio.ensure_future(work)
 
     async def watch() -> None:
@@ -83,9 +114,11 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        watcher.cancel()
         if not task.done():
             task.cancel()
-        watcher.cancel()
+            # Let the cancellation run to its end (the requests' aborts are sent on the way).
+            await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
-        raise APIError(499, "client disconnected", code="client_disconnected")
+        raise ClientGone()
     return task.result()

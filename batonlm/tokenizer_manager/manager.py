@@ -2,7 +2,9 @@
 
 Turns requests into `GenerateRequest`s, sends them to the scheduler, and turns the token ids
 that come back into text deltas per request. Owns the map request id -> waiting consumer; a
-consumer that goes away aborts its request.
+consumer that goes away aborts its request. It also keeps the server's request-level limits:
+admission (`max_queued_requests`), `request_timeout`, `max_stream_backlog`, and the drain on
+shutdown.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import zmq
@@ -32,39 +33,27 @@ from batonlm.ipc.messages import (
     SchedulerStats,
     ShutdownRequest,
     StatsRequest,
-    TokenOutput,
 )
 from batonlm.request_checks import check_request
 from batonlm.sampling_params import SamplingParams
 from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
+from batonlm.tokenizer_manager.request_state import (
+    FINISH_ABORT,
+    ClientTooSlow,
+    GenerationChunk,
+    QueueFull,
+    RequestObserver,
+    RequestState,
+    RequestTimedOut,
+    SchedulerGone,
+)
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 
 logger = logging.getLogger(__name__)
 
-
-class SchedulerGone(RuntimeError):
-    """The scheduler process died; no request can be served any more."""
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
-class GenerationChunk:
-    """What one iteration added to a request."""
-
-    rid: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None
-    logprobs: list[TokenLogprob] | None = None
+# Texts longer than this are tokenized in a thread: the tokenizers library releases the GIL,
+# so a megabyte of prompt does not stall every other request's stream.
+TOKENIZE_INLINE_CHARS = 8192
 
 
 class SchedulerProcess(Protocol):
@@ -81,28 +70,6 @@ class SchedulerProcess(Protocol):
 LaunchScheduler = Callable[[ServerArgs, str, str, str], SchedulerProcess]
 
 
-class RequestObserver(Protocol):
-    """Timing hooks (the server's Prometheus metrics implement them)."""
-
-    def on_first_token(self, ttft_s: float) -> None: ...
-
-    def on_token(self, itl_s: float) -> None: ...
-
-    def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int) -> None: ...
-
-
-@dataclass
-class _ReqState:
-    detok: IncrementalDetokenizer
-    stops: StopStringMatcher
-    prompt_tokens: int
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    completion_tokens: int = 0
-    finished: bool = False
-    created: float = field(default_factory=time.perf_counter)
-    last_token: float | None = None
-
-
 class TokenizerManager:
     def __init__(self, args: ServerArgs, tokenizer: Any, launch: LaunchScheduler) -> None:
         self.args = args
@@ -110,8 +77,9 @@ class TokenizerManager:
         self._launch = launch
         self.info: SchedulerInfo | None = None
         self.handle: SchedulerProcess | None = None
-        self.states: dict[str, _ReqState] = {}
+        self.states: dict[str, RequestState] = {}
         self.healthy = False
+        self.draining = False
         self.on_scheduler_death: Callable[[], None] | None = None
         self.observer: RequestObserver | None = None
         self._stats_waiters: list[asyncio.Future] = []
@@ -174,9 +142,20 @@ class TokenizerManager:
         if self.on_scheduler_death is not None:
             self.on_scheduler_death()
 
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests, give those in flight up to `timeout_s` to finish, then end the
+        rest with an error (their clients get it: a 503, or an error event on a stream)."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.states:
+            logger.warning("aborting %d request(s) still running after %.0f s of shutdown", len(self.states), timeout_s)
+            self._fail_all(SchedulerGone("the server is shutting down"))
+
     def _fail_all(self, error: Exception) -> None:
         for state in self.states.values():
-            state.queue.put_nowait(error)
+            state.fail(error)
         for fut in self._stats_waiters:
             if not fut.done():
                 fut.set_exception(error)
@@ -192,23 +171,37 @@ class TokenizerManager:
         while True:
             msg = codec.decode(await self._pull.recv())  # type: ignore[union-attr]
             if isinstance(msg, BatchOutput):
+                backlog = self.args.max_stream_backlog
                 for out in msg.outputs:
                     state = self.states.get(out.rid)
-                    if state is not None:
-                        state.queue.put_nowait(out)
+                    if state is None:
+                        continue
+                    if len(state.pending) < backlog:
+                        state.put(out)
+                    elif not isinstance(state.pending[-1], Exception):
+                        # Its client does not read: stop buffering its output and stop its work.
+                        logger.info("request %s aborted: its client fell %d outputs behind", out.rid, backlog)
+                        state.fail(ClientTooSlow(f"the client fell more than {backlog} outputs behind its stream"))
+                        self.abort_nowait(out.rid)
             elif isinstance(msg, SchedulerStats):
                 if self._stats_waiters:
                     fut = self._stats_waiters.pop(0)
                     if not fut.done():
                         fut.set_result(msg)
             elif isinstance(msg, SchedulerFailed):
+                # The details are for the log; clients learn that the server cannot serve them.
                 logger.error("scheduler failed: %s", msg.message)
                 self.healthy = False
-                self._fail_all(SchedulerGone(f"the scheduler failed: {msg.message}"))
+                self._fail_all(SchedulerGone("the scheduler failed (the server log has the details)"))
 
     # ------------------------------------------------------------------ requests
     def tokenize(self, prompt: str) -> list[int]:
         return list(self.tokenizer(prompt).input_ids)
+
+    async def tokenize_async(self, prompt: str) -> list[int]:
+        if len(prompt) <= TOKENIZE_INLINE_CHARS:
+            return self.tokenize(prompt)
+        return await asyncio.to_thread(self.tokenize, prompt)
 
     def validate_prompt(self, input_ids: list[int], params: SamplingParams, prompt_param: str | None = None) -> None:
         """Reject what the scheduler would reject, with the numbers, before sending anything
@@ -221,6 +214,19 @@ class TokenizerManager:
             kv_capacity=info.kv_capacity, prompt_param=prompt_param,
         )
 
+    def admit(self, num_requests: int) -> None:
+        """Raise QueueFull when `num_requests` more would exceed what may wait for admission
+        (every request sent and not finished counts: the scheduler runs at most
+        max_running_requests of them, the rest wait)."""
+        if self.draining:
+            raise SchedulerGone("the server is shutting down")
+        queued = self.args.max_queued_requests
+        if queued is not None and len(self.states) + num_requests > self.args.max_running_requests + queued:
+            raise QueueFull(
+                f"the server is full ({len(self.states)} requests in flight, at most "
+                f"{self.args.max_running_requests} running and {queued} queued); retry later"
+            )
+
     async def generate(
         self,
         input_ids: list[int],
@@ -229,63 +235,39 @@ class TokenizerManager:
         stop: list[str] | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
-        follows are trimmed). Leaving the iteration early aborts the request.
+        follows are trimmed). Leaving the iteration early aborts the request, as do the
+        request timeout and a consumer that falls too far behind (those raise).
 
         `rid` is only a label: the scheduler sees a fresh id, so a client reusing an id can never
         receive the late outputs of an earlier request that had that id."""
         rid = f"{rid or 'req'}-{uuid.uuid4().hex}"
-        state = _ReqState(IncrementalDetokenizer(self.tokenizer, input_ids), StopStringMatcher(stop or []), len(input_ids))
+        state = RequestState(
+            rid, IncrementalDetokenizer(self.tokenizer, input_ids), StopStringMatcher(stop or []), len(input_ids)
+        )
+        timeout = self.args.request_timeout
+        if timeout is not None:
+            error = RequestTimedOut(f"the request ran longer than the server's request timeout ({timeout:g} s)")
+            state.timer = asyncio.get_running_loop().call_later(timeout, state.fail, error)
         self.states[rid] = state
         try:
             await self._send(GenerateRequest(rid, input_ids, params))
             while not state.finished:
-                item = await state.queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                yield self._apply(rid, state, item)
+                chunk, stopped_early = state.apply(await state.next(), self.observer)
+                if stopped_early:
+                    self.abort_nowait(rid)  # a stop string ended it: stop the scheduler's work on it
+                yield chunk
         finally:
             self.states.pop(rid, None)
-            if not state.finished and self.healthy:
-                # No await: this also runs when the consumer's task is being cancelled.
-                self.abort_nowait(rid)
-
-    def _apply(self, rid: str, state: _ReqState, out: TokenOutput) -> GenerationChunk:
-        now = time.perf_counter()
-        if out.token_ids and self.observer is not None:
-            if state.last_token is None:
-                self.observer.on_first_token(now - state.created)
-            else:
-                self.observer.on_token(now - state.last_token)
-        if out.token_ids:
-            state.last_token = now
-        state.completion_tokens += len(out.token_ids)
-        finish = out.finish_reason
-        text = state.stops.feed(state.detok.add(out.token_ids))
-        if state.stops.stopped:
-            # A stop string wins over a length limit reached by the same token (as in vLLM).
-            if finish is None:
-                self.abort_nowait(rid)  # stop the scheduler's work on it
-            finish = "stop"
-        if finish is not None:
-            state.finished = True
-            if not state.stops.stopped:
-                text += state.stops.feed(state.detok.flush()) + state.stops.flush()
-            if self.observer is not None:
-                self.observer.on_finish(now - state.created, state.prompt_tokens, state.completion_tokens)
-        logprobs = None
-        if out.logprobs is not None:
-            top = out.top_logprobs or [[] for _ in out.logprobs]
-            logprobs = [TokenLogprob(t, lp, list(tl)) for t, lp, tl in zip(out.token_ids, out.logprobs, top)]
-        return GenerationChunk(
-            rid=rid,
-            text=text,
-            token_ids=list(out.token_ids),
-            finish_reason=finish,
-            prompt_tokens=state.prompt_tokens,
-            completion_tokens=state.completion_tokens,
-            error=out.error,
-            logprobs=logprobs,
-        )
+            if state.timer is not None:
+                state.timer.cancel()
+            if not state.finished:
+                if self.observer is not None:
+                    self.observer.on_finish(
+                        time.perf_counter() - state.created, state.prompt_tokens, state.completion_tokens, FINISH_ABORT
+                    )
+                if self.healthy:
+                    # No await: this also runs when the consumer's task is being cancelled.
+                    self.abort_nowait(rid)
 
     def abort_nowait(self, rid: str) -> None:
         """Tell the scheduler to drop a request, without awaiting (safe in cancelled tasks)."""

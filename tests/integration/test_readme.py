@@ -82,9 +82,22 @@ def test_openai_client_snippet(readme_server):
     assert words(out.stdout) >= 10, out.stdout
 
 
-def test_engine_snippet():
-    code = blocks("python", "batonlm.Engine()")[0]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+def test_engine_snippet_saved_as_a_script(tmp_path):
+    """As a user runs it: saved to a file, `python my_script.py` (the spawned scheduler must not
+    re-run the script's top level, which creates the Engine)."""
+    script = tmp_path / "my_script.py"
+    script.write_text(blocks("python", "batonlm.Engine()")[0])
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(", there was a little girl named Lily."), out.stdout
+
+
+def test_engine_snippet_from_stdin_inside_a_running_event_loop(tmp_path):
+    """As a notebook runs it: no main file, and an asyncio loop already running in the thread."""
+    snippet = blocks("python", "batonlm.Engine()")[0]
+    code = "import asyncio\n\nasync def cell():\n" + "".join(f"    {line}\n" for line in snippet.splitlines())
+    code += "\nasyncio.run(cell())\n"
+    out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(", there was a little girl named Lily."), out.stdout
 

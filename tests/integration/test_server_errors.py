@@ -57,8 +57,10 @@ BAD_REQUESTS = [
 def _check_error(r: httpx.Response, status: int, param, words) -> None:
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
+    assert set(err) == {"message", "type", "param", "code", "request_id"}
     assert err["message"] and err["type"]
+    assert err["request_id"] == r.headers["x-request-id"]  # what to quote when reporting it
+    assert "Traceback" not in r.text and "/batonlm/" not in r.text
     if param is not None:
         assert err["param"] == param, err
     if words is not None:
@@ -76,7 +78,9 @@ def test_malformed_requests(server):
         r = httpx.post(server.base_url + CHAT, content=raw, headers={"content-type": "application/json"}, timeout=30)
         _check_error(r, 400, None, None)
     _check_error(httpx.get(server.base_url + "/v1/nothing", timeout=30), 404, None, None)
-    _check_error(httpx.get(server.base_url + CHAT, timeout=30), 405, None, None)
+    not_allowed = httpx.get(server.base_url + CHAT, timeout=30)
+    _check_error(not_allowed, 405, None, None)
+    assert not_allowed.headers["allow"] == "POST"
     _check_error(httpx.get(server.base_url + "/v1/models/gpt-17", timeout=30), 404, "model", "does not exist")
 
 

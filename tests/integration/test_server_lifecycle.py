@@ -2,34 +2,19 @@
 
 import json
 import os
-import re
 import signal
 import threading
 import time
 
 import httpx
 import pytest
+from live_helpers import metric, wait_until
 
 from batonlm.bench.server_process import ServerProcess, children
 
 CHAT = "/v1/chat/completions"
 LONG = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 400, "ignore_eos": True,
         "stream": True}
-
-
-def metric(base_url: str, name: str) -> float:
-    text = httpx.get(base_url + "/metrics", timeout=30).text
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-    assert m, f"{name} not in /metrics:\n{text}"
-    return float(m.group(1))
-
-
-def wait_until(cond, timeout: float = 10.0) -> float:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout, "condition not reached in time"
-        time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 def test_metrics_are_exposed(server):

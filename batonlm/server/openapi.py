@@ -1,0 +1,175 @@
+"""The server's OpenAPI description: every route with its request body, its answers and its
+errors, and this server's limits (n, stop strings, ...) as schema bounds, so that schema-driven
+clients and fuzzers (schemathesis) can use it.
+
+The handlers read their bodies themselves (for the size limit, the read deadline and clean JSON
+errors), so FastAPI cannot see them: the bodies are declared here from the same models.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from batonlm.config import ServerArgs
+from batonlm.sampling_params import SamplingParams
+from batonlm.server import protocol, responses
+
+REF = "#/components/schemas/{model}"
+
+# (path, request model, answer model, streams?)
+POST_ROUTES: tuple[tuple[str, type[BaseModel], type[BaseModel], bool], ...] = (
+    ("/v1/chat/completions", protocol.ChatCompletionRequest, responses.ChatCompletion, True),
+    ("/v1/completions", protocol.CompletionRequest, responses.Completion, True),
+    ("/generate", protocol.NativeGenerateRequest, responses.GenerateResponse, True),
+)
+GET_ROUTES: dict[str, type[BaseModel]] = {
+    "/health": responses.Health,
+    "/v1/models": responses.ModelList,
+    "/v1/models/{model}": responses.ModelCard,
+}
+EXAMPLES = {
+    "/v1/chat/completions": lambda model: {
+        "model": model, "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 16,
+    },
+    "/v1/completions": lambda model: {"model": model, "prompt": "Once upon a time", "max_tokens": 16},
+    "/generate": lambda model: {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 16}},
+}
+ERRORS = {
+    "400": "A field is invalid or beyond a limit (`param` names it)",
+    "401": "The API key is missing or wrong",
+    "404": "The model does not exist",
+    "408": "The request body arrived too slowly, or the request ran past --request-timeout",
+    "413": "The body is larger than --max-request-bytes",
+    "429": "Too many requests are waiting (--max-queued-requests); see Retry-After",
+    "500": "A bug (the server log has the details)",
+    "503": "The scheduler is not running, the server is shutting down, or it has too many connections",
+}
+
+
+def _json(schema_ref: str) -> dict:
+    return {"application/json": {"schema": {"$ref": schema_ref}}}
+
+
+def _errors(codes: list[str]) -> dict:
+    return {c: {"description": ERRORS[c], "content": _json(REF.format(model="ErrorResponse"))} for c in codes}
+
+
+def _native_sampling_params(args: ServerArgs) -> tuple[dict, dict]:
+    """The schema of /generate's sampling_params: SamplingParams' fields and ranges (msgspec's
+    own schema of it) plus SGLang's `stop`."""
+    (ref,), components = msgspec.json.schema_components([SamplingParams], ref_template=REF.replace("{model}", "{name}"))
+    name = ref["$ref"].rsplit("/", 1)[1]
+    native = copy.deepcopy(components[name])
+    native["title"] = "NativeSamplingParams"
+    native["properties"]["stop"] = {"anyOf": [
+        {"type": "string", "maxLength": args.max_stop_string_length},
+        {"type": "array", "items": {"type": "string", "maxLength": args.max_stop_string_length},
+         "maxItems": args.max_stop_strings},
+    ]}
+    _apply_sampling_limits(native["properties"], args, logprobs="logprobs")
+    return {"$ref": REF.format(model="NativeSamplingParams")}, {"NativeSamplingParams": native}
+
+
+def _apply_sampling_limits(props: dict[str, Any], args: ServerArgs, logprobs: str) -> None:
+    """This server's limits as bounds of the fields that have them."""
+    if "stop_token_ids" in props:
+        _set_on_arrays(props["stop_token_ids"], maxItems=args.max_stop_token_ids)
+    if "logit_bias" in props:
+        _set_on_objects(props["logit_bias"], maxProperties=args.max_logit_bias)
+    if logprobs in props:
+        _set_on_numbers(props[logprobs], maximum=args.max_logprobs)
+
+
+def _variants(schema: dict) -> list[dict]:
+    return [schema, *schema.get("anyOf", [])]
+
+
+def _set_on_arrays(schema: dict, **bounds: int) -> None:
+    for v in _variants(schema):
+        if v.get("type") == "array":
+            v.update(bounds)
+
+
+def _set_on_objects(schema: dict, **bounds: int) -> None:
+    for v in _variants(schema):
+        if v.get("type") == "object":
+            v.update(bounds)
+
+
+def _set_on_numbers(schema: dict, **bounds: int) -> None:
+    for v in _variants(schema):
+        if v.get("type") in ("integer", "number"):
+            v.update(bounds)
+
+
+def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
+    """`context_length` bounds max_tokens (a prompt needs a token too)."""
+    schema = get_openapi(
+        title="batonlm",
+        version=app.version,
+        description="An OpenAI-compatible LLM server (chat and text completions, SSE streaming) with "
+        "SGLang's native /generate. Errors follow OpenAI's shape and carry the request id.",
+        routes=app.routes,
+    )
+    models = [(m, "validation") for _, m, _, _ in POST_ROUTES] + [
+        (m, "serialization") for m in (*(r for _, _, r, _ in POST_ROUTES), *GET_ROUTES.values(), responses.ErrorResponse)
+    ]
+    _, defs = models_json_schema(models, ref_template=REF)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(defs.get("$defs", {}))
+    sp_ref, sp_components = _native_sampling_params(args)
+    components.update(sp_components)
+    components["NativeGenerateRequest"]["properties"]["sampling_params"] = {"anyOf": [sp_ref, {"type": "null"}]}
+
+    native_props = components["NativeSamplingParams"]["properties"]
+    for field in ("max_new_tokens", "min_new_tokens"):
+        _set_on_numbers(native_props[field], maximum=context_length - 1)
+    for name, logprobs in (("ChatCompletionRequest", "top_logprobs"), ("CompletionRequest", "logprobs")):
+        props = components[name]["properties"]
+        # Only the served model exists (another name is a 404).
+        props["model"] = {"anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
+        for field in ("max_tokens", "max_completion_tokens", "min_tokens"):
+            _set_on_numbers(props[field], maximum=context_length - 1)
+        _set_on_numbers(props["n"], maximum=args.max_n)
+        for v in _variants(props["stop"]):
+            if v.get("type") == "string":
+                v["maxLength"] = args.max_stop_string_length
+            elif v.get("type") == "array":
+                v.update(maxItems=args.max_stop_strings)
+                v["items"]["maxLength"] = args.max_stop_string_length
+        _apply_sampling_limits(props, args, logprobs)
+    for v in _variants(components["CompletionRequest"]["properties"]["prompt"]):
+        if v.get("type") == "array" and v["items"].get("type") != "integer":  # several prompts
+            v["maxItems"] = args.max_prompts_per_request
+
+    paths = schema["paths"]
+    for path, request_model, answer, streams in POST_ROUTES:
+        ok = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`",
+              "content": {**_json(REF.format(model=answer.__name__)), **({"text/event-stream": {}} if streams else {})}}
+        body = _json(REF.format(model=request_model.__name__))
+        body["application/json"]["example"] = EXAMPLES[path](args.model_name)
+        paths[path]["post"].update(
+            requestBody={"required": True, "content": body},
+            responses={"200": ok, **_errors(["400", "401", "404", "408", "413", "429", "500", "503"])},
+        )
+    for path, answer in GET_ROUTES.items():
+        op = paths[path]["get"]
+        op["responses"].pop("422", None)  # FastAPI's, for a path parameter that is any string
+        op["responses"]["200"] = {"description": "OK", "content": _json(REF.format(model=answer.__name__))}
+        op["responses"].update(_errors(["401", "500", "503"] + (["404"] if "{model}" in path else [])))
+    paths["/health"]["get"]["responses"]["503"] = {
+        "description": "The scheduler is not running, or the server is shutting down",
+        "content": _json(REF.format(model="Health")),
+    }
+    metrics = paths["/metrics"]["get"]
+    metrics["responses"] = {
+        "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    }
+    return schema

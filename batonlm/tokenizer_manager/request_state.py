@@ -1,0 +1,141 @@
+"""One request as the frontend tracks it: its queue of scheduler outputs, its text state
+(incremental detokenization, stop strings), and what its consumer is handed (GenerationChunk)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from batonlm.ipc.messages import TokenOutput
+from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
+from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
+
+FINISH_STOP, FINISH_ABORT = "stop", "abort"
+
+
+class SchedulerGone(RuntimeError):
+    """The scheduler process died, or the server is shutting down: no request can be served."""
+
+
+class QueueFull(RuntimeError):
+    """More requests are waiting than `max_queued_requests` allows; try again later."""
+
+    retry_after_s = 1
+
+
+class RequestTimedOut(RuntimeError):
+    """A request ran longer than `request_timeout` and was aborted."""
+
+
+class ClientTooSlow(RuntimeError):
+    """A stream's client fell more than `max_stream_backlog` outputs behind; it was aborted."""
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class GenerationChunk:
+    """What one iteration added to a request."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+class RequestObserver(Protocol):
+    """Timing hooks (the server's Prometheus metrics implement them)."""
+
+    def on_first_token(self, ttft_s: float) -> None: ...
+
+    def on_token(self, itl_s: float) -> None: ...
+
+    def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, finish_reason: str) -> None: ...
+
+
+@dataclass
+class RequestState:
+    rid: str
+    detok: IncrementalDetokenizer
+    stops: StopStringMatcher
+    prompt_tokens: int
+    # Scheduler outputs not yet consumed, or the exception that ends the request.
+    pending: deque[TokenOutput | Exception] = field(default_factory=deque)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    completion_tokens: int = 0
+    finished: bool = False
+    created: float = field(default_factory=time.perf_counter)
+    last_token: float | None = None
+    timer: Any = None  # the request timeout's TimerHandle
+
+    def put(self, item: TokenOutput | Exception) -> None:
+        self.pending.append(item)
+        self.ready.set()
+
+    def fail(self, error: Exception) -> None:
+        """End the request with `error`: what is still pending is dropped (a failed stream's
+        consumer gets the error next, not a backlog first)."""
+        self.pending.clear()
+        self.put(error)
+
+    async def next(self) -> TokenOutput:
+        while not self.pending:
+            self.ready.clear()
+            await self.ready.wait()
+        item = self.pending.popleft()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def apply(self, out: TokenOutput, observer: RequestObserver | None) -> tuple[GenerationChunk, bool]:
+        """Turn one output into the consumer's chunk; also says whether a stop string ended the
+        request before the scheduler did (it must then be told to stop)."""
+        now = time.perf_counter()
+        if out.token_ids:
+            if observer is not None:
+                if self.last_token is None:
+                    observer.on_first_token(now - self.created)
+                else:
+                    observer.on_token(now - self.last_token)
+            self.last_token = now
+        self.completion_tokens += len(out.token_ids)
+        finish = out.finish_reason
+        text = self.stops.feed(self.detok.add(out.token_ids))
+        stopped_early = False
+        if self.stops.stopped:
+            # A stop string wins over a length limit reached by the same token (as in vLLM).
+            stopped_early = finish is None
+            finish = FINISH_STOP
+        if finish is not None:
+            self.finished = True
+            if not self.stops.stopped:
+                text += self.stops.feed(self.detok.flush()) + self.stops.flush()
+            if observer is not None:
+                observer.on_finish(now - self.created, self.prompt_tokens, self.completion_tokens, finish)
+        logprobs = None
+        if out.logprobs is not None:
+            top = out.top_logprobs or [[] for _ in out.logprobs]
+            logprobs = [TokenLogprob(t, lp, list(tl)) for t, lp, tl in zip(out.token_ids, out.logprobs, top)]
+        chunk = GenerationChunk(
+            rid=self.rid,
+            text=text,
+            token_ids=list(out.token_ids),
+            finish_reason=finish,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            error=out.error,
+            logprobs=logprobs,
+        )
+        return chunk, stopped_early

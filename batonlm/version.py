@@ -1,0 +1,3 @@
+"""The package version (read by pyproject.toml, the CLI and the server)."""
+
+__version__ = "0.1.0"

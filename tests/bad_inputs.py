@@ -1,0 +1,126 @@
+"""A corpus of bad requests across the three POST routes, each with the status it must get and the
+field its error must name (None: the body as a whole). Used by the tests and by
+benchmarks/soak.py. Server defaults assumed: stories260K (vocabulary 512, context 512), and the
+default limits (--max-n 16, --max-stop-strings 16, --max-prompts-per-request 256, ...)."""
+
+from __future__ import annotations
+
+CHAT, COMP, GEN = "/v1/chat/completions", "/v1/completions", "/generate"
+MSG = [{"role": "user", "content": "Once upon a time"}]
+
+
+def _chat(**fields) -> dict:
+    return {"messages": MSG, **fields}
+
+
+def _gen(**sampling) -> dict:
+    return {"text": "Once", "sampling_params": sampling}
+
+
+# (path, body: a dict sent as JSON or raw bytes, status, param, words expected in the message)
+CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
+    # -- chat: structure
+    (CHAT, {"model": "stories260K"}, 400, "messages", "missing"),
+    (CHAT, {"messages": []}, 400, "messages", "at least 1"),
+    (CHAT, {"messages": "hello"}, 400, "messages", None),
+    (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role", None),
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages", "needs content"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "messages.0.content", "only text"),
+    (CHAT, {"messages": [{"role": "user", "content": [[[["deep"]]]]}]}, 400, "messages.0.content", None),
+    (CHAT, _chat(model="gpt-9"), 404, "model", "does not exist"),
+    (CHAT, _chat(tools=[{"type": "function"}]), 400, "tools", "Unrecognized"),
+    (CHAT, _chat(user=5), 400, "user", None),
+    # -- chat: sampling values
+    (CHAT, _chat(temperature="hot"), 400, "temperature", None),
+    (CHAT, _chat(temperature=-1), 400, "temperature", "greater than or equal"),
+    (CHAT, _chat(temperature=2.5), 400, "temperature", "less than or equal"),
+    (CHAT, _chat(top_p=0), 400, "top_p", "greater than"),
+    (CHAT, _chat(top_p=1.5), 400, "top_p", None),
+    (CHAT, _chat(top_k=-2), 400, "top_k", None),
+    (CHAT, _chat(top_k=2**63), 400, "top_k", None),  # killed the server once
+    (CHAT, _chat(top_k=1.5), 400, "top_k", None),
+    (CHAT, _chat(min_p=2), 400, "min_p", None),
+    (CHAT, _chat(n=0), 400, "n", None),
+    (CHAT, _chat(n=17), 400, "n", "at most 16"),
+    (CHAT, _chat(n=2**64), 400, "n", None),
+    (CHAT, _chat(max_tokens=0), 400, "max_tokens", None),
+    (CHAT, _chat(max_tokens="ten"), 400, "max_tokens", None),
+    (CHAT, _chat(max_tokens=600), 400, "max_tokens", "512"),
+    (CHAT, _chat(max_tokens=2**64 - 1), 400, "max_tokens", None),
+    (CHAT, _chat(max_tokens=5, max_completion_tokens=6), 400, "max_completion_tokens", "disagrees"),
+    (CHAT, _chat(min_tokens=50, max_tokens=10), 400, "min_tokens", "exceeds"),
+    (CHAT, _chat(min_tokens=2**63), 400, "min_tokens", None),
+    (CHAT, _chat(frequency_penalty=3), 400, "frequency_penalty", None),
+    (CHAT, _chat(presence_penalty=-3), 400, "presence_penalty", None),
+    (CHAT, _chat(repetition_penalty=0), 400, "repetition_penalty", None),
+    (CHAT, _chat(seed=2**64), 400, "seed", None),
+    (CHAT, _chat(seed="1"), 400, "seed", None),
+    (CHAT, _chat(logit_bias={"abc": 1}), 400, "logit_bias", "token ids"),
+    (CHAT, _chat(logit_bias={"\u00b2": 1}), 400, "logit_bias", "token ids"),
+    (CHAT, _chat(logit_bias={"99999": 1}), 400, "logit_bias", "outside the vocabulary"),
+    (CHAT, _chat(logit_bias={"5": 200}), 400, "logit_bias.5", None),
+    (CHAT, _chat(logit_bias={str(i): 1 for i in range(1025)}), 400, "logit_bias", "at most 1024"),
+    (CHAT, _chat(stop_token_ids=[70000]), 400, "stop_token_ids", "outside the vocabulary"),
+    (CHAT, _chat(stop_token_ids=[-1]), 400, "stop_token_ids.0", None),
+    (CHAT, _chat(stop_token_ids=list(range(257))), 400, "stop_token_ids", "at most 256"),
+    (CHAT, _chat(stop=[f"s{i}" for i in range(17)]), 400, "stop", "at most 16"),
+    (CHAT, _chat(stop=""), 400, "stop", "empty"),
+    (CHAT, _chat(stop="x" * 2000), 400, "stop", "at most 1024"),
+    (CHAT, _chat(top_logprobs=3), 400, "top_logprobs", "logprobs"),
+    (CHAT, _chat(logprobs=True, top_logprobs=21), 400, "top_logprobs", None),
+    (CHAT, _chat(stream_options={"include_usage": True}), 400, "stream_options", "stream"),
+    (CHAT, _chat(stream="yes"), 400, "stream", None),
+    (CHAT, _chat(top_k=2**63, stream=True), 400, "top_k", None),  # a 400, not a 200 and an error event
+    # -- chat: bodies that are not JSON, or JSON the parser refuses
+    (CHAT, b"{not json", 400, None, "not valid JSON"),
+    (CHAT, b"[1, 2]", 400, None, "JSON object"),
+    (CHAT, b"", 400, None, None),
+    (CHAT, b'{"messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400, None, None),
+    (CHAT, b'{"messages": [], "max_tokens": ' + b"9" * 5000 + b"}", 400, None, None),
+    (CHAT, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "surrogate"),
+    (CHAT, b'{"messages": [], "temperature": NaN}', 400, None, None),
+    # -- completions
+    (COMP, {"prompt": []}, 400, "prompt", "empty"),
+    (COMP, {"prompt": 5}, 400, "prompt", None),
+    (COMP, {"prompt": [[1, 2], []]}, 400, "prompt", "empty"),
+    (COMP, {"prompt": [1, 99999]}, 400, "prompt", "outside the vocabulary"),
+    (COMP, {"prompt": [-1]}, 400, "prompt", "outside the vocabulary"),
+    (COMP, {"prompt": [[1, 2**64]]}, 400, "prompt", None),
+    (COMP, {"prompt": "x " * 600}, 400, "prompt", "512"),
+    (COMP, {"prompt": ["a"] * 300}, 400, "prompt", "at most 256"),
+    (COMP, {"prompt": "hi", "suffix": "there"}, 400, "suffix", None),
+    (COMP, {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo", "not supported"),
+    (COMP, {"prompt": "hi", "best_of": 2}, 400, "best_of", "Unrecognized"),
+    (COMP, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
+    (COMP, {"prompt": "hi", "top_k": 2**63}, 400, "top_k", None),
+    (COMP, b'{"prompt": "\\ud800"}', 400, None, "surrogate"),
+    (COMP, b'{"prompt": "\xed\xa0\x80"}', 400, None, None),
+    (COMP, b'{"prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400, None, None),
+    # -- native /generate
+    (GEN, {"text": "hi", "input_ids": [1]}, 400, None, "exactly one"),
+    (GEN, {}, 400, None, "exactly one"),
+    (GEN, _gen(temprature=1), 400, "sampling_params.temprature", "unknown"),
+    (GEN, _gen(max_new_tokens=0), 400, "sampling_params.max_new_tokens", None),
+    (GEN, _gen(temperature="8"), 400, "sampling_params.temperature", None),
+    (GEN, _gen(temperature=5), 400, "sampling_params.temperature", None),
+    (GEN, _gen(top_k=2**63), 400, "sampling_params.top_k", None),  # killed the server once
+    (GEN, _gen(top_k=2**64 + 1), 400, "sampling_params.top_k", None),
+    (GEN, _gen(min_new_tokens=2**63), 400, "sampling_params.min_new_tokens", None),
+    (GEN, _gen(min_new_tokens=9, max_new_tokens=3), 400, "sampling_params.min_new_tokens", None),
+    (GEN, _gen(stop=["s"] * 100_000), 400, "sampling_params.stop", "at most 16"),
+    (GEN, _gen(stop=[""]), 400, "sampling_params.stop", "empty"),
+    (GEN, _gen(stop=5), 400, "sampling_params.stop", None),
+    (GEN, _gen(logit_bias={"x": 1}), 400, "sampling_params.logit_bias", None),
+    (GEN, _gen(logprobs=50), 400, "sampling_params.logprobs", None),
+    (GEN, _gen(stop_token_ids=[600]), 400, "sampling_params.stop_token_ids", "outside the vocabulary"),
+    (GEN, {"text": "hi", "sampling_params": "x"}, 400, "sampling_params", None),
+    (GEN, {"input_ids": [1, 99999]}, 400, "input_ids", "outside the vocabulary"),
+    (GEN, {"input_ids": ["1"]}, 400, "input_ids.0", None),
+    (GEN, {"input_ids": []}, 400, "input_ids", "empty"),
+    (GEN, {"text": "hi", "rid": 5}, 400, "rid", None),
+    (GEN, {"text": "hi", "rid": "r" * 300}, 400, "rid", None),
+    (GEN, {"text": "hi", "stream": "yes"}, 400, "stream", None),
+    (GEN, b'{"text": "\\ud800"}', 400, None, "surrogate"),
+    (GEN, b'{"text": "hi", "sampling_params": ' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b"}", 400, None, None),
+]
