@@ -13,6 +13,7 @@ from batonlm.config import (
     EMBEDDED_MODEL,
     LOG_LEVELS,
     SAMPLER_CHOICES,
+    SCHEDULE_POLICIES,
     ConfigError,
     ServerArgs,
 )
@@ -41,7 +42,15 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens (default: sized to memory)")
     p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
     p.add_argument("--context-length", type=int, default=None, help="cap the model's context length")
-    p.add_argument("--enable-mixed-batch", action=bool_flag, default=False, help="run prefills and decodes in one batch")
+    p.add_argument("--chunked-prefill-size", type=int, default=None,
+                   help="prompt tokens computed per iteration, beside the running decodes "
+                        "(default: 8192 on a GPU, 256 on the CPU; -1: compute prompts whole)")
+    p.add_argument("--enable-mixed-batch", action=bool_flag, default=False,
+                   help="run whole prompts and decodes in one batch (always so with chunked prefill)")
+    p.add_argument("--disable-radix-cache", action=bool_flag, default=False,
+                   help="do not keep computed prefixes for later requests")
+    p.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy,
+                   help="fcfs: arrival order; lpm: longest cached prefix first (with an age bound)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default=d.dtype)
     p.add_argument("--device", choices=DEVICE_CHOICES, default=d.device)
     p.add_argument("--attention-backend", choices=ATTENTION_BACKEND_CHOICES, default=d.attention_backend)

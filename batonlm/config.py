@@ -20,6 +20,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # "auto" picks per device; the rest are the registries' names.
 ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
 SAMPLER_CHOICES = ("auto", *SAMPLERS.names())
+SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
 
 
 class ConfigError(ValueError):
@@ -72,7 +73,12 @@ class ServerArgs:
     # The KV capacity in tokens (SGLang's flag name); None: sized to the device's memory.
     max_total_tokens: int | None = None
     max_prefill_tokens: int = 16384
+    # Prompt tokens computed per iteration, in the same batch as the running decodes; None: the
+    # device's default; -1 (or 0): prompts are computed whole.
+    chunked_prefill_size: int | None = None
     enable_mixed_batch: bool = False
+    disable_radix_cache: bool = False
+    schedule_policy: str = "fcfs"
     random_seed: int = 0
     # Backends
     attention_backend: str = "auto"
@@ -97,6 +103,11 @@ class ServerArgs:
         _choice("cpu_device_worker", self.cpu_device_worker, ("process", "inline"))
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
         _choice("sampler", self.sampler, SAMPLER_CHOICES)
+        _choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        if self.chunked_prefill_size is not None and not (
+            isinstance(self.chunked_prefill_size, int) and self.chunked_prefill_size >= -1
+        ):
+            raise ConfigError("chunked_prefill_size", f"must be a token count, or -1 (off), got {self.chunked_prefill_size!r}")
         _positive("max_running_requests", self.max_running_requests)
         _positive("max_prefill_tokens", self.max_prefill_tokens)
         for name in (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -111,12 +112,30 @@ class SchedulerHarness:
         self.io.records.clear()
         return records
 
+    def reconfigure(self, kv_capacity: int | None = None, **changes: Any) -> None:
+        """A fresh scheduler on the same device (its worker and weights): other scheduler
+        settings (SchedulerConfig fields), or a smaller KV pool than the device's."""
+        from batonlm.scheduler.kv_memory import KVMemory
+        from batonlm.scheduler.scheduler import Scheduler
+
+        config = dataclasses.replace(self.sched.config, **changes)
+        self.sched = Scheduler(self.io, self.sched.device, config)
+        if kv_capacity is not None:  # the first slots of the device's pool only
+            spec = self.sched.device.spec
+            assert kv_capacity <= spec.kv_capacity
+            memory = KVMemory(kv_capacity, spec.num_req_slots, radix_cache=config.radix_cache)
+            self.sched.memory = self.sched.planner.memory = memory
+
     def assert_all_free(self) -> None:
+        """Nothing in use; only cached prefixes left, and after a flush, one free run."""
         s = self.sched.stats()
+        mem = self.sched.memory
+        mem.check_invariant()
         assert s.kv_used == 0, f"{s.kv_used} KV slots still in use"
         assert s.req_slots_used == 0, f"{s.req_slots_used} request slots still in use"
-        assert self.sched.kv_alloc.num_runs == 1, "freed KV slots should coalesce into one run"
         assert not self.sched.requests and not self.sched.waiting and not self.sched.result_queue
+        assert self.sched.flush_cache().ok
+        assert mem.kv.num_free == mem.capacity and mem.kv.num_runs == 1, "freed KV slots should coalesce"
 
     def close(self) -> None:
         self.sched.device.close()

@@ -48,6 +48,8 @@ class BatchExecutor:
         """Execute one launch; returns the sampled ids, or None when sampling is delayed."""
         for rec in launch.new_slots:
             self.runner.sampling_table.init_slot(rec)
+        for req_slot, slots in launch.table_writes:
+            self.runner.req_to_token.write_prefix(req_slot, self._tensor(slots))
         batch = ForwardBatch.build(
             self._tensor(launch.out_cache_loc),
             launch.req_slots,
@@ -71,9 +73,10 @@ class BatchExecutor:
         return self._sample_and_stash(logits, batch, launch)
 
     def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch) -> SampleOutput:
+        rows = None if launch.output_rows is None else self._tensor(launch.output_rows)
         out = self.runner.sample(
             logits, batch, all_greedy=launch.all_greedy, any_penalties=launch.any_penalties,
-            top_logprobs=launch.top_logprobs,
+            top_logprobs=launch.top_logprobs, output_rows=rows,
         )
         self.future_map.stash(batch.req_slots, out.token_ids)
         self.future_map.publish(batch.req_slots, batch.seq_lens)

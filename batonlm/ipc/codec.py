@@ -17,6 +17,8 @@ from batonlm.ipc.device_messages import (
 from batonlm.ipc.messages import (
     AbortRequest,
     BatchOutput,
+    FlushCacheRequest,
+    FlushCacheResult,
     GenerateRequest,
     SchedulerFailed,
     SchedulerInfo,
@@ -30,6 +32,8 @@ Message = Union[
     AbortRequest,
     StatsRequest,
     ShutdownRequest,
+    FlushCacheRequest,
+    FlushCacheResult,
     BatchOutput,
     SchedulerInfo,
     SchedulerStats,

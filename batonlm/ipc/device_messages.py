@@ -16,8 +16,10 @@ class SlotSampling(msgspec.Struct, array_like=True, frozen=True):
     seed: int  # the request's own seed, or one the scheduler drew for it (any 64-bit value)
     stop_ids: list[int]  # EOS + stop_token_ids: suppressed while under params.min_new_tokens
     prompt_len: int
-    # The whole prompt, for the repetition penalty's prompt mask; empty without penalties.
+    # With penalties: the whole prompt (the repetition penalty's mask), and the outputs a
+    # retracted request had before it resumes (the token counts); empty without penalties.
     prompt_ids: list[int]
+    output_ids: list[int]
 
 
 class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
@@ -38,6 +40,11 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     sample: bool = True
     # Largest number of top alternatives any row wants with its logprobs; -1: no logprobs.
     top_logprobs: int = -1
+    # (request slot, KV slots of positions 0..n-1): a request starting on a cached prefix.
+    table_writes: list[tuple[int, list[int]]] = msgspec.field(default_factory=list)
+    # The rows whose sampled token is an output (None: all); a chunk that does not finish its
+    # prompt samples a token nobody uses.
+    output_rows: list[int] | None = None
 
 
 class SampleLaunch(msgspec.Struct, tag=True, frozen=True):

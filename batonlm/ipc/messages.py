@@ -25,6 +25,15 @@ class ShutdownRequest(msgspec.Struct, tag=True, frozen=True):
     pass
 
 
+class FlushCacheRequest(msgspec.Struct, tag=True, frozen=True):
+    """Empty the prefix cache (refused while requests run); answered with FlushCacheResult."""
+
+
+class FlushCacheResult(msgspec.Struct, tag=True, frozen=True):
+    ok: bool
+    message: str
+
+
 class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     """New tokens of one request in one iteration; `finish_reason` set on its last one.
 
@@ -39,6 +48,8 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     # With logprobs requested: per new token, its logprob and the top alternatives (id, logprob).
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # With a request's first token: how many of its prompt tokens the prefix cache served.
+    cached_tokens: int | None = None
 
 
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):
@@ -62,8 +73,12 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     num_running: int
     num_waiting: int
-    kv_used: int
+    kv_used: int  # held by running requests, or cached and locked by them
     kv_capacity: int
+    kv_evictable: int  # cached and evictable
+    cached_prompt_tokens: int  # of the prompt tokens admitted, those the prefix cache served
+    admitted_prompt_tokens: int
+    retractions: int
     req_slots_used: int
     req_slots_total: int
     iterations: int

@@ -60,10 +60,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(
-        self, logits: torch.Tensor, batch: ForwardBatch, *, all_greedy: bool, any_penalties: bool, top_logprobs: int
+        self, logits: torch.Tensor, batch: ForwardBatch, *, all_greedy: bool, any_penalties: bool, top_logprobs: int,
+        output_rows: torch.Tensor | None = None,
     ) -> SampleOutput:
+        """Sample every row; with penalties, count the tokens of the rows whose token is an
+        output (`output_rows`, None: all)."""
         table = self.sampling_table
         out = self.sampler.sample(logits, table.gather(batch.req_slots, batch.seq_lens, all_greedy, any_penalties, top_logprobs))
         if any_penalties:
-            table.record_outputs(batch.req_slots, out.token_ids)
+            if output_rows is None:
+                table.record_outputs(batch.req_slots, out.token_ids)
+            else:
+                table.record_outputs(batch.req_slots[output_rows], out.token_ids[output_rows])
         return out

@@ -17,3 +17,7 @@ class ReqToTokenPool:
 
     def write(self, req_slot_per_token: torch.Tensor, positions: torch.Tensor, kv_slots: torch.Tensor) -> None:
         self.table[req_slot_per_token, positions] = kv_slots
+
+    def write_prefix(self, req_slot: int, kv_slots: torch.Tensor) -> None:
+        """Point positions 0..n-1 of a request's row at the KV slots of its cached prefix."""
+        self.table[req_slot, : kv_slots.shape[0]] = kv_slots

@@ -90,6 +90,9 @@ class SlotSamplingTable:
             assert self.prompt_mask is not None
             ids = to_device(rec.prompt_ids, torch.int64, self.device)
             penalties.reset_slot(self.output_counts, self.prompt_mask, slot, ids)
+            if rec.output_ids:  # a request resuming after a retraction: its outputs so far
+                outs = to_device(rec.output_ids, torch.int64, self.device)
+                penalties.update_output_counts(self.output_counts, torch.full_like(outs, slot), outs)
 
     def record_outputs(self, req_slots: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Count the sampled tokens of a batch with penalties (their penalties read the counts)."""

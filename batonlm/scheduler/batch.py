@@ -9,13 +9,31 @@ from batonlm.scheduler.request import Request
 
 
 @dataclass
+class ExtendRow:
+    """`extend_len` new tokens of `req` at positions prefix_len.., on top of its KV for
+    positions 0..prefix_len-1 (its cached prefix, or its earlier chunks)."""
+
+    req: Request
+    prefix_len: int
+    extend_len: int
+    first: bool  # the request's first launch since its admission
+
+    @property
+    def produces_output(self) -> bool:
+        """The chunk that completes the prefill: its last logits give the next output."""
+        return self.prefix_len + self.extend_len == self.req.fill_len
+
+
+@dataclass
 class ScheduleBatch:
-    """`extend` rows compute new prompt tokens on top of their cached prefix (today: a whole
-    prompt, prefix 0); `decode` rows feed their newest output token."""
+    """`extend` rows compute new tokens on top of a cached prefix (a prompt, a chunk of one, or
+    a retracted request's prompt and outputs); `decode` rows feed their newest output."""
 
     batch_id: int
-    extend: list[Request] = field(default_factory=list)
+    extend: list[ExtendRow] = field(default_factory=list)
     decode: list[Request] = field(default_factory=list)
+    # Each row's request epoch at launch: a retraction in between voids the row's result.
+    epochs: list[int] = field(default_factory=list)
     # Set when sampling must wait for state the previous result updates (grammar masks).
     delay_sampling: bool = False
     # Hooks (see docs/architecture.md, "Hooks"): speculative decoding and grammars change the
@@ -23,11 +41,16 @@ class ScheduleBatch:
     is_speculative: bool = False
     has_grammar: bool = False
     global_is_extend: bool | None = None
+    launch: BatchLaunch | None = None  # built when the batch is planned
 
     @property
     def reqs(self) -> list[Request]:
         """Rows in launch order: extend rows, then decode rows."""
-        return self.extend + self.decode
+        return [row.req for row in self.extend] + self.decode
+
+    @property
+    def produces_output(self) -> list[bool]:
+        return [row.produces_output for row in self.extend] + [True] * len(self.decode)
 
     @property
     def is_extend(self) -> bool:
@@ -37,24 +60,29 @@ class ScheduleBatch:
         return len(self.extend) + len(self.decode)
 
     def to_launch(self) -> BatchLaunch:
-        """The device's view of this batch, once the scheduler has counted its rows as launched."""
+        """The device's view of this batch, once the planner has allocated its slots."""
         req_slots: list[int] = []
         prefix_lens: list[int] = []
         extend_lens: list[int] = []
         input_ids: list[int] = []
         out_cache_loc: list[int] = []
-        for r in self.extend:
+        table_writes: list[tuple[int, list[int]]] = []
+        for row in self.extend:
+            r, start, end = row.req, row.prefix_len, row.prefix_len + row.extend_len
             req_slots.append(r.req_slot)  # type: ignore[arg-type]
-            prefix_lens.append(0)
-            extend_lens.append(r.prompt_len)
-            input_ids.extend(r.prompt_ids)
-            out_cache_loc.extend(r.kv_slots[: r.prompt_len])
+            prefix_lens.append(start)
+            extend_lens.append(row.extend_len)
+            input_ids.extend(r.fill_ids[start:end])
+            out_cache_loc.extend(r.kv_slots[start:end])
+            if row.first and start:  # a cached prefix: the device's row must point at it
+                table_writes.append((r.req_slot, r.kv_slots[:start]))  # type: ignore[arg-type]
         for r in self.decode:
             req_slots.append(r.req_slot)  # type: ignore[arg-type]
             prefix_lens.append(r.kv_len - 1)
             extend_lens.append(1)
             out_cache_loc.append(r.kv_slots[r.kv_len - 1])
         reqs = self.reqs
+        produces = self.produces_output
         return BatchLaunch(
             batch_id=self.batch_id,
             req_slots=req_slots,
@@ -63,9 +91,11 @@ class ScheduleBatch:
             from_future=[False] * len(self.extend) + [True] * len(self.decode),
             input_ids=input_ids,
             out_cache_loc=out_cache_loc,
-            new_slots=[r.slot_sampling() for r in self.extend],
+            new_slots=[row.req.slot_sampling() for row in self.extend if row.first],
             all_greedy=all(r.params.is_greedy for r in reqs),
             any_penalties=any(r.params.has_penalties for r in reqs),
             sample=not self.delay_sampling,
             top_logprobs=max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=-1),
+            table_writes=table_writes,
+            output_rows=[i for i, p in enumerate(produces) if p] if not all(produces) else None,
         )

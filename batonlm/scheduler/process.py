@@ -16,12 +16,25 @@ from batonlm.logging_setup import configure_logging
 logger = logging.getLogger(__name__)
 
 
+# Tokens of a prompt computed per iteration when --chunked-prefill-size is not given: on a GPU
+# SGLang's default; on the CPU small enough that a chunk costs about as much as a decode step
+# of a few dozen streams (benchmarks/chunked_prefill.py).
+DEFAULT_CHUNK = {"cuda": 8192, "cpu": 256}
+
+
+def chunked_prefill_size(flag: int | None, device: str) -> int | None:
+    """The chunk size: the flag's, the device's default, or None (off) for a flag <= 0."""
+    if flag is None:
+        return DEFAULT_CHUNK["cuda" if device.startswith("cuda") else "cpu"]
+    return flag if flag > 0 else None
+
+
 def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
     """Load the model onto its device and build a scheduler around `io`."""
     from batonlm.device.factory import create_device
     from batonlm.device.spec import device_spec
     from batonlm.model_runner.model_config import ModelConfig
-    from batonlm.scheduler.scheduler import Scheduler
+    from batonlm.scheduler.scheduler import Scheduler, SchedulerConfig
 
     cfg = ModelConfig.from_hf(args.model)
     spec = device_spec(args, cfg)
@@ -29,13 +42,18 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
     sched = Scheduler(
         io,
         device,
-        vocab_size=cfg.vocab_size,
-        context_length=spec.context_length,
-        eos_token_ids=cfg.eos_token_ids,
-        max_running_requests=args.max_running_requests,
-        max_prefill_tokens=args.max_prefill_tokens,
-        enable_mixed_batch=args.enable_mixed_batch,
-        random_seed=args.random_seed,
+        SchedulerConfig(
+            vocab_size=cfg.vocab_size,
+            context_length=spec.context_length,
+            eos_token_ids=cfg.eos_token_ids,
+            max_running_requests=args.max_running_requests,
+            max_prefill_tokens=args.max_prefill_tokens,
+            chunked_prefill_size=chunked_prefill_size(args.chunked_prefill_size, spec.device),
+            enable_mixed_batch=args.enable_mixed_batch,
+            radix_cache=not args.disable_radix_cache,
+            schedule_policy=args.schedule_policy,
+            random_seed=args.random_seed,
+        ),
     )
     info = SchedulerInfo(
         model_path=cfg.path,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from batonlm.ipc.device_messages import SlotSampling
 from batonlm.request_checks import kv_slots_needed
 from batonlm.sampling_params import SamplingParams
@@ -14,11 +16,14 @@ FINISH_ABORT = "abort"
 class Request:
     """Prompt, outputs, slots and progress of one request.
 
-    Positions 0..prompt_len-1 hold the prompt; output k (0-based) sits at prompt_len + k. A
-    prefill computes the prompt and samples output 0; each decode feeds output k-1 at position
-    prompt_len + k - 1 and samples output k. `num_launched` counts outputs whose forward has
-    been launched; `output_ids` holds those whose result has been processed (the two differ by
-    the forwards in flight).
+    Positions 0..prompt_len-1 hold the prompt; output k (0-based) sits at prompt_len + k. While
+    admitted, the request extends its KV to `fill_len` tokens (its prompt, or after a retraction
+    its prompt and the outputs it had), a chunk per iteration, from `kv_len` (the positions
+    whose KV is computed or launched: the cached prefix first); the launch that reaches
+    `fill_len` samples the next output. Each decode then feeds the newest output at position
+    kv_len and samples the one after. `output_ids` holds the outputs whose result was processed;
+    `num_outputs_launched` counts those whose forward was launched (the two differ by the
+    forwards in flight).
     """
 
     __slots__ = (
@@ -27,14 +32,22 @@ class Request:
         "params",
         "seed",
         "max_new_tokens",
-        "kv_needed",
+        "max_kv_len",
         "stop_ids",
         "output_ids",
         "req_slot",
         "kv_slots",
-        "num_launched",
+        "cached_len",
+        "cache_node",
+        "kv_len",
+        "fill_len",
+        "num_outputs_launched",
         "inflight",
         "finish_reason",
+        "epoch",
+        "first_cached_len",
+        "waited",
+        "slot_sent",
     )
 
     def __init__(
@@ -46,36 +59,62 @@ class Request:
         self.params = params
         self.seed = seed
         # The last output may sit at position context_length - 1 at most.
-        self.kv_needed, self.max_new_tokens = kv_slots_needed(len(prompt_ids), params.max_new_tokens, context_length)
+        self.max_kv_len, self.max_new_tokens = kv_slots_needed(len(prompt_ids), params.max_new_tokens, context_length)
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(eos_ids)
         self.stop_ids = frozenset(stops)
         self.output_ids: list[int] = []
         self.req_slot: int | None = None
-        # The KV slot of every position the request may fill, allocated at admission.
+        # KV slot of each position 0..len-1: the cached prefix (owned by the radix cache, locked
+        # by `cache_node`), then the request's own.
         self.kv_slots: list[int] = []
-        self.num_launched = 0
+        self.cached_len = 0
+        self.cache_node: Any = None
+        self.kv_len = 0
+        self.fill_len = 0
+        self.num_outputs_launched = 0
         self.inflight = 0
         self.finish_reason: str | None = None
+        # Bumped by a retraction: results of launches from an earlier epoch are dropped.
+        self.epoch = 0
+        self.first_cached_len: int | None = None  # prompt tokens the cache served at first admission
+        self.waited = 0  # iterations spent waiting (the LPM policy's age bound)
+        self.slot_sent = False  # its SlotSampling went with a launch since its last admission
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
     @property
-    def kv_len(self) -> int:
-        """Positions whose KV a launched forward computes: the prompt, then one per decode."""
-        return self.prompt_len + self.num_launched - 1 if self.num_launched else 0
+    def fill_ids(self) -> list[int]:
+        """What an admission extends the KV to: the prompt, and the outputs known so far."""
+        return self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     @property
+    def admitted(self) -> bool:
+        return self.req_slot is not None and self.fill_len > 0
+
+    @property
+    def prefilling(self) -> bool:
+        """Admitted and not yet extended to its fill length: its next launch is an extend row."""
+        return self.admitted and self.kv_len < self.fill_len
+
+    @property
     def can_decode(self) -> bool:
-        """Started, not known to be finished, and another forward is still needed."""
-        return self.finish_reason is None and 0 < self.num_launched < self.max_new_tokens
+        """Its prefill is launched, it is not known to be finished, and another output is due."""
+        return (
+            self.finish_reason is None and self.admitted and self.kv_len >= self.fill_len
+            and 0 < self.num_outputs_launched < self.max_new_tokens
+        )
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return self.max_new_tokens - len(self.output_ids)
 
     def check_finished(self) -> None:
         """Set the finish reason after `output_ids` grew by one token."""
@@ -87,7 +126,8 @@ class Request:
             self.finish_reason = FINISH_LENGTH
 
     def slot_sampling(self) -> SlotSampling:
-        """The sampling record the device keeps for this request while it holds its slot."""
+        """The sampling record the device keeps for this request while it holds its slot; after
+        a retraction it carries the outputs so far (penalties count them)."""
         p = self.params
         return SlotSampling(
             req_slot=self.req_slot,  # type: ignore[arg-type]
@@ -96,7 +136,9 @@ class Request:
             stop_ids=sorted(self.stop_ids),
             prompt_len=self.prompt_len,
             prompt_ids=self.prompt_ids if p.has_penalties else [],
+            output_ids=list(self.output_ids) if p.has_penalties else [],
         )
 
     def __repr__(self) -> str:
-        return f"Request({self.rid!r}, prompt={self.prompt_len}, out={len(self.output_ids)}, finish={self.finish_reason})"
+        return (f"Request({self.rid!r}, prompt={self.prompt_len}, out={len(self.output_ids)}, kv={self.kv_len}/"
+                f"{self.fill_len}, finish={self.finish_reason})")

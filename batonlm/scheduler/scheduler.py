@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from batonlm.device.base import DeviceStream, PendingResult
 from batonlm.ipc.codec import Message
@@ -19,6 +20,8 @@ from batonlm.ipc.device_messages import SampleLaunch
 from batonlm.ipc.messages import (
     AbortRequest,
     BatchOutput,
+    FlushCacheRequest,
+    FlushCacheResult,
     GenerateRequest,
     SchedulerStats,
     ShutdownRequest,
@@ -28,13 +31,13 @@ from batonlm.ipc.messages import (
 from batonlm.request_checks import check_request
 from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.io import SchedulerIO
-from batonlm.scheduler.kv_allocator import KVSlotAllocator, ReqSlotAllocator
-from batonlm.scheduler.kv_budget import KVBudget
+from batonlm.scheduler.kv_memory import KVMemory
 from batonlm.scheduler.overlap_policy import (
     DISABLE_CONSECUTIVE_PREFILL_ENV,
     env_flag,
     is_disable_overlap_for_batch,
 )
+from batonlm.scheduler.planner import BatchPlanner, PlannerConfig
 from batonlm.scheduler.request import FINISH_ABORT, Request
 from batonlm.scheduler.timing import LoopTiming
 
@@ -45,35 +48,41 @@ IDLE_POLL_S = 0.05
 STATUS_LOG_INTERVAL_S = 10.0
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    vocab_size: int
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+    max_running_requests: int
+    max_prefill_tokens: int
+    chunked_prefill_size: int | None = None  # None: prompts are prefilled whole
+    enable_mixed_batch: bool = False
+    radix_cache: bool = True
+    schedule_policy: str = "fcfs"
+    random_seed: int = 0
+
+
 class Scheduler:
-    def __init__(
-        self,
-        io: SchedulerIO,
-        device: DeviceStream,
-        *,
-        vocab_size: int,
-        context_length: int,
-        eos_token_ids: tuple[int, ...],
-        max_running_requests: int,
-        max_prefill_tokens: int,
-        enable_mixed_batch: bool = False,
-        random_seed: int = 0,
-    ) -> None:
+    def __init__(self, io: SchedulerIO, device: DeviceStream, config: SchedulerConfig) -> None:
         self.io = io
         self.device = device
-        spec = device.spec
-        self.vocab_size = vocab_size
-        self.context_length = context_length
-        self.eos_token_ids = eos_token_ids
-        self.max_running_requests = max_running_requests
-        self.max_prefill_tokens = max_prefill_tokens
-        self.enable_mixed_batch = enable_mixed_batch
+        self.config = config
+        self.context_length = config.context_length
         self.disable_consecutive_prefill_overlap = env_flag(DISABLE_CONSECUTIVE_PREFILL_ENV)
         self.require_mlp_sync = False  # set by data parallelism
 
-        self.kv_alloc = KVSlotAllocator(spec.kv_capacity)
-        self.req_alloc = ReqSlotAllocator(spec.num_req_slots)
-        self.budget = KVBudget(self.kv_alloc, self.req_alloc)
+        spec = device.spec
+        self.memory = KVMemory(spec.kv_capacity, spec.num_req_slots, radix_cache=config.radix_cache)
+        self.planner = BatchPlanner(
+            PlannerConfig(
+                max_running_requests=config.max_running_requests,
+                max_prefill_tokens=config.max_prefill_tokens,
+                chunked_prefill_size=config.chunked_prefill_size,
+                mixed=config.enable_mixed_batch or config.chunked_prefill_size is not None,
+                policy=config.schedule_policy,
+            ),
+            self.memory,
+        )
         # Ordered containers only: batch order must be the same in every run.
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -81,17 +90,16 @@ class Scheduler:
         self.result_queue: deque[tuple[ScheduleBatch, PendingResult]] = deque()
         self.last_batch: ScheduleBatch | None = None
         self._outputs: list[TokenOutput] = []
-        self._running_dirty = False
         self._next_batch_id = 0
         self._shutdown = False
         # Unseeded requests draw their seed from this per-engine generator, in arrival order.
-        self._rng = random.Random(random_seed)
+        self._rng = random.Random(config.random_seed)
 
         self.iteration = 0
         self.timing = LoopTiming()
         self.prompt_tokens = 0
         self.generated_tokens = 0
-        # Tokens sampled for requests already finished (the one-step overrun, or an abort).
+        # Tokens sampled for requests already finished or retracted (the one-step overrun).
         self.dropped_tokens = 0
         self._last_status = time.monotonic()
         self._tokens_at_last_status = 0
@@ -102,13 +110,18 @@ class Scheduler:
         return not self.waiting and not self.running and not self.result_queue
 
     def stats(self) -> SchedulerStats:
+        mem = self.memory
         return SchedulerStats(
             num_running=sum(1 for r in self.running if not r.finished),
             num_waiting=len(self.waiting),
-            kv_used=self.kv_alloc.num_used,
-            kv_capacity=self.kv_alloc.capacity,
-            req_slots_used=self.req_alloc.num_used,
-            req_slots_total=self.req_alloc.capacity,
+            kv_used=mem.in_use,
+            kv_capacity=mem.capacity,
+            kv_evictable=mem.evictable,
+            cached_prompt_tokens=mem.cached_tokens,
+            admitted_prompt_tokens=mem.admitted_tokens,
+            retractions=self.planner.num_retractions,
+            req_slots_used=mem.req_slots.num_used,
+            req_slots_total=mem.req_slots.capacity,
             iterations=self.iteration,
             prompt_tokens=self.prompt_tokens,
             generated_tokens=self.generated_tokens,
@@ -141,6 +154,8 @@ class Scheduler:
             self.abort(msg.rid)
         elif isinstance(msg, StatsRequest):
             self.io.send(self.stats())
+        elif isinstance(msg, FlushCacheRequest):
+            self.io.send(self.flush_cache())
         elif isinstance(msg, ShutdownRequest):
             self._shutdown = True
         else:
@@ -150,6 +165,13 @@ class Scheduler:
         logger.info("request %s rejected: %s", rid, error)
         self._outputs.append(TokenOutput(rid, [], FINISH_ABORT, error))
 
+    def flush_cache(self) -> FlushCacheResult:
+        """Empty the prefix cache; refused while requests run or wait."""
+        if self.requests or self.result_queue:
+            return FlushCacheResult(False, f"{len(self.requests)} request(s) are running or waiting")
+        self.memory.flush()
+        return FlushCacheResult(True, "")
+
     def _add_request(self, msg: GenerateRequest) -> None:
         params = msg.sampling_params
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
@@ -157,12 +179,12 @@ class Scheduler:
             return self._reject(msg.rid, f"request id {msg.rid!r} is already in use")
         try:
             check_request(
-                msg.input_ids, params, context_length=self.context_length, vocab_size=self.vocab_size,
-                kv_capacity=self.kv_alloc.capacity,
+                msg.input_ids, params, context_length=self.context_length, vocab_size=self.config.vocab_size,
+                kv_capacity=self.memory.capacity,
             )
         except ValueError as e:
             return self._reject(msg.rid, str(e))
-        req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.eos_token_ids)
+        req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.config.eos_token_ids)
         self.requests[req.rid] = req
         self.waiting.append(req)
 
@@ -170,7 +192,7 @@ class Scheduler:
         req = self.requests.get(rid)
         if req is None or req.finished:
             return
-        if req.req_slot is None:  # still waiting
+        if req in self.waiting:
             self.waiting.remove(req)
         req.finish_reason = FINISH_ABORT
         self._finish(req)
@@ -178,40 +200,21 @@ class Scheduler:
 
     # ------------------------------------------------------------------ batches
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
-        """Prefill first: admit waiting requests if any fit; otherwise decode every running one."""
-        if self._running_dirty:
-            self.running = [r for r in self.running if not r.finished]
-            self._running_dirty = False
-        batch = ScheduleBatch(self._next_batch_id)
-        batch.extend = self._admit()
-        if not batch.extend or self.enable_mixed_batch:
-            batch.decode = [r for r in self.running if r.can_decode]
+        """What the planner makes of the waiting and running requests (planner.py)."""
+        self.running = [r for r in self.running if not r.finished]
+        batch = self.planner.plan(self._next_batch_id, self.waiting, self.running)
         if not batch:
             return None
         self._next_batch_id += 1
         for r in batch.reqs:
-            r.num_launched += 1
             r.inflight += 1
-        self.running.extend(batch.extend)
+            batch.epochs.append(r.epoch)
+        self.prompt_tokens += sum(row.extend_len for row in batch.extend)
         batch.delay_sampling = self.needs_delayed_sampling(batch)
+        # Fixed now: processing the previous result before the launch (the overlap policy) may
+        # finish a request of this batch and release its slots.
+        batch.launch = batch.to_launch()
         return batch
-
-    def _admit(self) -> list[Request]:
-        admitted: list[Request] = []
-        tokens = 0
-        room = self.max_running_requests - len(self.running)
-        while self.waiting and len(admitted) < room:
-            req = self.waiting[0]
-            if admitted and tokens + req.prompt_len > self.max_prefill_tokens:
-                break
-            if not self.budget.can_admit(req):
-                break  # first come, first served: no overtaking
-            self.waiting.popleft()
-            self.budget.admit(req)
-            admitted.append(req)
-            tokens += req.prompt_len
-        self.prompt_tokens += tokens
-        return admitted
 
     def needs_delayed_sampling(self, batch: ScheduleBatch) -> bool:
         """Hook: a batch whose sampling needs state its predecessor's result updates (grammar
@@ -224,7 +227,8 @@ class Scheduler:
 
     def run_batch(self, batch: ScheduleBatch) -> PendingResult:
         t0 = time.perf_counter()
-        pending = self.device.launch(batch.to_launch())
+        assert batch.launch is not None
+        pending = self.device.launch(batch.launch)
         self.timing.launch_s += time.perf_counter() - t0
         return pending
 
@@ -243,40 +247,45 @@ class Scheduler:
         result = pending.wait()
         t1 = time.perf_counter()
         ids, lp = result.token_ids, result.logprobs
-        for row, (req, tok) in enumerate(zip(batch.reqs, ids, strict=True)):
+        rows = zip(batch.reqs, batch.epochs, batch.produces_output, ids, strict=True)
+        for row, (req, epoch, produces, tok) in enumerate(rows):
             req.inflight -= 1
-            if req.finished:
-                # The one-step overrun (or an abort): drop the token; free the request slot
-                # once no forward of this request is in flight any more.
+            if req.finished or epoch != req.epoch:
+                # The one-step overrun, an abort, or a retraction since the launch: drop the
+                # token; free the request slot once no forward of it is in flight any more.
                 self.dropped_tokens += 1
-                if req.inflight == 0:
-                    self.budget.release_req_slot(req)
+                self._release_req_slot_if_idle(req)
+                continue
+            if not produces:  # a chunk that does not finish the prompt
                 continue
             req.output_ids.append(tok)
             self.generated_tokens += 1
             req.check_finished()
             if req.finished:
                 self._finish(req)
+            cached = req.first_cached_len if len(req.output_ids) == 1 else None
             n = req.params.logprobs
             if n is None or lp is None:
-                self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason))
+                self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason, cached_tokens=cached))
             else:
                 top = list(zip(lp.top_ids[row][:n], lp.top_logprobs[row][:n], strict=True))
                 self._outputs.append(
-                    TokenOutput(req.rid, [tok], req.finish_reason, None, [lp.chosen[row]], [top])
+                    TokenOutput(req.rid, [tok], req.finish_reason, None, [lp.chosen[row]], [top], cached)
                 )
         self.timing.wait_s += t1 - t0
         self.timing.process_s += time.perf_counter() - t1
 
+    def _release_req_slot_if_idle(self, req: Request) -> None:
+        if req.inflight == 0 and not req.admitted:
+            self.memory.release_req_slot(req)
+
     def _finish(self, req: Request) -> None:
-        """Free what a finished request holds. Its KV slots are reusable at once (device work is
-        ordered); its request slot waits until its in-flight forwards are processed."""
-        if req.req_slot is not None:
-            self.budget.release_kv(req)
-            if req.inflight == 0:
-                self.budget.release_req_slot(req)
+        """Release what a finished request holds. Its KV goes to the cache (or is freed) at once
+        (device work is ordered); its request slot waits for its in-flight forwards."""
+        if req.admitted:
+            self.memory.release(req)
+        self._release_req_slot_if_idle(req)
         self.requests.pop(req.rid, None)
-        self._running_dirty = True
 
     def flush_outputs(self) -> None:
         if self._outputs:
@@ -350,13 +359,15 @@ class Scheduler:
             return
         elapsed = now - self._last_status
         self._last_status = now
+        mem = self.memory
         logger.info(
-            "running %d, queued %d, KV %d/%d (%.0f%%), %.1f tokens/s",
+            "running %d, queued %d, KV %d/%d in use (%.0f%%), %d cached, %.1f tokens/s",
             len(self.running),
             len(self.waiting),
-            self.kv_alloc.num_used,
-            self.kv_alloc.capacity,
-            100.0 * self.kv_alloc.num_used / max(1, self.kv_alloc.capacity),
+            mem.in_use,
+            mem.capacity,
+            100.0 * mem.in_use / max(1, mem.capacity),
+            mem.evictable,
             (self.generated_tokens - self._tokens_at_last_status) / elapsed,
         )
         self._tokens_at_last_status = self.generated_tokens

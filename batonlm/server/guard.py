@@ -18,7 +18,7 @@ from batonlm.server.errors import APIError, current_request_id, to_api_error, to
 
 logger = logging.getLogger(__name__)
 
-_PROTECTED_PREFIXES = ("/v1/", "/generate")
+_PROTECTED_PREFIXES = ("/v1/", "/generate", "/flush_cache")
 # A client's own X-Request-Id is kept when it is short and plain; otherwise one is made.
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
 

@@ -21,6 +21,14 @@ class ServerMetrics:
         self.kv_usage = Gauge("batonlm_kv_cache_usage_ratio", "Fraction of KV slots in use", labels, registry=r)
         self.kv_used = Gauge("batonlm_kv_cache_used_slots", "KV slots in use", labels, registry=r)
         self.kv_total = Gauge("batonlm_kv_cache_total_slots", "KV slots in the cache", labels, registry=r)
+        self.kv_evictable = Gauge("batonlm_kv_cache_evictable_slots", "KV slots of cached prefixes no running "
+                                  "request reads (evicted when room is needed)", labels, registry=r)
+        self.cache_hit = Gauge("batonlm_prefix_cache_hit_ratio", "Share of admitted prompt tokens the prefix cache "
+                               "served, since start", labels, registry=r)
+        self.cached_tokens = Gauge("batonlm_prefix_cache_hit_tokens", "Prompt tokens the prefix cache served, "
+                                   "since start", labels, registry=r)
+        self.retractions = Gauge("batonlm_scheduler_retractions", "Requests retracted (the KV pool was full) "
+                                 "since start", labels, registry=r)
         self.req_slots_used = Gauge("batonlm_request_slots_used", "Request slots in use", labels, registry=r)
         self.sched_cpu = Gauge("batonlm_scheduler_cpu_seconds", "Scheduler CPU work so far (building batches, "
                                "launching, processing results)", labels, registry=r)
@@ -62,6 +70,10 @@ class ServerMetrics:
         self.kv_total.labels(**self.label).set(stats.kv_capacity)
         self.kv_usage.labels(**self.label).set(stats.kv_used / max(1, stats.kv_capacity))
         self.req_slots_used.labels(**self.label).set(stats.req_slots_used)
+        self.kv_evictable.labels(**self.label).set(stats.kv_evictable)
+        self.cache_hit.labels(**self.label).set(stats.cached_prompt_tokens / max(1, stats.admitted_prompt_tokens))
+        self.cached_tokens.labels(**self.label).set(stats.cached_prompt_tokens)
+        self.retractions.labels(**self.label).set(stats.retractions)
         self.sched_cpu.labels(**self.label).set(stats.scheduler_cpu_s)
         self.device_wait.labels(**self.label).set(stats.device_wait_s)
         self.device_compute.labels(**self.label).set(stats.device_compute_s)

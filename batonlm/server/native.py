@@ -64,6 +64,17 @@ async def metrics(request: Request):
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+@router.post("/flush_cache")
+async def flush_cache(request: Request):
+    """Empty the prefix cache; a 400 while requests run or wait."""
+    state = server_state(request)
+    state.check_healthy()
+    result = await state.manager.flush_cache()
+    if not result.ok:
+        raise bad_request(f"the cache cannot be flushed now: {result.message}", code="requests_running")
+    return {"status": "ok"}
+
+
 @router.post("/generate")
 async def generate(request: Request):
     """SGLang-style: `text` or `input_ids`, `sampling_params` (SGLang names, plus `stop`
@@ -94,14 +105,18 @@ async def generate(request: Request):
     rid = req.rid or common.request_id("gen")
     jobs = [(ids, params)]
 
-    def meta(finish: str | None, completion_tokens: int) -> dict:
-        return {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": completion_tokens}
+    def meta(finish: str | None, completion_tokens: int, cached_tokens: int | None) -> dict:
+        return {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": completion_tokens,
+                "cached_tokens": cached_tokens}
 
     if req.stream:
         async def stream():
             try:
+                cached = None
                 async for _, c in common.stream_choices(state, jobs, stop, rid):
-                    yield sse({"text": c.text, "output_ids": c.token_ids, "meta_info": meta(c.finish_reason, c.completion_tokens)})
+                    cached = c.cached_tokens if c.cached_tokens is not None else cached
+                    yield sse({"text": c.text, "output_ids": c.token_ids,
+                               "meta_info": meta(c.finish_reason, c.completion_tokens, cached)})
             except Exception as e:
                 yield sse(to_api_error(e).body())
             yield DONE
@@ -112,5 +127,6 @@ async def generate(request: Request):
     return {
         "text": result.text,
         "output_ids": result.token_ids,
-        "meta_info": {**meta(result.finish_reason, result.completion_tokens), "e2e_latency": time.perf_counter() - t0},
+        "meta_info": {**meta(result.finish_reason, result.completion_tokens, result.cached_tokens),
+                      "e2e_latency": time.perf_counter() - t0},
     }

@@ -48,7 +48,8 @@ async def chat_completions(request: Request):
             }
             for i, r in enumerate(results)
         ],
-        "usage": common.usage(len(input_ids), sum(r.completion_tokens for r in results)),
+        "usage": common.usage(len(input_ids), sum(r.completion_tokens for r in results),
+                              [r.cached_tokens for r in results], req.n),
     })
 
 
@@ -66,5 +67,5 @@ def _stream(state: ServerState, req: ChatCompletionRequest, jobs, rid: str, crea
                for i in range(len(jobs))]
     return common.sse_body(
         state, jobs, req.stop_strings, rid, obj="chat.completion.chunk", created=created, include_usage=req.include_usage,
-        prompt_tokens=prompt_tokens, opening=opening, to_choices=to_choices,
+        prompt_tokens=prompt_tokens, choices_per_prompt=req.n, opening=opening, to_choices=to_choices,
     )

@@ -117,6 +117,7 @@ class ChoiceResult:
     finish_reason: str | None = None
     completion_tokens: int = 0
     error: str | None = None
+    cached_tokens: int = 0
 
 
 async def stream_choices(
@@ -169,6 +170,7 @@ async def sse_body(
     created: int,
     include_usage: bool,
     prompt_tokens: int,
+    choices_per_prompt: int,
     opening: list[dict],
     to_choices: Callable[[int, GenerationChunk], list[dict]],
 ) -> AsyncIterator[bytes]:
@@ -176,6 +178,7 @@ async def sse_body(
     of each chunk, one event per choice, an optional usage event, and [DONE]. An error after
     the response started becomes an error event."""
     usage_field = {"usage": None} if include_usage else {}
+    cached = [0] * len(jobs)
 
     def event(choices: list[dict], **extra) -> bytes:
         return sse({"id": rid, "object": obj, "created": created, "model": state.model_name, "choices": choices,
@@ -187,6 +190,8 @@ async def sse_body(
     try:
         async for i, chunk in stream_choices(state, jobs, stop, rid):
             completion_tokens[i] = chunk.completion_tokens
+            if chunk.cached_tokens is not None:
+                cached[i] = chunk.cached_tokens
             for choice in to_choices(i, chunk):
                 yield event([choice])
     except Exception as e:
@@ -194,7 +199,7 @@ async def sse_body(
         yield DONE
         return
     if include_usage:
-        yield event([], usage=usage(prompt_tokens, sum(completion_tokens)))
+        yield event([], usage=usage(prompt_tokens, sum(completion_tokens), cached, choices_per_prompt))
     yield DONE
 
 
@@ -207,6 +212,8 @@ async def collect_choices(
         r.text += chunk.text
         r.token_ids += chunk.token_ids
         r.completion_tokens = chunk.completion_tokens
+        if chunk.cached_tokens is not None:
+            r.cached_tokens = chunk.cached_tokens
         if chunk.logprobs:
             r.logprobs += chunk.logprobs
         if chunk.finish_reason is not None:
@@ -218,11 +225,14 @@ async def collect_choices(
     return results
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: list[int], n: int) -> dict:
+    """OpenAI's usage; `cached_tokens` per choice, of which every n-th (the first choice of
+    each prompt) counts: a prompt's tokens are counted once however many choices it has."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(cached_tokens[::n])},
     }
 
 

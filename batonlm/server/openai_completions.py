@@ -63,7 +63,8 @@ async def completions(request: Request):
             }
             for i, r in enumerate(results)
         ],
-        "usage": common.usage(prompt_tokens, sum(r.completion_tokens for r in results)),
+        "usage": common.usage(prompt_tokens, sum(r.completion_tokens for r in results),
+                              [r.cached_tokens for r in results], req.n),
     })
 
 
@@ -84,5 +85,5 @@ def _stream(state: ServerState, req: CompletionRequest, jobs, echoes: list[str],
     opening = [{"index": i, "text": e, "logprobs": None, "finish_reason": None} for i, e in enumerate(echoes) if e]
     return common.sse_body(
         state, jobs, req.stop_strings, rid, obj="text_completion", created=created, include_usage=req.include_usage,
-        prompt_tokens=prompt_tokens, opening=opening, to_choices=to_choices,
+        prompt_tokens=prompt_tokens, choices_per_prompt=req.n, opening=opening, to_choices=to_choices,
     )

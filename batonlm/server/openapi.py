@@ -29,6 +29,7 @@ POST_ROUTES: tuple[tuple[str, type[BaseModel], type[BaseModel], bool], ...] = (
     ("/v1/completions", protocol.CompletionRequest, responses.Completion, True),
     ("/generate", protocol.NativeGenerateRequest, responses.GenerateResponse, True),
 )
+FLUSH = "/flush_cache"
 GET_ROUTES: dict[str, type[BaseModel]] = {
     "/health": responses.Health,
     "/v1/models": responses.ModelList,
@@ -168,6 +169,11 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         "description": "The scheduler is not running, or the server is shutting down",
         "content": _json(REF.format(model="Health")),
     }
+    paths[FLUSH]["post"]["responses"] = {
+        "200": {"description": "The cache is empty", "content": _json(REF.format(model="Health"))},
+        **_errors(["400", "401", "500", "503"]),
+    }
+    paths[FLUSH]["post"]["responses"]["400"]["description"] = "Requests are running or waiting"
     metrics = paths["/metrics"]["get"]
     metrics["responses"] = {
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}

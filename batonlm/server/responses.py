@@ -10,10 +10,15 @@ from pydantic import BaseModel
 FinishReason = Literal["stop", "length", "abort"] | None
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose KV the prefix cache served
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class TopLogprob(BaseModel):
@@ -84,6 +89,7 @@ class GenerateMeta(BaseModel):
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None
     e2e_latency: float
 
 

@@ -27,6 +27,8 @@ from batonlm.ipc.endpoints import new_endpoints
 from batonlm.ipc.messages import (
     AbortRequest,
     BatchOutput,
+    FlushCacheRequest,
+    FlushCacheResult,
     GenerateRequest,
     SchedulerFailed,
     SchedulerInfo,
@@ -83,6 +85,7 @@ class TokenizerManager:
         self.on_scheduler_death: Callable[[], None] | None = None
         self.observer: RequestObserver | None = None
         self._stats_waiters: list[asyncio.Future] = []
+        self._flush_waiters: list[asyncio.Future] = []
         self._ctx = zmq.asyncio.Context(1)
         self._push: zmq.asyncio.Socket | None = None
         self._pull: zmq.asyncio.Socket | None = None
@@ -156,10 +159,11 @@ class TokenizerManager:
     def _fail_all(self, error: Exception) -> None:
         for state in self.states.values():
             state.fail(error)
-        for fut in self._stats_waiters:
+        for fut in self._stats_waiters + self._flush_waiters:
             if not fut.done():
                 fut.set_exception(error)
         self._stats_waiters.clear()
+        self._flush_waiters.clear()
 
     # ------------------------------------------------------------------ IO
     async def _send(self, msg: Message) -> None:
@@ -183,9 +187,10 @@ class TokenizerManager:
                         logger.info("request %s aborted: its client fell %d outputs behind", out.rid, backlog)
                         state.fail(ClientTooSlow(f"the client fell more than {backlog} outputs behind its stream"))
                         self.abort_nowait(out.rid)
-            elif isinstance(msg, SchedulerStats):
-                if self._stats_waiters:
-                    fut = self._stats_waiters.pop(0)
+            elif isinstance(msg, SchedulerStats | FlushCacheResult):
+                waiters = self._stats_waiters if isinstance(msg, SchedulerStats) else self._flush_waiters
+                if waiters:
+                    fut = waiters.pop(0)
                     if not fut.done():
                         fut.set_result(msg)
             elif isinstance(msg, SchedulerFailed):
@@ -280,6 +285,13 @@ class TokenizerManager:
                 logger.warning("the abort of request %s was not sent: %s", rid, fut.exception())
 
         sent.add_done_callback(check)
+
+    async def flush_cache(self, timeout_s: float = 30.0) -> FlushCacheResult:
+        """Ask the scheduler to empty its prefix cache (it refuses while requests run)."""
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append(fut)
+        await self._send(FlushCacheRequest())
+        return await asyncio.wait_for(fut, timeout_s)
 
     async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()

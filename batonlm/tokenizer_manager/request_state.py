@@ -53,6 +53,7 @@ class GenerationChunk:
     completion_tokens: int
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    cached_tokens: int | None = None  # with the first token: prompt tokens the prefix cache served
 
 
 class RequestObserver(Protocol):
@@ -137,5 +138,6 @@ class RequestState:
             completion_tokens=self.completion_tokens,
             error=out.error,
             logprobs=logprobs,
+            cached_tokens=out.cached_tokens,
         )
         return chunk, stopped_early

@@ -32,23 +32,25 @@ def test_too_long_and_never_fitting_requests_are_rejected(stories_path, overlap)
         h.close()
 
 
-def test_requests_wait_for_kv_memory_then_run(stories_path):
-    """A request that fits the pool but not beside the running ones waits, then runs."""
+def test_requests_beyond_the_pool_are_retracted_and_resume_unchanged(stories_path):
+    """Four requests that each fit the pool (199 slots of 300) but not two at a time: admitted
+    optimistically, retracted when the pool runs out, resumed from prompt + outputs; each ends
+    with the tokens it produces alone."""
     h = SchedulerHarness(stories_path, max_total_tokens=300)
     try:
         params = {"max_new_tokens": 100, "temperature": 0.0, "ignore_eos": True}
-        for i in range(4):  # each needs 100 + 100 - 1 = 199 slots: one at a time
-            h.submit(f"r{i}", [1] + [300 + i] * 99, params)
-        max_running = 0
-
-        def on_output(msg):
-            nonlocal max_running
-            max_running = max(max_running, h.sched.stats().num_running)
-
-        h.io.on_output = on_output
+        prompts = {f"r{i}": [1] + [300 + i] * 99 for i in range(4)}
+        alone = {}
+        for rid, ids in prompts.items():
+            h.submit(rid, ids, params)
+            alone.update(h.run(overlap=True))
+        h.assert_all_free()
+        for rid, ids in prompts.items():
+            h.submit(rid, ids, params)
         records = h.run(overlap=True)
+        assert {k: v.token_ids for k, v in records.items()} == {k: v.token_ids for k, v in alone.items()}
         assert all(len(r.token_ids) == 100 for r in records.values())
-        assert max_running == 1
+        assert h.sched.stats().retractions > 0
         h.assert_all_free()
     finally:
         h.close()

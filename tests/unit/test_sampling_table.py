@@ -10,8 +10,10 @@ from batonlm.sampling_params import SamplingParams
 V = 50
 
 
-def record(slot, params, *, seed=1, stop_ids=(), prompt=(3, 4, 5)):
-    return SlotSampling(slot, params, seed, sorted(stop_ids), len(prompt), list(prompt) if params.has_penalties else [])
+def record(slot, params, *, seed=1, stop_ids=(), prompt=(3, 4, 5), outputs=()):
+    pen = params.has_penalties
+    return SlotSampling(slot, params, seed, sorted(stop_ids), len(prompt), list(prompt) if pen else [],
+                        list(outputs) if pen else [])
 
 
 def t(xs):
@@ -68,3 +70,11 @@ def test_penalty_state_follows_the_slot_and_is_reset_for_its_next_request():
     pen = table.gather(t([1]), t([1]), all_greedy=True, any_penalties=True).penalties
     assert pen.bias_ids.tolist() == [[-1, -1]] and int(table.output_counts[1].sum()) == 0
     assert table.prompt_mask[1].nonzero().flatten().tolist() == [6]
+
+
+def test_a_resumed_request_gets_its_output_counts_back():
+    """After a retraction, the record carries the outputs so far: the penalties count them."""
+    table = SlotSamplingTable(2, V, "cpu")
+    table.init_slot(record(1, SamplingParams(frequency_penalty=1.0), prompt=(3, 4), outputs=(9, 9, 12)))
+    assert table.output_counts[1, 9] == 2 and table.output_counts[1, 12] == 1
+    assert int(table.output_counts[1].sum()) == 3

@@ -1,0 +1,190 @@
+"""BatchPlanner: what the next batch runs, within the KV memory.
+
+Each iteration (with chunked prefill or mixed batches, all in one batch; otherwise a batch of
+extend rows when any can run, else a decode batch):
+1. the request in the middle of its prefill (a prompt longer than a chunk, or one resuming after
+   a retraction) continues with its next chunk;
+2. running requests past their prefill decode one token each, allocating one KV slot each;
+3. waiting requests are admitted in policy order (`schedule_policy.py`) while the iteration's
+   extend budget lasts and their estimated need fits: what they must compute now plus a share
+   of the outputs they may still generate (`NewTokenRatio`), after what the running requests
+   may still need. Each gets its cached prefix from the radix cache; at most one prompt is cut
+   into chunks at a time.
+When the pool cannot give a row its slots, running requests are retracted, fewest generated
+tokens first: their KV goes to the cache, and they wait at the front of the queue to resume
+from prompt + outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from batonlm.scheduler.batch import ExtendRow, ScheduleBatch
+from batonlm.scheduler.kv_memory import KVMemory
+from batonlm.scheduler.request import Request
+from batonlm.scheduler.schedule_policy import admission_order
+
+logger = logging.getLogger(__name__)
+
+# A running request's future need is estimated from at most this many of its remaining tokens.
+CLIP_MAX_NEW_TOKENS = 2048
+
+
+class NewTokenRatio:
+    """The share of a request's remaining max_new_tokens it is assumed to still generate (SGLang's
+    new_token_ratio): high at first, decaying with every decode step while memory suffices,
+    back to its initial value after a retraction."""
+
+    def __init__(self, init: float = 0.7, minimum: float = 0.1, decay_steps: int = 600) -> None:
+        self.init, self.minimum = init, minimum
+        self.decay = (init - minimum) / decay_steps
+        self.value = init
+
+    def step(self) -> None:
+        self.value = max(self.minimum, self.value - self.decay)
+
+    def reset(self) -> None:
+        self.value = self.init
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    max_running_requests: int
+    max_prefill_tokens: int
+    chunked_prefill_size: int | None  # None: prompts are never cut
+    mixed: bool  # extend and decode rows in one batch
+    policy: str = "fcfs"
+    age_bound: int = 256  # iterations (lpm)
+
+
+class BatchPlanner:
+    def __init__(self, config: PlannerConfig, memory: KVMemory) -> None:
+        self.config = config
+        self.memory = memory
+        self.ratio = NewTokenRatio()
+        self.num_retractions = 0
+
+    def plan(self, batch_id: int, waiting: deque[Request], running: list[Request]) -> ScheduleBatch:
+        """Fill a batch (possibly empty), moving admitted requests from `waiting` to `running`
+        and retracted ones back; allocates every KV slot the batch writes."""
+        cfg = self.config
+        batch = ScheduleBatch(batch_id)
+        retracted: list[Request] = []
+        budget = min(cfg.chunked_prefill_size or cfg.max_prefill_tokens, cfg.max_prefill_tokens)
+        chunking = next((r for r in running if r.prefilling), None)
+        if chunking is not None:
+            budget -= self._continue(batch, chunking, budget, running, retracted)
+        if cfg.mixed:
+            self._decode(batch, running, retracted)
+            self._admit(batch, waiting, running, budget)
+        else:
+            if chunking is None:
+                self._admit(batch, waiting, running, budget)
+            if not batch.extend:
+                self._decode(batch, running, retracted)
+        if retracted:
+            self.ratio.reset()
+            self.num_retractions += len(retracted)
+            waiting.extendleft(reversed(retracted))
+            logger.info("retracted %d request(s): the KV pool is full", len(retracted))
+        elif batch.decode:
+            self.ratio.step()
+        for req in waiting:
+            req.waited += 1
+        return batch
+
+    # ------------------------------------------------------------------ rows
+    def _extend(self, batch: ScheduleBatch, req: Request, n: int) -> None:
+        """Add `req`'s next n tokens to the batch (its slots must be available)."""
+        prefix = req.kv_len
+        self.memory.alloc(req, n)
+        req.kv_len += n
+        batch.extend.append(ExtendRow(req, prefix, n, first=not req.slot_sent))
+        req.slot_sent = True
+        if req.kv_len == req.fill_len:  # this chunk's last logits give the next output
+            req.num_outputs_launched = len(req.output_ids) + 1
+
+    def _continue(
+        self, batch: ScheduleBatch, req: Request, budget: int, running: list[Request], retracted: list[Request]
+    ) -> int:
+        left = req.fill_len - req.kv_len
+        n = left if self.config.chunked_prefill_size is None else min(left, budget)
+        self._make_room(lambda: n, running, retracted, keep={id(req)})
+        n = min(n, self.memory.available)
+        if n > 0:
+            self._extend(batch, req, n)
+        return n
+
+    def _decode(self, batch: ScheduleBatch, running: list[Request], retracted: list[Request]) -> None:
+        extending = {id(row.req) for row in batch.extend}
+        decode = [r for r in running if r.can_decode and id(r) not in extending]
+        self._make_room(lambda: sum(r.can_decode for r in decode), running, retracted, keep=extending)
+        decode = [r for r in decode if r.can_decode][: self.memory.available]
+        for req in decode:
+            self.memory.alloc(req, 1)
+            req.kv_len += 1
+            req.num_outputs_launched += 1
+        batch.decode = decode
+
+    def _admit(self, batch: ScheduleBatch, waiting: deque[Request], running: list[Request], budget: int) -> None:
+        cfg, mem = self.config, self.memory
+        if budget <= 0 or not waiting or any(r.prefilling for r in running):
+            return
+        reserved = sum(self._future_need(r) for r in running)
+        for req in admission_order(waiting, cfg.policy, mem.cache, cfg.age_bound):
+            if len(running) >= cfg.max_running_requests or mem.req_slots.num_free == 0 or budget <= 0:
+                break
+            if req.req_slot is not None:  # retracted with a launch still in flight: next time
+                break
+            mem.match(req)
+            need_now = req.fill_len - req.kv_len
+            need = need_now + self._output_estimate(req)
+            alone = not running
+            fits = need_now <= mem.available if alone else need <= mem.available - reserved
+            whole = cfg.chunked_prefill_size is None
+            if not fits or (whole and need_now > budget and batch.extend):
+                mem.release(req)
+                mem.release_req_slot(req)
+                break
+            waiting.remove(req)
+            running.append(req)
+            req.waited = 0
+            req.slot_sent = False
+            req.num_outputs_launched = len(req.output_ids)
+            reserved += need
+            n = need_now if whole else min(need_now, budget)
+            self._extend(batch, req, n)
+            budget -= n
+            if req.prefilling:  # cut into chunks: the rest follows in the next iterations
+                break
+
+    # ------------------------------------------------------------------ memory
+    def _output_estimate(self, req: Request) -> float:
+        return min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS) * self.ratio.value
+
+    def _future_need(self, req: Request) -> float:
+        return max(0, req.fill_len - req.kv_len) + self._output_estimate(req)
+
+    def _make_room(
+        self, need: Callable[[], int], running: list[Request], retracted: list[Request], keep: set[int]
+    ) -> None:
+        """Retract running requests (not in `keep`), fewest generated tokens first, until `need()`
+        slots are available or nobody is left to retract (a retracted request needs none)."""
+        while need() > self.memory.available:
+            victims = [r for r in running if id(r) not in keep]
+            if not victims:
+                return
+            victim = min(victims, key=lambda r: (len(r.output_ids), -r.prompt_len, -running.index(r)))
+            self._retract(victim, running)
+            retracted.append(victim)
+
+    def _retract(self, req: Request, running: list[Request]) -> None:
+        running.remove(req)
+        self.memory.release(req)  # its KV stays cached while there is room
+        req.epoch += 1  # results of its launches in flight are dropped
+        req.num_outputs_launched = len(req.output_ids)
+        if req.inflight == 0:
+            self.memory.release_req_slot(req)

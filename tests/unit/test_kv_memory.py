@@ -1,0 +1,93 @@
+"""KVMemory: requests take their cached prefix and allocate their own slots; when they end, what
+they computed is cached (or freed), and every slot is always free, cached or held."""
+
+import pytest
+
+from batonlm.sampling_params import SamplingParams
+from batonlm.scheduler.kv_allocator import OutOfSlots
+from batonlm.scheduler.kv_memory import KVMemory
+from batonlm.scheduler.request import Request
+
+
+def request(prompt, max_new=5, ctx=100):
+    return Request("r", list(prompt), SamplingParams(max_new_tokens=max_new), 0, ctx, (2,))
+
+
+def run_to_end(mem: KVMemory, req: Request, outputs: list[int]) -> None:
+    """Admit, compute the prompt, decode `outputs` (the last one's KV never computed), finish."""
+    mem.match(req)
+    mem.alloc(req, req.fill_len - req.kv_len)
+    req.kv_len = req.fill_len
+    for i, tok in enumerate(outputs):
+        req.output_ids.append(tok)
+        if i < len(outputs) - 1:
+            mem.alloc(req, 1)
+            req.kv_len += 1
+        mem.check_invariant()
+    mem.release(req)
+    mem.release_req_slot(req)
+    mem.check_invariant()
+
+
+def test_a_request_needs_its_prompt_and_outputs_but_the_last():
+    assert request(range(10), 5).max_kv_len == 14  # the last output is never fed back
+    r = request(range(90), 50, ctx=100)  # capped by the context: 10 new tokens at most
+    assert (r.max_kv_len, r.max_new_tokens) == (99, 10)
+
+
+def test_without_the_cache_everything_is_freed():
+    mem = KVMemory(40, 2, radix_cache=False)
+    a = request(range(1, 11))
+    run_to_end(mem, a, [50, 51, 52])
+    assert mem.kv.num_free == 40 and mem.held == 0 and mem.evictable == 0
+    assert mem.req_slots.num_free == 2 and a.req_slot is None
+
+
+def test_a_finished_request_is_cached_and_the_next_one_starts_from_it():
+    mem = KVMemory(40, 2)
+    a = request(range(1, 11))
+    run_to_end(mem, a, [50, 51, 52])
+    # Prompt (10) + the outputs whose KV was computed (2): 12 tokens cached.
+    assert mem.evictable == 12 and mem.kv.num_free == 28
+    b = request([*range(1, 11), 50, 77])
+    mem.match(b)
+    assert b.cached_len == 11 and b.kv_len == 11 and b.fill_len == 12  # all but the last token
+    assert mem.protected == 11 and mem.evictable == 1 and b.first_cached_len == 11
+    mem.check_invariant()
+    # The whole prompt cached: one token is still left to compute (its logits give the output).
+    c = request(range(1, 11))
+    mem.match(c)
+    assert c.cached_len == 9
+    assert mem.cached_tokens == 0 + 11 + 9 and mem.admitted_tokens == 10 + 12 + 10
+
+
+def test_allocation_evicts_least_recently_used_unlocked_entries():
+    mem = KVMemory(20, 4)
+    run_to_end(mem, request([1, 2, 3, 4, 5, 6]), [9])  # cached: 6 tokens
+    run_to_end(mem, request([7, 8, 9, 10, 11, 12]), [9])  # cached: 6 more, used more recently
+    assert mem.kv.num_free == 8 and mem.evictable == 12
+    user = request([7, 8, 9, 10, 11, 12, 13])
+    mem.match(user)  # locks the second entry (6 tokens)
+    mem.alloc(user, 14)  # needs 6 more than are free: the first (least recent, unlocked) goes
+    assert mem.cache.match_len([1, 2, 3]) == 0 and mem.cache.match_len([7, 8, 9]) == 3
+    mem.check_invariant()
+    with pytest.raises(OutOfSlots):
+        mem.alloc(user, 1)  # what is left is locked
+    mem.release(user)
+    mem.check_invariant()
+
+
+def test_duplicates_are_freed_when_two_requests_computed_the_same_prefix():
+    mem = KVMemory(40, 4)
+    a, b = request([1, 2, 3, 4, 5]), request([1, 2, 3, 4, 5])
+    for r in (a, b):  # both admitted before either finished: no cache hit
+        mem.match(r)
+        mem.alloc(r, 5)
+        r.kv_len = 5
+        r.output_ids.append(9)
+    mem.release(a)
+    mem.release(b)  # its 5 slots duplicate a's
+    assert mem.evictable == 5 and mem.kv.num_free == 35
+    mem.check_invariant()
+    mem.flush()
+    assert mem.kv.num_free == 40 and mem.kv.num_runs == 1
