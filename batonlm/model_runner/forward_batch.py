@@ -10,6 +10,33 @@ import torch
 from batonlm.model_runner.host_to_device import to_device
 
 
+@dataclass(frozen=True)
+class RowGroup:
+    """Consecutive rows that attention pads to one shape: decode-like rows (one new token each)
+    or extend rows (several). A mixed batch has one of each; padding a decode row to a long
+    chunk's length would multiply its attention work by the chunk's length."""
+
+    rows: slice
+    tokens: slice
+    max_extend_len: int
+    max_seq_len: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.rows.stop - self.rows.start
+
+
+def row_groups(extend_lens: list[int], seq_lens: list[int]) -> list[RowGroup]:
+    groups, start, tok = [], 0, 0
+    for i in range(1, len(extend_lens) + 1):
+        if i == len(extend_lens) or (extend_lens[i] == 1) != (extend_lens[start] == 1):
+            n = sum(extend_lens[start:i])
+            groups.append(RowGroup(slice(start, i), slice(tok, tok + n), max(extend_lens[start:i]),
+                                   max(seq_lens[start:i])))
+            start, tok = i, tok + n
+    return groups
+
+
 @dataclass
 class ForwardBatch:
     """Rows are requests; each row `b` computes `extend_lens[b]` tokens at positions
@@ -28,6 +55,7 @@ class ForwardBatch:
     max_extend_len: int
     max_seq_len: int
     num_tokens: int
+    groups: list[RowGroup]
     attn_metadata: Any = None
 
     @property
@@ -74,4 +102,5 @@ class ForwardBatch:
             max_extend_len=max(extend_lens) if extend_lens else 0,
             max_seq_len=max(seq_lens) if seq_lens else 0,
             num_tokens=acc,
+            groups=row_groups(extend_lens, seq_lens),
         )

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 # Tokens of a prompt computed per iteration when --chunked-prefill-size is not given: on a GPU
 # SGLang's default; on the CPU small enough that a chunk costs about as much as a decode step
 # of a few dozen streams (benchmarks/chunked_prefill.py).
-DEFAULT_CHUNK = {"cuda": 8192, "cpu": 256}
+DEFAULT_CHUNK = {"cuda": 8192, "cpu": 128}
 
 
 def chunked_prefill_size(flag: int | None, device: str) -> int | None:

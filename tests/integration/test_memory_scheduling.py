@@ -191,3 +191,32 @@ def test_requests_without_max_tokens_share_a_long_context_pool(stories_32k):
             assert alone.token_ids == together[f"r{i}"].token_ids, f"r{i}"
     finally:
         h.close()
+
+
+def test_lpm_over_a_running_scheduler_never_starves(stories_path):
+    """A request with nothing cached, behind a stream of cache hits: without an age bound it is
+    admitted last; with one it goes in once it has waited that many iterations."""
+    import dataclasses
+
+    h = SchedulerHarness(stories_path, schedule_policy="lpm", max_running_requests=2)
+    try:
+        shared = [1] + list(range(300, 340))
+        finished_order = {}
+        for bound in (10**9, 5):
+            h.sched.planner.config = dataclasses.replace(h.sched.planner.config, age_bound=bound)
+            h.submit("warm", shared + [7], {"max_new_tokens": 2, "temperature": 0.0})
+            h.run(overlap=True)
+            h.submit("cold", [1, 450, 451, 452], {"max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True})
+            for i in range(30):
+                h.submit(f"hit{i}", shared + [8 + i], {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True})
+            order: list[str] = []
+            h.io.on_output = lambda msg, order=order: order.extend(o.rid for o in msg.outputs if o.finish_reason)
+            records = h.run(overlap=True)
+            h.io.on_output = None
+            assert len(records) == 31 and all(r.finish_reason == "length" for r in records.values())
+            finished_order[bound] = order.index("cold")
+            h.assert_all_free()
+        assert finished_order[10**9] == 30  # last: every hit went first
+        assert finished_order[5] < 10  # the age bound let it in early
+    finally:
+        h.close()

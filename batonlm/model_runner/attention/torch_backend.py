@@ -1,11 +1,13 @@
 """Plain-torch attention backend: the CPU path and the reference for every other backend.
 
-Each row's context is gathered from the head-major KV pool through its req-to-token row into
-[kv_heads, B, S, d]. Queries are laid out as [kv_heads, B, group * E, d], where `group` query
-heads share a KV head and E is the batch's longest extend: SDPA then treats (kv head, row) as
-its batch and a row's query heads and positions as its query length, so grouped-query
-attention needs no expansion of K/V and nothing is copied into another layout. One masked SDPA
-call per layer serves prefills of different lengths, decodes, and any mix of the two.
+Rows are attended in groups of one shape (`ForwardBatch.groups`): the decode rows together, the
+extend rows together. Each row's context is gathered from the head-major KV pool through its
+req-to-token row into [kv_heads, B, S, d]. Queries are laid out as [kv_heads, B, group * E, d],
+where `group` query heads share a KV head and E is the group's longest extend: SDPA then treats
+(kv head, row) as its batch and a row's query heads and positions as its query length, so
+grouped-query attention needs no expansion of K/V and nothing is copied into another layout.
+One masked SDPA call per layer and group serves prefills of different lengths, chunks on cached
+prefixes, and decodes.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from batonlm.model_runner.attention.base import AttentionBackend
-from batonlm.model_runner.forward_batch import ForwardBatch
+from batonlm.model_runner.forward_batch import ForwardBatch, RowGroup
 
 
 @dataclass
-class TorchAttentionMetadata:
+class GroupMetadata:
+    group: RowGroup
     kv_index: torch.Tensor  # [B * S] KV slots, padded with slot 0
-    # Flat token -> padded query row (b * E + i); None when every row has one token.
+    # Token of the group -> padded query row (b * E + i); None when every row has one token.
     query_index: torch.Tensor | None
     masks: dict[int | None, torch.Tensor]  # sliding window (None = full) -> [1, B, group * E, S] bool
     buffers: tuple[torch.Tensor, torch.Tensor]  # gathered K and V, reused by every layer
@@ -30,15 +33,19 @@ class TorchAttentionMetadata:
 
 class TorchAttentionBackend(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
+        batch.attn_metadata = [self._prepare_group(batch, g) for g in batch.groups]
+
+    def _prepare_group(self, batch: ForwardBatch, g: RowGroup) -> GroupMetadata:
         device = batch.req_slots.device
-        s, e = batch.max_seq_len, batch.max_extend_len
-        group = self.num_heads // self.num_kv_heads
+        s, e, b = g.max_seq_len, g.max_extend_len, g.batch_size
+        heads_per_kv = self.num_heads // self.num_kv_heads
+        seq_lens, prefix_lens = batch.seq_lens[g.rows], batch.prefix_lens[g.rows]
         key_pos = torch.arange(s, device=device)
-        valid = key_pos[None, :] < batch.seq_lens[:, None]  # [B, S]
-        kv_index = self.req_to_token.table[batch.req_slots, :s]
+        valid = key_pos[None, :] < seq_lens[:, None]  # [B, S]
+        kv_index = self.req_to_token.table[batch.req_slots[g.rows], :s]
         kv_index = torch.where(valid, kv_index, torch.zeros_like(kv_index))
 
-        query_pos = batch.prefix_lens[:, None] + torch.arange(e, device=device)[None, :]  # [B, E]
+        query_pos = prefix_lens[:, None] + torch.arange(e, device=device)[None, :]  # [B, E]
         causal = (key_pos[None, None, :] <= query_pos[:, :, None]) & valid[:, None, :]  # [B, E, S]
         masks: dict[int | None, torch.Tensor] = {}
         for window in sorted(set(self.sliding_windows), key=lambda w: -1 if w is None else w):
@@ -46,27 +53,35 @@ class TorchAttentionBackend(AttentionBackend):
             if window is not None:
                 m = m & (key_pos[None, None, :] > query_pos[:, :, None] - window)
             # Every query head of a group sees the same keys: [1, B, group * E, S].
-            masks[window] = m[:, None].expand(-1, group, -1, -1).reshape(1, batch.batch_size, group * e, s)
+            masks[window] = m[:, None].expand(-1, heads_per_kv, -1, -1).reshape(1, b, heads_per_kv * e, s)
 
         query_index = None
         if e > 1:
-            rows = torch.repeat_interleave(
-                torch.arange(batch.batch_size, device=device), batch.extend_lens, output_size=batch.num_tokens
-            )
-            offset = torch.arange(batch.num_tokens, device=device) - batch.extend_starts[rows]
+            n = g.tokens.stop - g.tokens.start
+            rows = torch.repeat_interleave(torch.arange(b, device=device), batch.extend_lens[g.rows], output_size=n)
+            starts = batch.extend_starts[g.rows] - g.tokens.start
+            offset = torch.arange(n, device=device) - starts[rows]
             query_index = rows * e + offset
-        batch.attn_metadata = TorchAttentionMetadata(
-            kv_index.reshape(-1), query_index, masks, self.kv_pool.gather_buffers(batch.batch_size * s)
-        )
+        return GroupMetadata(g, kv_index.reshape(-1), query_index, masks, self.kv_pool.gather_buffers(b * s))
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        meta: TorchAttentionMetadata = batch.attn_metadata
         self.kv_pool.write(layer, batch.out_cache_loc, k, v)
-        b, e, s = batch.batch_size, batch.max_extend_len, batch.max_seq_len
+        groups: list[GroupMetadata] = batch.attn_metadata
+        if len(groups) == 1:
+            return self._attend(q, layer, groups[0])
+        out = q.new_empty((q.shape[0], self.num_heads * self.head_dim))
+        for meta in groups:
+            out[meta.group.tokens] = self._attend(q[meta.group.tokens], layer, meta)
+        return out
+
+    def _attend(self, q: torch.Tensor, layer: int, meta: GroupMetadata) -> torch.Tensor:
+        """q: [tokens of the group, H, d] -> [tokens, H * d]."""
+        g = meta.group
+        b, e, s = g.batch_size, g.max_extend_len, g.max_seq_len
         kvh, d = self.num_kv_heads, self.head_dim
-        group = self.num_heads // kvh
+        heads_per_kv = self.num_heads // kvh
         keys, values = self.kv_pool.gather(layer, meta.kv_index, meta.buffers)
         keys, values = keys.view(kvh, b, s, d), values.view(kvh, b, s, d)
         if meta.query_index is not None:
@@ -74,9 +89,9 @@ class TorchAttentionBackend(AttentionBackend):
             padded[meta.query_index] = q
             q = padded
         # [B * E, H, d] -> [kvh, B, group * E, d]
-        queries = q.view(b, e, kvh, group, d).permute(2, 0, 3, 1, 4).reshape(kvh, b, group * e, d)
+        queries = q.reshape(b, e, kvh, heads_per_kv, d).permute(2, 0, 3, 1, 4).reshape(kvh, b, heads_per_kv * e, d)
         out = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=meta.masks[self.sliding_windows[layer]], scale=self.scale
         )  # [kvh, B, group * E, d]
-        out = out.view(kvh, b, group, e, d).permute(1, 3, 0, 2, 4).reshape(b * e, self.num_heads * d)
+        out = out.view(kvh, b, heads_per_kv, e, d).permute(1, 3, 0, 2, 4).reshape(b * e, self.num_heads * d)
         return out if meta.query_index is None else out[meta.query_index]
