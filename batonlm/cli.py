@@ -53,7 +53,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="fcfs: arrival order; lpm: longest cached prefix first (with an age bound)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default=d.dtype)
     p.add_argument("--device", choices=DEVICE_CHOICES, default=d.device)
-    p.add_argument("--attention-backend", choices=ATTENTION_BACKEND_CHOICES, default=d.attention_backend)
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKEND_CHOICES, default=d.attention_backend,
+                   help="triton: kernels over the KV pool (auto on CUDA); torch: gather + SDPA (auto on the CPU)")
     p.add_argument("--sampler", choices=SAMPLER_CHOICES, default=d.sampler,
                    help="sampling kernels: triton (auto on CUDA) or their torch references (auto on the CPU)")
     p.add_argument("--random-seed", type=int, default=d.random_seed)

@@ -24,7 +24,10 @@ MODEL_ARCHITECTURES: LazyRegistry[Any] = LazyRegistry(
 # Subclasses of batonlm.model_runner.attention.base.AttentionBackend.
 ATTENTION_BACKENDS: LazyRegistry[Any] = LazyRegistry(
     "attention backend",
-    {"torch": "batonlm.model_runner.attention.torch_backend:TorchAttentionBackend"},
+    {
+        "torch": "batonlm.model_runner.attention.torch_backend:TorchAttentionBackend",
+        "triton": "batonlm.model_runner.attention.triton_backend:TritonAttentionBackend",
+    },
 )
 
 # Subclasses of batonlm.model_runner.sampler.Sampler.

@@ -7,6 +7,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Without CUDA the Triton kernels run interpreted (TESTING.md). Set here, first: triton reads it
+# when it is imported, and any test module may import it at collection.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from batonlm.config import EMBEDDED_MODEL  # noqa: E402
 
 

@@ -93,6 +93,13 @@ def cpu_worker_threads(cfg: ModelConfig) -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def default_attention_backend(device: str) -> str:
+    """Triton kernels over the pool on a GPU; on the CPU the torch backend (the interpreter is slow)."""
+    from batonlm.kernels.sampling import triton_available
+
+    return "triton" if device.startswith("cuda") and triton_available() else "torch"
+
+
 def default_sampler(device: str) -> str:
     """The Triton kernels on a GPU; on the CPU their torch references (the interpreter is slow)."""
     from batonlm.model_runner.sampler import triton_sampler_available
@@ -110,7 +117,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
     if device == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise DeviceConfigError("this GPU does not support bfloat16; use --dtype float16")
     ctx = context_length(args, cfg)
-    attention = args.attention_backend if args.attention_backend != "auto" else "torch"
+    attention = args.attention_backend if args.attention_backend != "auto" else default_attention_backend(device)
     sampler = args.sampler if args.sampler != "auto" else default_sampler(device)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
     return DeviceSpec(

@@ -60,3 +60,22 @@ def test_cuda_torch_and_triton_samplers_agree(stories_path):
         finally:
             h.close()
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_cuda_triton_attention_equals_torch_attention(tiny_models, family):
+    """Greedy tokens through the Triton attention backend (the CUDA default) and the torch one,
+    with chunks on a shared cached prefix and decodes (GQA; a sliding window for mistral)."""
+    rng = random.Random(6)
+    shared = [1] + [rng.randrange(3, 512) for _ in range(40)]
+    reqs = [(f"r{i}", shared + [rng.randrange(3, 512) for _ in range(rng.randint(1, 60))],
+             {"max_new_tokens": 24, "temperature": 0.0}, i) for i in range(10)]
+    outs = []
+    for backend in ("torch", "triton"):
+        h = SchedulerHarness(tiny_models[family], device="cuda", dtype="float32", attention_backend=backend,
+                             chunked_prefill_size=32)
+        try:
+            outs.append(_run(h, reqs, overlap=True))
+        finally:
+            h.close()
+    assert outs[0] == outs[1]
