@@ -9,7 +9,7 @@ nothing is cached and a request's slots are freed when it ends.
 
 from __future__ import annotations
 
-from batonlm.scheduler.kv_allocator import KVSlotAllocator, OutOfSlots, ReqSlotAllocator
+from batonlm.scheduler.kv_allocator import KVSlotAllocator, ReqSlotAllocator
 from batonlm.scheduler.radix_cache import RadixCache
 from batonlm.scheduler.request import Request
 
@@ -111,6 +111,3 @@ class KVMemory:
         """Empty the cache (nothing may be running)."""
         if self.cache is not None:
             self.cache.reset()
-
-
-__all__ = ["KVMemory", "OutOfSlots"]

@@ -95,8 +95,6 @@ def parse(model: type[M], data: Any) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise from_validation_error(e) from None
-    except RecursionError:
-        raise bad_request("the request body is nested too deeply", code="invalid_json") from None
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
