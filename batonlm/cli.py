@@ -8,6 +8,8 @@ import sys
 
 from batonlm.config import (
     ATTENTION_BACKEND_CHOICES,
+    COMPILE_CHOICES,
+    COMPILE_ENV,
     DEVICE_CHOICES,
     DTYPE_CHOICES,
     EMBEDDED_MODEL,
@@ -80,6 +82,15 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static)
     p.add_argument("--cpu-worker-threads", type=int, default=None,
                    help="intra-op threads of the CPU device worker (default: 1 for tiny models, else all cores)")
+    step = p.add_argument_group("decode step", "compiled on the CPU, CUDA graphs on a GPU (see docs/benchmarks.md)")
+    step.add_argument("--compile", choices=COMPILE_CHOICES, default=d.compile,
+                      help="CPU: torch.compile the decode step (auto: on where a C++ compiler is found; "
+                           f"default: ${COMPILE_ENV} or auto)")
+    step.add_argument("--compile-cache-dir", default=None, metavar="DIR",
+                      help="where compiled artefacts are kept, so a restart is fast (default: ~/.cache/batonlm/inductor)")
+    step.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                      help="CUDA: largest decode batch replayed from a CUDA graph (default: min(max-running-requests, 256))")
+    step.add_argument("--disable-cuda-graph", action=bool_flag, default=False, help="CUDA: run the decode step eagerly")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
 
 

@@ -21,6 +21,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
 SAMPLER_CHOICES = ("auto", *SAMPLERS.names())
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
+COMPILE_CHOICES = ("auto", "on", "off")
+# The default of `compile` (the test suite sets it to "off": most tests start engines that do
+# not need a compiled step, and `BATONLM_COMPILE=on make test` runs them all compiled).
+COMPILE_ENV = "BATONLM_COMPILE"
 
 
 class ConfigError(ValueError):
@@ -89,6 +93,14 @@ class ServerArgs:
     # Intra-op threads of the CPU device worker (None: all cores but the scheduler's one).
     cpu_worker_threads: int | None = None
     mem_fraction_static: float = 0.85
+    # The decode step. CPU: compiled with torch.compile for batch-size buckets ("auto": on when
+    # a C++ compiler is there; a failed compile falls back to eager), its artefacts cached in
+    # `compile_cache_dir` (None: ~/.cache/batonlm/inductor). CUDA: captured as CUDA graphs for
+    # decode batches up to `cuda_graph_max_bs` (None: min(max_running_requests, 256)).
+    compile: str = field(default_factory=lambda: os.environ.get(COMPILE_ENV) or "auto")
+    compile_cache_dir: str | None = None
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
     # Debugging
     debug_future_map: bool = False
     log_level: str = "info"
@@ -104,6 +116,7 @@ class ServerArgs:
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
         _choice("sampler", self.sampler, SAMPLER_CHOICES)
         _choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        _choice("compile", self.compile, COMPILE_CHOICES)
         if self.chunked_prefill_size is not None and not (
             isinstance(self.chunked_prefill_size, int) and self.chunked_prefill_size >= -1
         ):
@@ -131,6 +144,8 @@ class ServerArgs:
             _positive("context_length", self.context_length)
         if self.cpu_worker_threads is not None:
             _positive("cpu_worker_threads", self.cpu_worker_threads)
+        if self.cuda_graph_max_bs is not None:
+            _positive("cuda_graph_max_bs", self.cuda_graph_max_bs)
         if not 0 < self.port < 65536:
             raise ConfigError("port", f"must be in 1..65535, got {self.port}")
         if not 0 < self.mem_fraction_static < 1:

@@ -3,6 +3,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Most tests start engines that need no compiled decode step (it costs seconds to build); the
+# tests of that step ask for it, and `BATONLM_COMPILE=on make test` runs everything compiled.
+os.environ.setdefault("BATONLM_COMPILE", "off")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

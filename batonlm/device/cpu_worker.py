@@ -31,6 +31,7 @@ from batonlm.ipc.device_messages import (
     BatchSampled,
     SampleLaunch,
     WorkerFailed,
+    WorkerProgress,
     WorkerReady,
     WorkerShutdown,
 )
@@ -61,10 +62,14 @@ class CpuWorkerDevice(DeviceStream):
         self._closed = False
         # Total seconds the worker spent computing batches (forward + sampling).
         self.compute_s = 0.0
-        if not self._conn.poll(WORKER_START_TIMEOUT_S):
-            self.close()
-            raise DeviceError(f"CPU device worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
-        msg = self._recv()
+        while True:  # progress lines (compiling the decode step), then ready or failed
+            if not self._conn.poll(WORKER_START_TIMEOUT_S):
+                self.close()
+                raise DeviceError(f"CPU device worker was silent for {WORKER_START_TIMEOUT_S:.0f} s while starting")
+            msg = self._recv()
+            if not isinstance(msg, WorkerProgress):
+                break
+            logger.info("%s", msg.message)
         if not isinstance(msg, WorkerReady):
             self.close()
             raise DeviceError(f"CPU device worker failed to start: {getattr(msg, 'message', msg)}")
@@ -151,7 +156,7 @@ def worker_main(conn: Connection, spec: DeviceSpec) -> None:
     from batonlm.device.factory import build_executor
 
     try:
-        executor = build_executor(spec)
+        executor = build_executor(spec, lambda m: conn.send_bytes(codec.encode(WorkerProgress(m))))
     except Exception as e:  # report, then exit: the scheduler turns this into a start-up error
         conn.send_bytes(codec.encode(WorkerFailed(-1, f"{type(e).__name__}: {e}")))
         return

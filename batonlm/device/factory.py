@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+
 from batonlm.device.base import DeviceStream
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.future_map import FutureMap
 from batonlm.device.spec import DeviceSpec
+from batonlm.model_runner.decode_graphs import Progress
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import DTYPES
 from batonlm.model_runner.model_runner import ModelRunner
 
+logger = logging.getLogger(__name__)
 
-def build_executor(spec: DeviceSpec) -> BatchExecutor:
-    """The model runner and FutureMap that execute launches, wherever the device is."""
+
+def build_executor(spec: DeviceSpec, progress: Progress | None = None) -> BatchExecutor:
+    """The model runner and FutureMap that execute launches, wherever the device is; the
+    decode step compiled (CPU) or captured (CUDA) as the spec says, with `progress` told of
+    each step of that (it takes a while)."""
     cfg = ModelConfig.from_hf(spec.model_path)
     runner = ModelRunner(
         cfg,
@@ -24,6 +31,19 @@ def build_executor(spec: DeviceSpec) -> BatchExecutor:
         attention_backend=spec.attention_backend,
         sampler=spec.sampler,
     )
+    progress = progress or logger.info
+    if spec.compile_max_bs:
+        from batonlm.model_runner.compiled_decode import CompiledDecode
+
+        runner.use_decode_graphs(CompiledDecode(
+            runner.model, runner.kv_pool, runner.req_to_token, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.sliding_windows, max_bs=spec.compile_max_bs, max_context=spec.context_length,
+            cache_dir=spec.compile_cache_dir,
+        ), progress)
+    elif spec.cuda_graph_max_bs:
+        from batonlm.model_runner.cuda_graph_decode import CudaGraphDecode
+
+        runner.use_decode_graphs(CudaGraphDecode(runner, max_bs=spec.cuda_graph_max_bs), progress)
     return BatchExecutor(runner, FutureMap(spec.num_req_slots, runner.device, debug=spec.debug_future_map))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -32,6 +33,11 @@ class DeviceSpec:
     debug_future_map: bool = False
     cpu_threads: int = 1  # intra-op threads of the CPU device worker
     cpu_worker: str = "process"  # CPU only: "process" (a worker process) or "inline" (debugging)
+    # The decode step (decode_graphs.py): CPU, compiled for batches up to compile_max_bs (0: eager);
+    # CUDA, captured as graphs for batches up to cuda_graph_max_bs (0: eager).
+    compile_max_bs: int = 0
+    compile_cache_dir: str = ""
+    cuda_graph_max_bs: int = 0
 
 
 # KV memory the CPU device may use when --max-total-tokens is not given.
@@ -107,6 +113,37 @@ def default_sampler(device: str) -> str:
     return "triton" if device.startswith("cuda") and triton_sampler_available() else "torch"
 
 
+# Decode batches above this run eagerly on the CPU: a batch that large amortises its dispatch
+# over its rows, and every bucket is one more graph to compile at start-up.
+CPU_COMPILE_MAX_BS = 64
+CUDA_GRAPH_MAX_BS = 256
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler inductor would use on the CPU, if there is one."""
+    import shutil
+
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def decode_step(args: ServerArgs, device: str) -> tuple[int, int]:
+    """(compile_max_bs, cuda_graph_max_bs) from `--compile` and the CUDA graph flags."""
+    if device.startswith("cuda"):
+        if args.compile == "on":
+            raise DeviceConfigError(
+                "--compile on applies to the CPU device; on CUDA the decode step is captured as CUDA graphs "
+                "(--cuda-graph-max-bs, --disable-cuda-graph)"
+            )
+        if args.disable_cuda_graph:
+            return 0, 0
+        return 0, args.cuda_graph_max_bs or min(args.max_running_requests, CUDA_GRAPH_MAX_BS)
+    compile_on = args.compile == "on" or (args.compile == "auto" and cxx_compiler() is not None)
+    return (min(args.max_running_requests, CPU_COMPILE_MAX_BS) if compile_on else 0), 0
+
+
 def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
     device = args.resolved_device
     if device == "cuda" and not torch.cuda.is_available():
@@ -120,6 +157,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
     attention = args.attention_backend if args.attention_backend != "auto" else default_attention_backend(device)
     sampler = args.sampler if args.sampler != "auto" else default_sampler(device)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
+    compile_max_bs, cuda_graph_max_bs = decode_step(args, device)
     return DeviceSpec(
         model_path=cfg.path,
         dtype=dtype_name,
@@ -133,4 +171,12 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
         debug_future_map=args.debug_future_map,
         cpu_threads=args.cpu_worker_threads or cpu_worker_threads(cfg),
         cpu_worker=args.cpu_device_worker,
+        compile_max_bs=compile_max_bs,
+        compile_cache_dir=args.compile_cache_dir or str(default_compile_cache_dir()),
+        cuda_graph_max_bs=cuda_graph_max_bs,
     )
+
+
+def default_compile_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "batonlm" / "inductor"

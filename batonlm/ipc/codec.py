@@ -11,6 +11,7 @@ from batonlm.ipc.device_messages import (
     BatchSampled,
     SampleLaunch,
     WorkerFailed,
+    WorkerProgress,
     WorkerReady,
     WorkerShutdown,
 )
@@ -42,6 +43,7 @@ Message = Union[
     SampleLaunch,
     BatchSampled,
     WorkerFailed,
+    WorkerProgress,
     WorkerReady,
     WorkerShutdown,
 ]

@@ -75,6 +75,12 @@ class WorkerFailed(msgspec.Struct, tag=True, frozen=True):
     message: str
 
 
+class WorkerProgress(msgspec.Struct, tag=True, frozen=True):
+    """A start-up step the worker is in (compiling the decode step takes a while)."""
+
+    message: str
+
+
 class WorkerReady(msgspec.Struct, tag=True, frozen=True):
     pass
 

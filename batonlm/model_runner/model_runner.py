@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.model_config import ModelConfig
@@ -47,6 +48,25 @@ class ModelRunner:
         )
         self.sampler = SAMPLERS[sampler]()
         self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)
+        self.context_length = context_length
+        # Set by use_decode_graphs: runs the all-decode batches that fit it.
+        self.decode_graphs: DecodeGraphs | None = None
+        self.graph_steps = 0  # decode batches run through them
+
+    def use_decode_graphs(self, graphs: DecodeGraphs, progress: Progress) -> None:
+        """Build `graphs` (compile or capture every bucket) and run decode batches through them.
+        A CPU compile failure leaves the step eager with one warning; a CUDA capture failure is
+        a start-up error (it may have left the device in a bad state)."""
+        from batonlm.model_runner.compiled_decode import CompileFailed
+
+        try:
+            seconds = graphs.prepare(progress)
+        except CompileFailed as e:
+            logger.warning("the decode step could not be compiled, running it eagerly: %s", e)
+            return
+        progress(f"decode step ready: {type(graphs).__name__}, batch buckets {list(graphs.batch_buckets)}, "
+                 f"{seconds:.1f} s")
+        self.decode_graphs = graphs
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -54,6 +74,9 @@ class ModelRunner:
         float32 logits of each row's last token ([B, V])."""
         row_of_token = torch.repeat_interleave(batch.req_slots, batch.extend_lens, output_size=batch.num_tokens)
         self.req_to_token.write(row_of_token, batch.positions, batch.out_cache_loc)
+        if self.decode_graphs is not None and self.decode_graphs.fits(batch):
+            self.graph_steps += 1
+            return self.decode_graphs.run(batch)
         self.attn.prepare(batch)
         hidden = self.model(batch.input_ids, batch, self.attn)
         return self.model.logits(hidden[batch.last_token_index])

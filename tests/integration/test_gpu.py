@@ -79,3 +79,64 @@ def test_cuda_triton_attention_equals_torch_attention(tiny_models, family):
         finally:
             h.close()
     assert outs[0] == outs[1]
+
+
+def _graph_runner(h: SchedulerHarness):
+    return h.sched.device.executor.runner
+
+
+@pytest.mark.parametrize("model", ["stories", "mistral"])
+def test_cuda_graphs_give_the_eager_tokens_in_both_loops(request, model):
+    """Decode batches replayed from CUDA graphs (ids from the FutureMap relay copied into the
+    graph's buffer, padded buckets, the Triton sampler after) == the eager step, fp32, greedy
+    and seeded, normal and overlap loop."""
+    path = request.getfixturevalue("stories_path") if model == "stories" else request.getfixturevalue("tiny_models")[model]
+    rng = random.Random(12)
+    reqs = [(f"r{i}", [1] + [rng.randrange(3, 512) for _ in range(rng.randint(1, 90))],
+             {"max_new_tokens": rng.randint(8, 40), "temperature": rng.choice([0.0, 0.9]), "seed": i}, rng.randint(0, 30))
+            for i in range(24)]
+    outs = {}
+    for graphs in (False, True):
+        h = SchedulerHarness(path, device="cuda", dtype="float32", sampler="triton", disable_cuda_graph=not graphs,
+                             max_running_requests=16)
+        try:
+            runner = _graph_runner(h)
+            assert (runner.decode_graphs is not None) == graphs
+            for overlap in (False, True):
+                outs[graphs, overlap] = _run(h, reqs, overlap=overlap)
+            assert (runner.graph_steps > 0) == graphs
+        finally:
+            h.close()
+    assert outs[True, True] == outs[True, False] == outs[False, True] == outs[False, False]
+
+
+def test_cuda_graph_logits_match_eager_in_bfloat16(tiny_models):
+    """bf16: the graph's logits against the eager step's on the same decode batch (3 rows in
+    the bucket of 4). Different batch shapes may round differently, so the bound is a few bf16
+    units (2^-8 relative) of the largest logit per layer, not equality."""
+    import torch
+
+    from batonlm.model_runner.cuda_graph_decode import CudaGraphDecode
+    from batonlm.model_runner.forward_batch import ForwardBatch
+
+    h = SchedulerHarness(tiny_models["llama"], device="cuda", dtype="bfloat16", disable_cuda_graph=True)
+    try:
+        runner = _graph_runner(h)
+        lengths, loc, start = [9, 70, 33], [], 1
+        for n in lengths:
+            loc.append(torch.arange(start, start + n))
+            start += n + 1
+        dev = runner.device
+        ids = torch.randint(3, 512, (sum(lengths),), device=dev)
+        runner.forward(ForwardBatch.build(torch.cat(loc).to(dev), [1, 2, 3], [0, 0, 0], lengths, dev, input_ids=ids))
+        decode_loc = torch.tensor([int(x[-1]) + 1 for x in loc], device=dev)
+        batch = ForwardBatch.build(decode_loc, [1, 2, 3], lengths, [1, 1, 1], dev,
+                                   input_ids=torch.randint(3, 512, (3,), device=dev))
+        eager = runner.forward(batch)
+        graphs = CudaGraphDecode(runner, max_bs=4)
+        graphs.prepare(lambda _: None)
+        got = graphs.run(batch)
+        layers = runner.cfg.num_layers
+        torch.testing.assert_close(got, eager, rtol=0, atol=layers * 4 * 2**-8 * float(eager.abs().max()))
+    finally:
+        h.close()

@@ -1,0 +1,108 @@
+"""CUDA graphs of the decode step: captured at start-up for each batch-size bucket, replayed.
+
+A decode step of a small model is launch-bound: hundreds of kernel launches of a few
+microseconds each. Each bucket's forward (embedding, every layer with the backend's attention —
+the Triton split-KV kernel by default — the final norm, the logits) is captured once, over
+static input buffers; a step copies its inputs into them and replays the graph.
+
+The FutureMap relay keeps working: the scheduler never sends the ids of decode rows, the
+executor resolves them on the device from the relay's buffer, and `run` copies them into the
+graph's input buffer with a device-to-device copy — nothing waits on the host. Sampling (the
+Triton sampler) runs after the replay on a copy of the logits: the next replay overwrites the
+graph's output buffer, and a delayed sample may come after it.
+
+Every graph is captured for the largest context (`max_seq_len = context_length`): the decode
+kernel's split count is fixed per graph, and each split reads its row's own length from the
+device, so one graph serves any mix of lengths.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress, batch_buckets, smallest_bucket
+from batonlm.model_runner.forward_batch import ForwardBatch, RowGroup
+
+if TYPE_CHECKING:
+    from batonlm.model_runner.model_runner import ModelRunner
+
+# Buckets: 1, 2, 4, then every 8 rows (a graph costs a few milliseconds to capture).
+BUCKET_STEP = 8
+WARMUP_RUNS = 2  # Triton compiles and the allocator settles before a capture
+
+
+class CudaGraphDecode(DecodeGraphs):
+    def __init__(self, runner: ModelRunner, max_bs: int) -> None:
+        self.runner = runner
+        self.batch_buckets = batch_buckets(max_bs, step=BUCKET_STEP)
+        self.max_context = runner.context_length
+        n = self.batch_buckets[-1]
+
+        def buffer(fill: int = 0) -> torch.Tensor:
+            return torch.full((n,), fill, dtype=torch.int64, device=runner.device)
+
+        # Static inputs every graph reads ([:b] views); padding rows keep the fill values.
+        self.input_ids, self.positions, self.req_slots, self.prefix_lens = buffer(), buffer(), buffer(), buffer()
+        self.out_cache_loc, self.seq_lens, self.ones = buffer(), buffer(1), buffer(1)
+        self.arange = torch.arange(n, dtype=torch.int64, device=runner.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+
+    def _batch(self, b: int) -> ForwardBatch:
+        """The static ForwardBatch of bucket `b`: every row one decode token, its own last."""
+        return ForwardBatch(
+            input_ids=self.input_ids[:b], positions=self.positions[:b], out_cache_loc=self.out_cache_loc[:b],
+            req_slots=self.req_slots[:b], prefix_lens=self.prefix_lens[:b], extend_lens=self.ones[:b],
+            seq_lens=self.seq_lens[:b], extend_starts=self.arange[:b], last_token_index=self.arange[:b],
+            max_extend_len=1, max_seq_len=self.max_context, num_tokens=b,
+            groups=[RowGroup(slice(0, b), slice(0, b), 1, self.max_context)],
+        )
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        r = self.runner
+        r.attn.prepare(batch)
+        return r.model.logits(r.model(batch.input_ids, batch, r.attn))
+
+    @torch.inference_mode()
+    def prepare(self, progress: Progress) -> float:
+        start = time.perf_counter()
+        pool = None
+        progress(f"capturing CUDA graphs of the decode step for batch sizes {list(self.batch_buckets)}")
+        # Largest first: the smaller graphs reuse its memory pool.
+        for b in reversed(self.batch_buckets):
+            batch = self._batch(b)
+            for _ in range(WARMUP_RUNS):
+                self._forward(batch)
+            torch.cuda.synchronize(self.runner.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[b] = self._forward(batch)
+            pool = graph.pool()
+            self.graphs[b] = graph
+        torch.cuda.synchronize(self.runner.device)
+        return time.perf_counter() - start
+
+    def stage(self, batch: ForwardBatch) -> int:
+        """Copy a decode batch into the static inputs (device to device), pad the rest of its
+        bucket, and return the bucket."""
+        n = batch.batch_size
+        b = smallest_bucket(n, self.batch_buckets)
+        for static, value in (
+            (self.input_ids, batch.input_ids), (self.positions, batch.positions), (self.req_slots, batch.req_slots),
+            (self.prefix_lens, batch.prefix_lens), (self.seq_lens, batch.seq_lens),
+            (self.out_cache_loc, batch.out_cache_loc),
+        ):
+            static[:n].copy_(value, non_blocking=True)
+        if b > n:  # padding rows: slot 0, one key at position 0 (the KV pool's padding slot)
+            for static in (self.input_ids, self.positions, self.req_slots, self.prefix_lens, self.out_cache_loc):
+                static[n:b].zero_()
+            self.seq_lens[n:b].fill_(1)
+        return b
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        b = self.stage(batch)
+        self.graphs[b].replay()
+        return self.logits[b][: batch.batch_size].clone()

@@ -1,0 +1,63 @@
+"""What the graph-backed decode steps share: batch-size buckets and the padding of a batch.
+
+A decode step is the same few hundred ops every iteration; only the batch size and the context
+lengths change. `CompiledDecode` (CPU, torch.compile) and `CudaGraphDecode` (CUDA graphs) run an
+all-decode batch of n rows as a graph built for the smallest bucket >= n. Padding rows are
+harmless: they write their K/V to the pool's padding slot 0, attend to one key, and their
+logits are dropped. Prefills and chunks stay eager: their shapes vary too much to pay.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from batonlm.model_runner.forward_batch import ForwardBatch
+
+Progress = Callable[[str], None]
+
+
+def batch_buckets(max_bs: int, step: int | None = None) -> tuple[int, ...]:
+    """Powers of two up to `max_bs`; with `step`, powers of two up to it and then every `step`
+    rows (SGLang's spacing for CUDA graphs, where a graph costs little to capture). The last
+    bucket is `max_bs`."""
+    out, b = [], 1
+    while b < max_bs and (step is None or b < step):
+        out.append(b)
+        b *= 2
+    if step is not None:
+        out += range(step, max_bs, step)
+    out.append(max_bs)
+    return tuple(sorted(set(out)))
+
+
+def smallest_bucket(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+class DecodeGraphs(ABC):
+    """Runs all-decode batches of up to `batch_buckets[-1]` rows through prepared graphs."""
+
+    batch_buckets: tuple[int, ...]
+    max_context: int
+
+    def fits(self, batch: ForwardBatch) -> bool:
+        return (
+            batch.max_extend_len == 1
+            and 0 < batch.batch_size <= self.batch_buckets[-1]
+            and batch.max_seq_len <= self.max_context
+        )
+
+    @abstractmethod
+    def prepare(self, progress: Progress) -> float:
+        """Build every graph once, before the first request (no request waits for it); returns
+        the seconds it took."""
+
+    @abstractmethod
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Float32 logits [B, V] of an all-decode batch that `fits`."""

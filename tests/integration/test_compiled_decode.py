@@ -1,0 +1,101 @@
+"""The compiled CPU decode step gives the eager step's tokens: every test family and stories260K,
+both loops, greedy and seeded sampling, batches padded to their bucket; it is really used; a
+compiler that fails leaves the engine eager with one warning, not a crash."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from helpers import SchedulerHarness
+
+from batonlm.device.spec import cxx_compiler
+
+pytestmark = pytest.mark.skipif(cxx_compiler() is None, reason="torch.compile needs a C++ compiler on the CPU")
+
+PARAMS = [
+    {"max_new_tokens": 12, "temperature": 0.0},
+    {"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.9, "seed": 7},
+    {"max_new_tokens": 12, "temperature": 0.0, "repetition_penalty": 1.3},
+]
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory) -> str:
+    """One inductor cache for the module: a model compiled once is not compiled again."""
+    return str(tmp_path_factory.mktemp("inductor"))
+
+
+def _model(request, family: str) -> str:
+    return request.getfixturevalue("stories_path") if family == "stories" else request.getfixturevalue("tiny_models")[family]
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Lengths past the mistral model's sliding window; staggered arrivals give decode batches
+    # of 1 to 4 rows, 3 of them padded to the bucket of 4.
+    return [[1] + [rng.randrange(3, 512) for _ in range(rng.randint(5, 60))] for _ in range(4)]
+
+
+def _tokens(path: str, compile_mode: str, cache: str, prompts: list[list[int]]) -> dict:
+    h = SchedulerHarness(path, compile=compile_mode, compile_cache_dir=cache, max_running_requests=4)
+    out = {}
+    try:
+        for overlap in (False, True):
+            for i, ids in enumerate(prompts):
+                h.submit(f"r{i}", ids, PARAMS[i % len(PARAMS)], at=2 * i)
+            records = h.run(overlap=overlap)
+            h.assert_all_free()
+            out[overlap] = {k: v.token_ids for k, v in records.items()}
+    finally:
+        h.close()
+    return out
+
+
+@pytest.mark.parametrize("family", ["stories", "llama", "qwen2", "qwen3", "mistral"])
+def test_compiled_decode_gives_the_eager_tokens(request, compile_cache, family):
+    path, prompts = _model(request, family), _prompts(11)
+    eager = _tokens(path, "off", compile_cache, prompts)
+    compiled = _tokens(path, "on", compile_cache, prompts)
+    assert eager[False] == eager[True], "the loops disagree without compiling"
+    assert compiled[False] == eager[False]
+    assert compiled[True] == eager[True]
+    assert all(len(t) == 12 for t in eager[True].values())
+
+
+def test_decode_batches_run_through_the_graphs_without_recompiling(stories_path, compile_cache):
+    """In-process (inline device): every decode batch takes a graph, and serving compiles
+    nothing new — each bucket was built before the first request."""
+    from torch._dynamo.utils import counters
+
+    h = SchedulerHarness(stories_path, compile="on", compile_cache_dir=compile_cache, max_running_requests=4,
+                         cpu_device_worker="inline")
+    try:
+        runner = h.sched.device.executor.runner
+        assert runner.decode_graphs is not None
+        assert runner.decode_graphs.batch_buckets == (1, 2, 4)
+        compiled_frames = counters["frames"]["ok"]
+        for i, ids in enumerate(_prompts(5)):
+            h.submit(f"r{i}", ids, PARAMS[0], at=i)
+        records = h.run(overlap=True)
+        assert all(len(r.token_ids) == 12 for r in records.values())
+        # 4 requests x 11 decode steps each, in batches of 1..4 rows.
+        assert 11 <= runner.graph_steps <= 44
+        assert counters["frames"]["ok"] == compiled_frames, "a decode batch was compiled while serving"
+    finally:
+        h.close()
+
+
+def test_a_failing_compiler_leaves_the_step_eager_with_one_warning(stories_path, tmp_path, monkeypatch, capfd):
+    """No C++ compiler where inductor looks for one (the worker process inherits $CXX), and a
+    fresh cache that cannot stand in for it: the worker warns once and serves eagerly."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setenv("BATONLM_WORKER_LOG_LEVEL", "WARNING")
+    prompts = _prompts(3)
+    compiled = _tokens(stories_path, "on", str(tmp_path / "cache"), prompts)
+    err = capfd.readouterr().err
+    warnings = [line for line in err.splitlines() if "could not be compiled" in line]
+    assert len(warnings) == 1 and "running it eagerly" in warnings[0], err
+    assert "Traceback" not in err, err
+    monkeypatch.delenv("CXX")
+    assert compiled == _tokens(stories_path, "off", str(tmp_path / "cache"), prompts)
