@@ -3,13 +3,13 @@
 A decode step over a small model is a few hundred tiny torch ops, and dispatching them costs
 more than computing them (stories260K: ~0.85 ms eager per step at batch 1, ~0.33 ms compiled).
 `torch.compile` turns the step — embedding, every layer, the final norm and the logits — into
-generated C++ for each batch-size bucket. Each row's context is gathered over a context bucket
-(a power of two, at least MIN_CONTEXT_BUCKET) with the keys past its length masked out; the
-context dimension is compiled dynamic, so one graph serves every context bucket of a batch size.
+generated C++ for each batch-size bucket. Each row's context is gathered over the batch's
+longest context rounded up to CONTEXT_GRANULE keys, those past the row's length masked out; the
+context dimension is compiled dynamic, so one graph serves every width for a batch size.
 
 The attention inside the graph is the torch backend's decode math (gather through the
-req-to-token row, one masked SDPA per layer over [kv_heads, B, group, L]); the rest is the
-model's own code. Compiled artefacts go to the inductor cache in `cache_dir`: a restart
+req-to-token row, masked softmax attention per layer over [kv_heads, B, group, L]); the rest is
+the model's own code. Compiled artefacts go to the inductor cache in `cache_dir`: a restart
 recompiles nothing (cold and cached start-up times: docs/benchmarks.md).
 """
 
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 from batonlm.model_runner.attention.base import AttentionBackend
@@ -33,21 +34,19 @@ from batonlm.model_runner.req_to_token import ReqToTokenPool
 
 logger = logging.getLogger(__name__)
 
-MIN_CONTEXT_BUCKET = 128
+# The context dimension is compiled dynamic: one graph serves every width, and the width is the
+# batch's longest context rounded up to this (a power of two would double the attention work
+# of a 129-token context).
+CONTEXT_GRANULE = 32
 
 
 class CompileFailed(RuntimeError):
     """torch.compile could not build the decode step (the caller stays eager)."""
 
 
-def context_buckets(max_context: int) -> tuple[int, ...]:
-    """Powers of two from MIN_CONTEXT_BUCKET; the last one is `max_context` itself."""
-    out, n = [], MIN_CONTEXT_BUCKET
-    while n < max_context:
-        out.append(n)
-        n *= 2
-    out.append(max_context)
-    return tuple(out)
+def context_width(max_seq_len: int, max_context: int) -> int:
+    """The keys a step gathers per row: its longest context rounded up to CONTEXT_GRANULE."""
+    return min(-(-max_seq_len // CONTEXT_GRANULE) * CONTEXT_GRANULE, max_context)
 
 
 @contextlib.contextmanager
@@ -101,9 +100,11 @@ class PaddedDecodeAttention(AttentionBackend):
         keys = self.kv_pool.k[layer].index_select(1, kv_index).view(kvh, b, s, d)
         values = self.kv_pool.v[layer].index_select(1, kv_index).view(kvh, b, s, d)
         queries = q.view(b, kvh, -1, d).transpose(0, 1)  # [kvh, B, group, d]
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=masks[self.sliding_windows[layer]], scale=self.scale
-        )
+        # Spelled out, not SDPA: inductor fuses the scale, mask and softmax into one kernel,
+        # where the CPU flash-attention kernel costs ~15 us a call at these sizes.
+        scores = torch.matmul(queries, keys.transpose(-1, -2)) * self.scale
+        scores = scores.masked_fill(~masks[self.sliding_windows[layer]], float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), values)
         return out.transpose(0, 1).reshape(b, self.num_heads * d)
 
 
@@ -122,44 +123,53 @@ class CompiledDecode(DecodeGraphs):
         max_context: int,
         cache_dir: str,
     ) -> None:
-        import torch._dynamo
-
         self.model = model
         self.attn = PaddedDecodeAttention(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, sliding_windows)
         self.batch_buckets = batch_buckets(max_bs)
         self.max_context = max_context
-        self.context_buckets = context_buckets(max_context)
         self.cache_dir = cache_dir
-        device = kv_pool.k[0].device
-        self._key_pos = {s: torch.arange(s, device=device) for s in self.context_buckets}
-        for t in self._key_pos.values():
-            torch._dynamo.mark_dynamic(t, 0)  # one graph per batch size, whatever the context
+        self._device = kv_pool.k[0].device
+        self._key_pos: dict[int, torch.Tensor] = {}  # width -> arange(width), made once each
+
         self._step: Callable[..., torch.Tensor] | None = None
 
-    def _forward(self, input_ids, positions, req_slots, seq_lens, out_cache_loc, key_pos) -> torch.Tensor:
+    def _key_positions(self, width: int) -> torch.Tensor:
+        key_pos = self._key_pos.get(width)
+        if key_pos is None:
+            key_pos = self._key_pos[width] = torch.arange(width, device=self._device)
+            torch._dynamo.mark_dynamic(key_pos, 0)
+        return key_pos
+
+    def _forward(self, packed: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        """packed: [5, B] rows input ids, positions, request slots, lengths, KV slots."""
+        input_ids, positions, req_slots, seq_lens, out_cache_loc = packed.unbind(0)
         inputs = _DecodeInputs(positions, out_cache_loc, self.attn.metadata(req_slots, seq_lens, key_pos))
         return self.model.logits(self.model(input_ids, inputs, self.attn))
 
     def prepare(self, progress: Progress) -> float:
         """Compile every batch bucket by running it once on padding rows. Raises CompileFailed."""
-        import torch._dynamo
-
         # Inductor reads its cache location when it compiles.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.cache_dir
         n = len(self.batch_buckets)
         limits = torch._dynamo.config
         limits.cache_size_limit = max(limits.cache_size_limit, 2 * n)
         limits.accumulated_cache_size_limit = max(limits.accumulated_cache_size_limit, 4 * n)
-        step = torch.compile(self._forward, dynamic=False, fullgraph=True)
+        # The C++ wrapper calls the graph's kernels from C++ rather than Python: ~15% off a
+        # stories260K step at batch 1 (docs/benchmarks.md), for a longer first compile.
+        step = torch.compile(self._forward, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
         start = time.perf_counter()
         try:
             with _quiet_torch_logs():
                 for i, b in enumerate(self.batch_buckets):
                     progress(f"compiling the decode step for batch size {b} ({i + 1}/{n})")
-                    zeros = torch.zeros(b, dtype=torch.int64, device=self._key_pos[self.max_context].device)
+                    # Made as run() makes its input: one fresh inference-mode tensor, whose
+                    # rows do not alias each other. Any difference (aliased inputs, a tensor
+                    # from outside inference mode) compiles a graph no real batch matches.
                     with torch.inference_mode():
-                        for key_pos in self._key_pos.values():
-                            step(zeros, zeros, zeros, zeros + 1, zeros, key_pos)
+                        packed = torch.zeros((5, b), dtype=torch.int64, device=self._device)
+                        packed[3] = 1
+                        for width in {context_width(2, self.max_context), self.max_context}:
+                            step(packed, self._key_positions(width))
         except Exception as exc:  # any compiler failure means: stay eager
             first_line = (str(exc).strip().splitlines() or [""])[0]
             raise CompileFailed(f"{type(exc).__name__}: {first_line}") from exc
@@ -170,9 +180,10 @@ class CompiledDecode(DecodeGraphs):
         assert self._step is not None, "prepare() first"
         n = batch.batch_size
         pad = smallest_bucket(n, self.batch_buckets) - n
-        s = smallest_bucket(batch.max_seq_len, self.context_buckets)
-        ids, pos, slots, lens, loc = batch.input_ids, batch.positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc
+        width = context_width(batch.max_seq_len, self.max_context)
+        # One fresh tensor: the graph's input always has the layout it was compiled for.
+        packed = torch.stack((batch.input_ids, batch.positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc))
         if pad:
-            ids, pos, slots, loc = (F.pad(t, (0, pad)) for t in (ids, pos, slots, loc))
-            lens = F.pad(lens, (0, pad), value=1)
-        return self._step(ids, pos, slots, lens, loc, self._key_pos[s])[:n]
+            packed = F.pad(packed, (0, pad))
+            packed[3, n:] = 1  # padding rows attend to one key
+        return self._step(packed, self._key_positions(width))[:n]

@@ -72,33 +72,39 @@ class ForwardBatch:
         device: torch.device | str,
         input_ids: torch.Tensor | None = None,
     ) -> ForwardBatch:
-        """Derive positions and offsets from per-row host lists (one small H2D copy each)."""
+        """Derive positions and offsets from per-row host lists, copied to the device in one
+        tensor (one H2D copy, one allocation) whose slices are the fields."""
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         starts = [0] * len(extend_lens)
         acc = 0
         for i, e in enumerate(extend_lens):
             starts[i] = acc
             acc += e
-        positions: list[int] = []
-        for p, e in zip(prefix_lens, extend_lens):
-            positions.extend(range(p, p + e))
-        last = [s + e - 1 for s, e in zip(starts, extend_lens)]
-
-        dev = torch.device(device)
-
-        def t(x: list[int]) -> torch.Tensor:
-            return to_device(x, torch.int64, dev)
-
+        if acc == len(extend_lens):  # a decode batch: the token of row b is at b
+            positions = list(prefix_lens)
+            last = starts
+        else:
+            positions = []
+            for p, e in zip(prefix_lens, extend_lens):
+                positions.extend(range(p, p + e))
+            last = [s + e - 1 for s, e in zip(starts, extend_lens)]
+        fields = (positions, req_slots, prefix_lens, extend_lens, seq_lens, starts, last)
+        packed = to_device([x for f in fields for x in f], torch.int64, torch.device(device))
+        views, offset = [], 0
+        for f in fields:
+            views.append(packed[offset : offset + len(f)])
+            offset += len(f)
+        positions_t, req_slots_t, prefix_t, extend_t, seq_t, starts_t, last_t = views
         return cls(
             input_ids=input_ids,
-            positions=t(positions),
+            positions=positions_t,
             out_cache_loc=out_cache_loc,
-            req_slots=t(req_slots),
-            prefix_lens=t(prefix_lens),
-            extend_lens=t(extend_lens),
-            seq_lens=t(seq_lens),
-            extend_starts=t(starts),
-            last_token_index=t(last),
+            req_slots=req_slots_t,
+            prefix_lens=prefix_t,
+            extend_lens=extend_t,
+            seq_lens=seq_t,
+            extend_starts=starts_t,
+            last_token_index=last_t,
             max_extend_len=max(extend_lens) if extend_lens else 0,
             max_seq_len=max(seq_lens) if seq_lens else 0,
             num_tokens=acc,

@@ -72,7 +72,10 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Write the batch's KV slots into the req-to-token table, run the model, and return the
         float32 logits of each row's last token ([B, V])."""
-        row_of_token = torch.repeat_interleave(batch.req_slots, batch.extend_lens, output_size=batch.num_tokens)
+        if batch.max_extend_len == 1:  # a decode batch: one token per row
+            row_of_token = batch.req_slots
+        else:
+            row_of_token = torch.repeat_interleave(batch.req_slots, batch.extend_lens, output_size=batch.num_tokens)
         self.req_to_token.write(row_of_token, batch.positions, batch.out_cache_loc)
         if self.decode_graphs is not None and self.decode_graphs.fits(batch):
             self.graph_steps += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from helpers import SchedulerHarness
 
 from batonlm.device.spec import cxx_compiler
@@ -77,7 +78,8 @@ def test_decode_batches_run_through_the_graphs_without_recompiling(stories_path,
         compiled_frames = counters["frames"]["ok"]
         for i, ids in enumerate(_prompts(5)):
             h.submit(f"r{i}", ids, PARAMS[0], at=i)
-        records = h.run(overlap=True)
+        with torch.compiler.set_stance("fail_on_recompile"):  # a recompile would fail the batch
+            records = h.run(overlap=True)
         assert all(len(r.token_ids) == 12 for r in records.values())
         # 4 requests x 11 decode steps each, in batches of 1..4 rows.
         assert 11 <= runner.graph_steps <= 44

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batonlm.model_runner.compiled_decode import CompiledDecode, context_buckets
+from batonlm.model_runner.compiled_decode import CompiledDecode, context_width
 from batonlm.model_runner.cuda_graph_decode import CudaGraphDecode
 from batonlm.model_runner.decode_graphs import batch_buckets, smallest_bucket
 from batonlm.model_runner.forward_batch import ForwardBatch
@@ -23,8 +23,8 @@ def test_buckets():
     assert batch_buckets(5) == (1, 2, 4, 5) and batch_buckets(1) == (1,)
     assert batch_buckets(40, step=8) == (1, 2, 4, 8, 16, 24, 32, 40)
     assert batch_buckets(20, step=8) == (1, 2, 4, 8, 16, 20)
-    assert context_buckets(512) == (128, 256, 512) and context_buckets(100) == (100,)
-    assert context_buckets(300) == (128, 256, 300)
+    assert [context_width(n, 512) for n in (1, 32, 33, 129, 500, 512)] == [32, 32, 64, 160, 512, 512]
+    assert context_width(100, 100) == 100
     assert [smallest_bucket(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
     with pytest.raises(ValueError, match="exceeds"):
         smallest_bucket(9, (1, 2, 4, 8))
@@ -70,7 +70,7 @@ def _assert_only_written(before, runner, slots: torch.Tensor) -> None:
 @pytest.mark.parametrize("family", ["mistral", "qwen3"])  # GQA + a sliding window of 24; q/k norms
 def test_compiled_decode_graph_function_gives_the_eager_logits(tiny_models, family):
     runner = _runner(tiny_models[family], torch.float64, "torch")
-    batch = _decode_batch(runner, [5, 40, 130])  # contexts in two context buckets; 3 rows in bucket 4
+    batch = _decode_batch(runner, [5, 40, 130])  # width 160 (131 keys padded); 3 rows in bucket 4
     eager = runner.forward(batch)
     before = _pool_copy(runner)
     cfg = runner.cfg

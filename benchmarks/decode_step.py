@@ -1,0 +1,194 @@
+"""The decode step alone: batonlm eager vs compiled (CPU) vs transformers, and the compile time.
+
+For each model and batch size B, every row decodes one token on a context of `--context`
+tokens. Timed, median of `--rounds` rounds of `--steps` steps, the three alternating in each round:
+
+* batonlm eager: `ModelRunner.forward` of the decode batch (req-to-token write, model, logits);
+* batonlm compiled: the same call with the compiled decode step (`CompiledDecode`) in place;
+* transformers: the model's forward of B new tokens on a `DynamicCache` holding the context
+  (what `generate` runs per step, without its sampling and bookkeeping).
+
+Intra-op threads are what the CPU device worker would use for the model (1 below hidden size
+256, else every core), for all three. Compile time is measured in fresh processes: cold (an
+empty inductor cache) and cached (a second process on the cache the first one filled).
+
+    python benchmarks/decode_step.py [--models stories260K llama-30m] [--batch 1 16 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vs_transformers import RESULTS, ROOT, build_random_llama  # noqa: E402
+
+from batonlm.config import EMBEDDED_MODEL  # noqa: E402
+from batonlm.device.spec import cpu_worker_threads  # noqa: E402
+from batonlm.model_runner.compiled_decode import CompiledDecode  # noqa: E402
+from batonlm.model_runner.forward_batch import ForwardBatch  # noqa: E402
+from batonlm.model_runner.model_config import ModelConfig  # noqa: E402
+from batonlm.model_runner.model_runner import ModelRunner  # noqa: E402
+
+
+def build(path: str, max_bs: int, context: int) -> tuple[ModelRunner, CompiledDecode]:
+    cfg = ModelConfig.from_hf(path)
+    runner = ModelRunner(cfg, dtype=torch.float32, device="cpu", kv_capacity=max_bs * (context + 1),
+                         num_req_slots=max_bs, context_length=context + 1, attention_backend="torch", sampler="torch")
+    graphs = CompiledDecode(runner.model, runner.kv_pool, runner.req_to_token, cfg.num_heads, cfg.num_kv_heads,
+                            cfg.head_dim, cfg.sliding_windows, max_bs=max_bs, max_context=context + 1,
+                            cache_dir=os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    return runner, graphs
+
+
+def _compile_child(path: str, max_bs: int, context: int, cache_dir: str, threads: int, out) -> None:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    torch.set_num_threads(threads)
+    _, graphs = build(path, max_bs, context)
+    t0 = time.perf_counter()
+    graphs.prepare(lambda _: None)
+    out.put(time.perf_counter() - t0)
+
+
+def compile_seconds(path: str, max_bs: int, context: int, cache_dir: str, threads: int) -> float:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_compile_child, args=(path, max_bs, context, cache_dir, threads, q))
+    p.start()
+    seconds = q.get()
+    p.join()
+    return seconds
+
+
+def decode_batch(runner: ModelRunner, b: int, context: int) -> ForwardBatch:
+    """b rows of `context` cached tokens (random K/V: the step's cost does not depend on them)."""
+    for layer in range(runner.cfg.num_layers):
+        runner.kv_pool.k[layer].normal_()
+        runner.kv_pool.v[layer].normal_()
+    for row in range(b):
+        first = 1 + row * (context + 1)
+        runner.req_to_token.table[row, :context] = torch.arange(first, first + context, device=runner.device)
+    dev = runner.device
+    loc = torch.tensor([1 + row * (context + 1) + context for row in range(b)], device=dev)
+    ids = torch.randint(3, runner.cfg.vocab_size, (b,), device=dev)
+    return ForwardBatch.build(loc, list(range(b)), [context] * b, [1] * b, dev, input_ids=ids)
+
+
+def hf_step(model, b: int, context: int):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(torch.randint(3, model.config.vocab_size, (b, context)), past_key_values=cache, use_cache=True)
+    ids = torch.randint(3, model.config.vocab_size, (b, 1))
+
+    def step():
+        with torch.no_grad():
+            model(ids, past_key_values=cache, use_cache=True)
+        cache.crop(-1)  # drop the new token: every step on the same context
+
+    return step
+
+
+def time_ms(fn, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
+def bench_model(name: str, path: str, batches: list[int], context: int, steps: int, rounds: int, tmp: str) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    cfg = ModelConfig.from_hf(path)
+    threads = cpu_worker_threads(cfg)
+    torch.set_num_threads(threads)
+    cache_dir = str(Path(tmp) / f"inductor-{name}")
+    max_bs = max(batches)
+    cold = compile_seconds(path, max_bs, context, cache_dir, threads)
+    cached = compile_seconds(path, max_bs, context, cache_dir, threads)
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    runner, graphs = build(path, max_bs, context)
+    graphs.prepare(lambda _: None)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    rows = {}
+    for b in batches:
+        batch = decode_batch(runner, b, context)
+        hf_fn = hf_step(hf, b, context)
+
+        def eager(batch=batch):
+            runner.decode_graphs = None
+            runner.forward(batch)
+
+        def compiled(batch=batch):
+            runner.decode_graphs = graphs
+            runner.forward(batch)
+
+        samples = {"eager": [], "compiled": [], "transformers": []}
+        for fn in (eager, compiled, hf_fn):  # warm-up
+            time_ms(fn, 3)
+        for _ in range(rounds):
+            samples["eager"].append(time_ms(eager, steps))
+            samples["compiled"].append(time_ms(compiled, steps))
+            samples["transformers"].append(time_ms(hf_fn, steps))
+        rows[b] = {k: statistics.median(v) for k, v in samples.items()}
+    return {"model": name, "threads": threads, "compile_s": {"cold": cold, "cached": cached,
+            "buckets": list(graphs.batch_buckets)}, "step_ms": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["stories260K", "llama-30m"], choices=["stories260K", "llama-30m"])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--output-json", default=str(RESULTS / "decode_step.json"))
+    args = ap.parse_args()
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            path = EMBEDDED_MODEL if name == "stories260K" else build_random_llama(
+                ROOT / "configs" / "bench-models" / f"{name}.json", Path(tmp) / name)
+            results.append(bench_model(name, path, args.batch, args.context, args.steps, args.rounds, tmp))
+
+    print(f"\ndecode step on a context of {args.context} tokens, fp32, median of {args.rounds} rounds x "
+          f"{args.steps} steps; {os.cpu_count()} CPUs, torch {torch.__version__}\n")
+    head = (f"{'model':<12} | {'batch':>5} | {'transformers ms':>15} | {'eager ms':>8} | {'compiled ms':>11} | "
+            f"{'compiled/eager':>14} | {'compiled/transformers':>21}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        for b, t in r["step_ms"].items():
+            print(f"{r['model']:<12} | {b:>5} | {t['transformers']:>15.3f} | {t['eager']:>8.3f} | {t['compiled']:>11.3f} | "
+                  f"{t['compiled'] / t['eager']:>14.2f} | {t['compiled'] / t['transformers']:>21.2f}")
+    print()
+    for r in results:
+        c = r["compile_s"]
+        print(f"{r['model']}: compiling {len(c['buckets'])} batch buckets {c['buckets']} took {c['cold']:.1f} s cold, "
+              f"{c['cached']:.1f} s from the cache ({r['threads']} intra-op thread(s))")
+    out = Path(args.output_json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "decode_step", "context": args.context, "steps": args.steps, "rounds": args.rounds,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "command": "python benchmarks/decode_step.py " + " ".join(sys.argv[1:]),
+        "results": results,
+    }, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
