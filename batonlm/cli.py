@@ -84,7 +84,7 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="intra-op threads of the CPU device worker (default: 1 for tiny models, else all cores)")
     step = p.add_argument_group("decode step", "compiled on the CPU, CUDA graphs on a GPU (see docs/benchmarks.md)")
     step.add_argument("--compile", choices=COMPILE_CHOICES, default=d.compile,
-                      help="CPU: torch.compile the decode step (auto: on where a C++ compiler is found; "
+                      help="CPU: torch.compile the decode step (auto: on for small models where a C++ compiler is found; "
                            f"default: ${COMPILE_ENV} or auto)")
     step.add_argument("--compile-cache-dir", default=None, metavar="DIR",
                       help="where compiled artefacts are kept, so a restart is fast (default: ~/.cache/batonlm/inductor)")

@@ -93,8 +93,9 @@ class ServerArgs:
     # Intra-op threads of the CPU device worker (None: all cores but the scheduler's one).
     cpu_worker_threads: int | None = None
     mem_fraction_static: float = 0.85
-    # The decode step. CPU: compiled with torch.compile for batch-size buckets ("auto": on when
-    # a C++ compiler is there; a failed compile falls back to eager), its artefacts cached in
+    # The decode step. CPU: compiled with torch.compile for batch-size buckets ("auto": on for
+    # small models where a C++ compiler is there, see device/spec.compile_pays; a failed
+    # compile falls back to eager), its artefacts cached in
     # `compile_cache_dir` (None: ~/.cache/batonlm/inductor). CUDA: captured as CUDA graphs for
     # decode batches up to `cuda_graph_max_bs` (None: min(max_running_requests, 256)).
     compile: str = field(default_factory=lambda: os.environ.get(COMPILE_ENV) or "auto")

@@ -129,18 +129,29 @@ def cxx_compiler() -> str | None:
     return None
 
 
-def decode_step(args: ServerArgs, device: str) -> tuple[int, int]:
-    """(compile_max_bs, cuda_graph_max_bs) from `--compile` and the CUDA graph flags."""
+def compile_pays(cfg: ModelConfig) -> bool:
+    """Where `--compile auto` compiles the CPU decode step: models whose step is op dispatch
+    (below MULTITHREAD_MIN_HIDDEN). Measured (benchmarks/decode_step.py): stories260K's step at
+    0.43x / 0.59x / 0.71x of eager at batch 1 / 16 / 64; a 32M model (hidden 512) at 0.80x at
+    batch 1 but 1.3x at 16 and 64, where matmuls and the KV gather dominate and inductor's
+    gather is slower than eager's."""
+    return cfg.hidden_size < MULTITHREAD_MIN_HIDDEN
+
+
+def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str = "triton") -> tuple[int, int]:
+    """(compile_max_bs, cuda_graph_max_bs) from `--compile` and the CUDA graph flags. CUDA
+    graphs need the Triton attention backend: a graph is captured for the longest context, and
+    the torch backend would gather every row's whole context window into it."""
     if device.startswith("cuda"):
         if args.compile == "on":
             raise DeviceConfigError(
                 "--compile on applies to the CPU device; on CUDA the decode step is captured as CUDA graphs "
                 "(--cuda-graph-max-bs, --disable-cuda-graph)"
             )
-        if args.disable_cuda_graph:
+        if args.disable_cuda_graph or attention != "triton":
             return 0, 0
         return 0, args.cuda_graph_max_bs or min(args.max_running_requests, CUDA_GRAPH_MAX_BS)
-    compile_on = args.compile == "on" or (args.compile == "auto" and cxx_compiler() is not None)
+    compile_on = args.compile == "on" or (args.compile == "auto" and compile_pays(cfg) and cxx_compiler() is not None)
     return (min(args.max_running_requests, CPU_COMPILE_MAX_BS) if compile_on else 0), 0
 
 
@@ -157,7 +168,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
     attention = args.attention_backend if args.attention_backend != "auto" else default_attention_backend(device)
     sampler = args.sampler if args.sampler != "auto" else default_sampler(device)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
-    compile_max_bs, cuda_graph_max_bs = decode_step(args, device)
+    compile_max_bs, cuda_graph_max_bs = decode_step(args, device, cfg, attention)
     return DeviceSpec(
         model_path=cfg.path,
         dtype=dtype_name,

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from batonlm.config import ServerArgs
-from batonlm.server import native, openai_chat, openai_completions
+from batonlm.server import native, openai_chat, openai_completions, tokenize_routes
 from batonlm.server.errors import EXPECTED_ERRORS, to_api_error
 from batonlm.server.guard import GuardMiddleware
 from batonlm.server.metrics import ServerMetrics
@@ -42,6 +42,7 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
     app.include_router(openai_chat.router)
     app.include_router(openai_completions.router)
     app.include_router(native.router)
+    app.include_router(tokenize_routes.router)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

@@ -28,13 +28,13 @@ def request_id(prefix: str) -> str:
 RENDER_INLINE_CHARS = 8192
 
 
-async def render_chat(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
+async def render_chat(state: ServerState, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
     """The conversation's token ids through the chat template (400 naming `messages` if the
     template rejects it)."""
 
     def render() -> list[int]:
         try:
-            return apply_chat_template(state.tokenizer, messages)
+            return apply_chat_template(state.tokenizer, messages, add_generation_prompt)
         except Exception as e:
             raise bad_request(f"the chat template failed on these messages: {e}", param="messages") from None
 

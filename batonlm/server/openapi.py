@@ -28,12 +28,15 @@ POST_ROUTES: tuple[tuple[str, type[BaseModel], type[BaseModel], bool], ...] = (
     ("/v1/chat/completions", protocol.ChatCompletionRequest, responses.ChatCompletion, True),
     ("/v1/completions", protocol.CompletionRequest, responses.Completion, True),
     ("/generate", protocol.NativeGenerateRequest, responses.GenerateResponse, True),
+    ("/tokenize", protocol.TokenizeRequest, responses.TokenizeResponse, False),
+    ("/detokenize", protocol.DetokenizeRequest, responses.DetokenizeResponse, False),
 )
 FLUSH = "/flush_cache"
 GET_ROUTES: dict[str, type[BaseModel]] = {
     "/health": responses.Health,
     "/v1/models": responses.ModelList,
     "/v1/models/{model}": responses.ModelCard,
+    "/version": responses.Version,
 }
 EXAMPLES = {
     "/v1/chat/completions": lambda model: {
@@ -41,6 +44,8 @@ EXAMPLES = {
     },
     "/v1/completions": lambda model: {"model": model, "prompt": "Once upon a time", "max_tokens": 16},
     "/generate": lambda model: {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 16}},
+    "/tokenize": lambda model: {"model": model, "prompt": "Once upon a time"},
+    "/detokenize": lambda model: {"model": model, "tokens": [1, 403, 407, 261]},
 }
 ERRORS = {
     "400": "A field is invalid or beyond a limit (`param` names it)",
@@ -146,13 +151,17 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
                 v.update(maxItems=args.max_stop_strings)
                 v["items"]["maxLength"] = args.max_stop_string_length
         _apply_sampling_limits(props, args, logprobs)
+    for name in ("TokenizeRequest", "DetokenizeRequest"):
+        components[name]["properties"]["model"] = {
+            "anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
     for v in _variants(components["CompletionRequest"]["properties"]["prompt"]):
         if v.get("type") == "array" and v["items"].get("type") != "integer":  # several prompts
             v["maxItems"] = args.max_prompts_per_request
 
     paths = schema["paths"]
     for path, request_model, answer, streams in POST_ROUTES:
-        ok = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`",
+        ok = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`"
+              if streams else "The answer",
               "content": {**_json(REF.format(model=answer.__name__)), **({"text/event-stream": {}} if streams else {})}}
         body = _json(REF.format(model=request_model.__name__))
         body["application/json"]["example"] = EXAMPLES[path](args.model_name)

@@ -181,3 +181,27 @@ class NativeGenerateRequest(_Strict):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
         return self
+
+
+class TokenizeRequest(_Strict):
+    """POST /tokenize (vLLM's shape): a prompt, or chat messages through the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool = True  # prompts only: the template writes its own
+    add_generation_prompt: bool = True  # messages only
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize (vLLM's shape)."""
+
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]

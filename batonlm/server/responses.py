@@ -113,6 +113,21 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class Version(BaseModel):
+    version: str
+
+
 class Health(BaseModel):
     status: Literal["ok", "unhealthy", "shutting_down"]
     reason: str | None = None

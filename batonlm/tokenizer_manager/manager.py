@@ -200,13 +200,18 @@ class TokenizerManager:
                 self._fail_all(SchedulerGone("the scheduler failed (the server log has the details)"))
 
     # ------------------------------------------------------------------ requests
-    def tokenize(self, prompt: str) -> list[int]:
-        return list(self.tokenizer(prompt).input_ids)
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
 
-    async def tokenize_async(self, prompt: str) -> list[int]:
+    async def tokenize_async(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         if len(prompt) <= TOKENIZE_INLINE_CHARS:
-            return self.tokenize(prompt)
-        return await asyncio.to_thread(self.tokenize, prompt)
+            return self.tokenize(prompt, add_special_tokens)
+        return await asyncio.to_thread(self.tokenize, prompt, add_special_tokens)
+
+    async def detokenize_async(self, token_ids: list[int]) -> str:
+        if len(token_ids) <= TOKENIZE_INLINE_CHARS:
+            return self.tokenizer.decode(token_ids)
+        return await asyncio.to_thread(self.tokenizer.decode, token_ids)
 
     def validate_prompt(self, input_ids: list[int], params: SamplingParams, prompt_param: str | None = None) -> None:
         """Reject what the scheduler would reject, with the numbers, before sending anything

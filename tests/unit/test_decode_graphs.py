@@ -5,6 +5,8 @@ and rounding stays below 1e-9 — and padding rows write nowhere but the padding
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -105,23 +107,28 @@ def test_cuda_graph_static_batch_gives_the_eager_logits(tiny_models, backend):
     _assert_only_written(before, runner, batch.out_cache_loc)
 
 
-def test_decode_step_resolution(monkeypatch):
+def test_decode_step_resolution(monkeypatch, stories_path):
     from batonlm.config import ServerArgs
     from batonlm.device.spec import DeviceConfigError, decode_step
 
+    tiny = ModelConfig.from_hf(stories_path)  # hidden 64: compiling pays
+    larger = dataclasses.replace(tiny, hidden_size=512)  # matmuls dominate: auto stays eager
     args = ServerArgs(compile="auto", max_running_requests=128)
     monkeypatch.delenv("CXX", raising=False)
-    assert decode_step(args, "cpu") == (64, 0)  # this machine has a C++ compiler (g++ or c++)
-    assert decode_step(args.replace(max_running_requests=8), "cpu") == (8, 0)
-    assert decode_step(args.replace(compile="off"), "cpu") == (0, 0)
-    assert decode_step(args, "cuda") == (0, 128)
-    assert decode_step(args.replace(cuda_graph_max_bs=24), "cuda") == (0, 24)
-    assert decode_step(args.replace(disable_cuda_graph=True), "cuda") == (0, 0)
+    assert decode_step(args, "cpu", tiny) == (64, 0)  # this machine has a C++ compiler (g++ or c++)
+    assert decode_step(args, "cpu", larger) == (0, 0)
+    assert decode_step(args.replace(compile="on"), "cpu", larger) == (64, 0)
+    assert decode_step(args.replace(max_running_requests=8), "cpu", tiny) == (8, 0)
+    assert decode_step(args.replace(compile="off"), "cpu", tiny) == (0, 0)
+    assert decode_step(args, "cuda", tiny) == (0, 128)
+    assert decode_step(args.replace(cuda_graph_max_bs=24), "cuda", tiny) == (0, 24)
+    assert decode_step(args.replace(disable_cuda_graph=True), "cuda", tiny) == (0, 0)
+    assert decode_step(args, "cuda", tiny, attention="torch") == (0, 0)
     with pytest.raises(DeviceConfigError, match="--compile on applies to the CPU"):
-        decode_step(args.replace(compile="on"), "cuda")
+        decode_step(args.replace(compile="on"), "cuda", tiny)
     monkeypatch.setenv("PATH", "")  # no compiler: auto stays eager, on tries (and falls back)
-    assert decode_step(args, "cpu") == (0, 0)
-    assert decode_step(args.replace(compile="on"), "cpu") == (64, 0)
+    assert decode_step(args, "cpu", tiny) == (0, 0)
+    assert decode_step(args.replace(compile="on"), "cpu", tiny) == (64, 0)
 
 
 def test_compile_flags_are_checked():
