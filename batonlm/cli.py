@@ -13,6 +13,7 @@ from batonlm.config import (
     DEVICE_CHOICES,
     DTYPE_CHOICES,
     EMBEDDED_MODEL,
+    GRAMMAR_WHITESPACE_CHOICES,
     LOG_LEVELS,
     SAMPLER_CHOICES,
     SCHEDULE_POLICIES,
@@ -91,6 +92,9 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     step.add_argument("--cuda-graph-max-bs", type=int, default=None,
                       help="CUDA: largest decode batch replayed from a CUDA graph (default: min(max-running-requests, 256))")
     step.add_argument("--disable-cuda-graph", action=bool_flag, default=False, help="CUDA: run the decode step eagerly")
+    p.add_argument("--grammar-whitespace", choices=GRAMMAR_WHITESPACE_CHOICES, default=d.grammar_whitespace,
+                   help="whitespace JSON-schema outputs may have between tokens: bounded (at most 2 in a row), "
+                        "compact (none) or any")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
 
 

@@ -22,6 +22,7 @@ ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
 SAMPLER_CHOICES = ("auto", *SAMPLERS.names())
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
 COMPILE_CHOICES = ("auto", "on", "off")
+GRAMMAR_WHITESPACE_CHOICES = ("bounded", "compact", "any")  # batonlm.constrained.grammar
 # The default of `compile` (the test suite sets it to "off": most tests start engines that do
 # not need a compiled step, and `BATONLM_COMPILE=on make test` runs them all compiled).
 COMPILE_ENV = "BATONLM_COMPILE"
@@ -102,6 +103,9 @@ class ServerArgs:
     compile_cache_dir: str | None = None
     cuda_graph_max_bs: int | None = None
     disable_cuda_graph: bool = False
+    # JSON schemas: whitespace between tokens at most 2 characters in a row (bounded), none
+    # (compact) or any (small models may loop on whitespace).
+    grammar_whitespace: str = "bounded"
     # Debugging
     debug_future_map: bool = False
     log_level: str = "info"
@@ -118,6 +122,7 @@ class ServerArgs:
         _choice("sampler", self.sampler, SAMPLER_CHOICES)
         _choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _choice("compile", self.compile, COMPILE_CHOICES)
+        _choice("grammar_whitespace", self.grammar_whitespace, GRAMMAR_WHITESPACE_CHOICES)
         if self.chunked_prefill_size is not None and not (
             isinstance(self.chunked_prefill_size, int) and self.chunked_prefill_size >= -1
         ):

@@ -53,10 +53,24 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     logit_bias: dict[TokenId, Annotated[float, Meta(ge=-100.0, le=100.0)]] = msgspec.field(default_factory=dict)
     # None: no logprobs; n >= 0: the chosen token's logprob and the n most likely alternatives.
     logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    # Constrained decoding, at most one (batonlm.constrained): a JSON schema as JSON text, a
+    # regular expression, an EBNF grammar (SGLang's names).
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, text) of the request's constraint, if it has one."""
+        for kind in ("json_schema", "regex", "ebnf"):
+            text = getattr(self, kind)
+            if text is not None:
+                return kind, text
+        return None
 
     @property
     def has_penalties(self) -> bool:
@@ -93,6 +107,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise InvalidSamplingParams(
                 "min_new_tokens", f"must be at most max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens}"
             )
+        given = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise InvalidSamplingParams(given[1], f"give at most one constraint, got {' and '.join(given)}")
         if vocab_size is not None:
             for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias))):
                 bad = [t for t in ids if t >= vocab_size]

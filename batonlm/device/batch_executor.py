@@ -10,10 +10,16 @@ import torch
 
 from batonlm.device.future_map import FutureMap
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+from batonlm.kernels.token_bitmask import apply_token_bitmask_reference, apply_token_bitmask_triton
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_runner import ModelRunner
 from batonlm.model_runner.sampler import SampleOutput
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """Grammar masks: the Triton kernel on a GPU, its torch reference on the CPU."""
+    (apply_token_bitmask_triton if logits.is_cuda else apply_token_bitmask_reference)(logits, bitmask, rows)
 
 
 class BatchExecutor:
@@ -66,10 +72,14 @@ class BatchExecutor:
 
     def sample_delayed(self, sample: SampleLaunch) -> SampleOutput:
         logits, batch, launch = self._unsampled.pop(sample.batch_id)
-        if sample.banned:
+        if sample.banned or sample.mask_rows:
             logits = logits.clone()
-            for row, ids in sample.banned.items():
-                logits[row, self._tensor(ids)] = float("-inf")
+        for row, ids in sample.banned.items():
+            logits[row, self._tensor(ids)] = float("-inf")
+        if sample.mask_rows:
+            words = torch.frombuffer(bytearray(sample.bitmask), dtype=torch.int32)
+            bitmask = words.view(len(sample.mask_rows), sample.mask_words).to(self.device, non_blocking=True)
+            apply_token_bitmask(logits, bitmask, self._tensor(sample.mask_rows))
         return self._sample_and_stash(logits, batch, launch)
 
     def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch) -> SampleOutput:

@@ -48,10 +48,15 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
 
 
 class SampleLaunch(msgspec.Struct, tag=True, frozen=True):
-    """Delayed sampling of a launched batch; `banned` maps row -> token ids masked out."""
+    """Delayed sampling of a launched batch; `banned` maps row -> token ids masked out, and
+    grammar masks allow only their tokens in `mask_rows`: `bitmask` holds one int32 row
+    ([mask_words] words, native byte order) per mask row (batonlm.kernels.token_bitmask)."""
 
     batch_id: int
     banned: dict[int, list[int]] = msgspec.field(default_factory=dict)
+    mask_rows: list[int] = msgspec.field(default_factory=list)
+    mask_words: int = 0
+    bitmask: bytes = b""
 
 
 class BatchSampled(msgspec.Struct, tag=True, frozen=True):

@@ -54,6 +54,8 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
             radix_cache=not args.disable_radix_cache,
             schedule_policy=args.schedule_policy,
             random_seed=args.random_seed,
+            tokenizer_path=args.tokenizer or cfg.path,
+            grammar_whitespace=args.grammar_whitespace,
         ),
     )
     info = SchedulerInfo(

@@ -48,6 +48,8 @@ class Request:
         "first_cached_len",
         "waited",
         "slot_sent",
+        "matcher",
+        "grammar",
     )
 
     def __init__(
@@ -81,6 +83,8 @@ class Request:
         self.first_cached_len: int | None = None  # prompt tokens the cache served at first admission
         self.waited = 0  # iterations spent waiting (the LPM policy's age bound)
         self.slot_sent = False  # its SlotSampling went with a launch since its last admission
+        self.grammar: Any = None  # the future of its compiled constraint, while it compiles
+        self.matcher: Any = None  # its GrammarMatcher once compiled (batonlm.constrained)
 
     @property
     def prompt_len(self) -> int:

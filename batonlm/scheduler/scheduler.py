@@ -30,6 +30,7 @@ from batonlm.ipc.messages import (
 )
 from batonlm.request_checks import check_request
 from batonlm.scheduler.batch import ScheduleBatch
+from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
 from batonlm.scheduler.overlap_policy import (
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 # How long an idle loop blocks on its input before looking again.
 IDLE_POLL_S = 0.05
+# ... and while only grammar compiles are pending (a request should start as soon as it can).
+GRAMMAR_POLL_S = 0.002
 STATUS_LOG_INTERVAL_S = 10.0
 
 
@@ -60,6 +63,8 @@ class SchedulerConfig:
     radix_cache: bool = True
     schedule_policy: str = "fcfs"
     random_seed: int = 0
+    tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
+    grammar_whitespace: str = "bounded"
 
 
 class Scheduler:
@@ -85,6 +90,10 @@ class Scheduler:
         )
         # Ordered containers only: batch order must be the same in every run.
         self.waiting: deque[Request] = deque()
+        self.grammars = GrammarQueue(  # constrained requests while their grammar compiles
+            lambda: grammar_backend(config.tokenizer_path, config.vocab_size, config.eos_token_ids,
+                                    config.grammar_whitespace)
+        )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.result_queue: deque[tuple[ScheduleBatch, PendingResult]] = deque()
@@ -107,7 +116,7 @@ class Scheduler:
     # ------------------------------------------------------------------ state
     @property
     def is_idle(self) -> bool:
-        return not self.waiting and not self.running and not self.result_queue
+        return not self.waiting and not self.running and not self.result_queue and not self.grammars.pending
 
     def stats(self) -> SchedulerStats:
         mem = self.memory
@@ -140,6 +149,8 @@ class Scheduler:
         """Handle every message waiting; returns the seconds spent blocked waiting for one."""
         # Block (briefly) only when there is nothing else to do: never spin while idle.
         timeout = IDLE_POLL_S if self.is_idle else 0.0
+        if self.grammars.pending and not (self.waiting or self.running or self.result_queue):
+            timeout = GRAMMAR_POLL_S
         t0 = time.perf_counter()
         messages = self.io.recv(timeout)
         blocked = time.perf_counter() - t0 if timeout else 0.0
@@ -186,7 +197,10 @@ class Scheduler:
             return self._reject(msg.rid, str(e))
         req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.config.eos_token_ids)
         self.requests[req.rid] = req
-        self.waiting.append(req)
+        if params.constraint is not None:
+            self.grammars.add(req)  # joins `waiting` when its grammar is compiled
+        else:
+            self.waiting.append(req)
 
     def abort(self, rid: str) -> None:
         req = self.requests.get(rid)
@@ -194,6 +208,7 @@ class Scheduler:
             return
         if req in self.waiting:
             self.waiting.remove(req)
+        self.grammars.remove(req)
         req.finish_reason = FINISH_ABORT
         self._finish(req)
         self._outputs.append(TokenOutput(rid, [], FINISH_ABORT))
@@ -202,6 +217,12 @@ class Scheduler:
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         """What the planner makes of the waiting and running requests (planner.py)."""
         self.running = [r for r in self.running if not r.finished]
+        if self.grammars.pending:
+            ready, failed = self.grammars.poll()
+            self.waiting.extend(ready)
+            for req, error in failed:
+                self.requests.pop(req.rid, None)
+                self._reject(req.rid, error)
         batch = self.planner.plan(self._next_batch_id, self.waiting, self.running)
         if not batch:
             return None
@@ -217,9 +238,9 @@ class Scheduler:
         return batch
 
     def needs_delayed_sampling(self, batch: ScheduleBatch) -> bool:
-        """Hook: a batch whose sampling needs state its predecessor's result updates (grammar
-        masks) returns True and gets its tokens masked by `sampling_masks`."""
-        return False
+        """A batch whose sampling needs state its predecessor's result updates: grammar masks
+        (`GrammarQueue.masks`), or what `sampling_masks` forbids."""
+        return self.grammars.needs_masks(batch)
 
     def sampling_masks(self, batch: ScheduleBatch) -> dict[int, list[int]]:
         """Hook: row -> token ids to forbid, computed after the previous result was processed."""
@@ -234,7 +255,9 @@ class Scheduler:
 
     def launch_delayed_sampling(self, batch: ScheduleBatch) -> None:
         if batch.delay_sampling:
-            self.device.launch_sampling(SampleLaunch(batch.batch_id, self.sampling_masks(batch)))
+            self.device.launch_sampling(
+                SampleLaunch(batch.batch_id, self.sampling_masks(batch), **self.grammars.masks(batch))
+            )
 
     # ------------------------------------------------------------------ results
     def pop_and_process(self) -> None:
@@ -260,6 +283,8 @@ class Scheduler:
                 continue
             req.output_ids.append(tok)
             self.generated_tokens += 1
+            if req.matcher is not None:
+                GrammarQueue.advance(req, tok)
             req.check_finished()
             if req.finished:
                 self._finish(req)

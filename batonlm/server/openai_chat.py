@@ -21,6 +21,7 @@ async def chat_completions(request: Request):
     state.check_model(req.model)
     state.check_healthy()
     common.check_limits(state, req, num_prompts=1, prompt_param="messages")
+    await common.check_request_constraint(req)
     state.manager.admit(req.n)
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     input_ids = await common.render_chat(state, messages)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
+from batonlm.constrained.grammar import JSON_OBJECT_SCHEMA, InvalidConstraint, check_constraint
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import limits
@@ -83,6 +85,7 @@ def sampling_params(
     if req.min_tokens > max_new:
         raise bad_request(f"min_tokens ({req.min_tokens}) exceeds max_tokens ({max_new})", param="min_tokens")
     # The request model has checked every value against SamplingParams' ranges already.
+    constraint = request_constraint(req)
     base = SamplingParams(
         max_new_tokens=max_new,
         min_new_tokens=req.min_tokens,
@@ -98,11 +101,49 @@ def sampling_params(
         repetition_penalty=req.repetition_penalty,
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
         logprobs=num_logprobs,
+        **constraint,
     )
     if req.seed is None:
         return [base] * req.n
     # Seeds stay in the int64 range SamplingParams states: choice i uses seed + i, wrapped.
     return [msgspec.structs.replace(base, seed=_wrap_int64(req.seed + i)) for i in range(req.n)]
+
+
+def request_constraint(req: SamplingFields) -> dict[str, str]:
+    """The SamplingParams constraint field of a request's response_format / regex / ebnf (its
+    syntax checked by `check_request_constraint` first)."""
+    found = _constraints(req)
+    return {found[0][0]: found[0][1]} if found else {}
+
+
+async def check_request_constraint(req: SamplingFields) -> None:
+    """At most one constraint, and it parses: else a 400 naming the field the user wrote. In a
+    thread: a pathological one (a regex like a{100000}) takes seconds to parse."""
+    given = _constraints(req)
+    if not given:
+        return
+    if len(given) > 1:
+        raise bad_request(f"give at most one of response_format (JSON), regex and ebnf, got {given[0][2]} and "
+                          f"{given[1][2]}", param=given[1][2])
+    kind, text, field_name = given[0]
+    try:
+        await asyncio.to_thread(check_constraint, kind, text)
+    except InvalidConstraint as e:
+        raise bad_request(f"invalid {kind.replace('_', ' ')}: {e}", param=field_name) from None
+
+
+def _constraints(req: SamplingFields) -> list[tuple[str, str, str]]:
+    given: list[tuple[str, str, str]] = []  # (kind, text, request field)
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        given.append(("json_schema", JSON_OBJECT_SCHEMA, "response_format"))
+    elif rf is not None and rf.type == "json_schema":
+        assert rf.json_schema is not None
+        given.append(("json_schema", json.dumps(rf.json_schema.schema_), "response_format.json_schema.schema"))
+    for kind in ("regex", "ebnf"):
+        if getattr(req, kind) is not None:
+            given.append((kind, getattr(req, kind), kind))
+    return given
 
 
 def _wrap_int64(x: int) -> int:

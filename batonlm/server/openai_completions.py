@@ -34,6 +34,7 @@ async def completions(request: Request):
     state.check_healthy()
     num_prompts = _num_prompts(req.prompt)
     common.check_limits(state, req, num_prompts=num_prompts, prompt_param="prompt")
+    await common.check_request_constraint(req)
     state.manager.admit(num_prompts * req.n)
     prompts = await _prompts(state, req.prompt)
     jobs = []

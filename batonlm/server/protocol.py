@@ -50,6 +50,28 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
+class JsonSchemaFormat(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: Annotated[str, Field(max_length=64)] = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format: text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only there")
+        return self
+
+
 class SamplingFields(_Strict):
     """Fields shared by chat and text completions."""
 
@@ -73,6 +95,10 @@ class SamplingFields(_Strict):
     ignore_eos: bool = False
     min_tokens: Annotated[int, ranged("min_new_tokens")] = 0
     user: str | None = None
+    # Constrained output (at most one): OpenAI's response_format, or SGLang's regex / ebnf.
+    response_format: ResponseFormat | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @property
     def stop_strings(self) -> list[str]:

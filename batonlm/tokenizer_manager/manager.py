@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 
 from batonlm.config import ServerArgs
+from batonlm.constrained.grammar import InvalidConstraint, check_constraint
 from batonlm.ipc import codec
 from batonlm.ipc.codec import Message
 from batonlm.ipc.endpoints import new_endpoints
@@ -37,7 +38,7 @@ from batonlm.ipc.messages import (
     StatsRequest,
 )
 from batonlm.request_checks import check_request
-from batonlm.sampling_params import SamplingParams
+from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
 from batonlm.tokenizer_manager.request_state import (
     FINISH_ABORT,
@@ -223,6 +224,12 @@ class TokenizerManager:
             input_ids, params, context_length=info.context_length, vocab_size=info.vocab_size,
             kv_capacity=info.kv_capacity, prompt_param=prompt_param,
         )
+        if params.constraint is not None:
+            kind, text = params.constraint
+            try:
+                check_constraint(kind, text)  # cached: the OpenAI routes checked it already
+            except InvalidConstraint as e:
+                raise InvalidSamplingParams(kind, f"invalid {kind.replace('_', ' ')}: {e}") from None
 
     def admit(self, num_requests: int) -> None:
         """Raise QueueFull when `num_requests` more would exceed what may wait for admission

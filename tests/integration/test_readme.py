@@ -82,6 +82,19 @@ def test_openai_client_snippet(readme_server):
     assert words(out.stdout) >= 10, out.stdout
 
 
+def test_structured_output_snippet_saved_as_a_script(readme_server, tmp_path):
+    import ast
+
+    script = tmp_path / "structured.py"
+    script.write_text(blocks("python", "response_format")[0].replace(README_URL, readme_server.base_url))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    person, answer = out.stdout.strip().splitlines()
+    person = ast.literal_eval(person)
+    assert set(person) == {"name", "age"} and isinstance(person["name"], str) and 1 <= person["age"] <= 99
+    assert answer in ("yes", "no")
+
+
 def test_engine_snippet_saved_as_a_script(tmp_path):
     """As a user runs it: saved to a file, `python my_script.py` (the spawned scheduler must not
     re-run the script's top level, which creates the Engine)."""

@@ -1,0 +1,98 @@
+"""Requests with a constraint: where they wait while their grammar compiles, and what the loop
+does with their matchers (masks for a batch's delayed sampling, tokens accepted as results come).
+
+Compiles run in the GrammarCache's threads; `poll` moves a request on once its grammar is ready
+(the loop never waits for a compile). A batch with a constrained row samples late: in the
+overlap loop after the previous batch's tokens have advanced the matchers, in the normal loop
+right after its forward — the same path (`Scheduler.launch_delayed_sampling`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from batonlm.constrained.backend import GrammarBackend
+from batonlm.constrained.grammar_cache import GrammarCache
+from batonlm.scheduler.batch import ScheduleBatch
+from batonlm.scheduler.request import FINISH_STOP, Request
+
+logger = logging.getLogger(__name__)
+
+
+def grammar_backend(tokenizer_path: str | None, vocab_size: int, eos_ids: tuple[int, ...], whitespace: str):
+    """The backend the cache compiles with (built at the first constraint, in its thread)."""
+    from batonlm.constrained.xgrammar_backend import XGrammarBackend
+
+    if tokenizer_path is None:
+        raise ValueError("constraints need the tokenizer (SchedulerConfig.tokenizer_path)")
+    return XGrammarBackend(tokenizer_path, vocab_size, list(eos_ids), whitespace)
+
+
+class GrammarQueue:
+    def __init__(self, make_backend: Callable[[], GrammarBackend], threads: int = 2) -> None:
+        self.cache = GrammarCache(make_backend, threads)
+        self.pending: deque[Request] = deque()
+        self.masked_batches = 0  # batches sampled through grammar masks
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, req: Request) -> None:
+        kind, text = req.params.constraint
+        req.grammar = self.cache.get(kind, text)
+        self.pending.append(req)
+
+    def remove(self, req: Request) -> bool:
+        if req in self.pending:
+            self.pending.remove(req)
+            return True
+        return False
+
+    def poll(self) -> tuple[list[Request], list[tuple[Request, str]]]:
+        """Requests whose grammar is ready (with their matcher), and those whose compile failed."""
+        ready, failed = [], []
+        for req in [r for r in self.pending if r.grammar.done()]:
+            self.pending.remove(req)
+            error = req.grammar.exception()
+            if error is not None:
+                failed.append((req, f"the {req.params.constraint[0]} could not be compiled: {error}"))
+            else:
+                req.matcher = self.cache.backend.matcher(req.grammar.result())
+            req.grammar = None
+            if error is None:
+                ready.append(req)
+        return ready, failed
+
+    @staticmethod
+    def needs_masks(batch: ScheduleBatch) -> bool:
+        return any(r.matcher is not None for r in batch.reqs)
+
+    def masks(self, batch: ScheduleBatch) -> dict:
+        """SampleLaunch fields masking each constrained row that will produce a token now.
+        Rows that will not (a request finished, retracted, or whose grammar is complete: their
+        token is dropped) are left alone rather than given an empty mask."""
+        rows = [
+            row for row, (req, epoch, produces) in enumerate(zip(batch.reqs, batch.epochs, batch.produces_output))
+            if req.matcher is not None and produces and not req.finished and epoch == req.epoch
+            and not req.matcher.terminated
+        ]
+        if not rows:
+            return {}
+        self.masked_batches += 1
+        bitmask = self.cache.backend.allocate_bitmask(len(rows))
+        for i, row in enumerate(rows):
+            batch.reqs[row].matcher.fill_mask(bitmask, i)
+        return {"mask_rows": rows, "mask_words": bitmask.shape[1], "bitmask": bitmask.numpy().tobytes()}
+
+    @staticmethod
+    def advance(req: Request, token: int) -> None:
+        """Follow a token the request produced; a completed grammar finishes the request."""
+        if not req.matcher.accept(token):
+            logger.error("request %s: token %d does not fit its grammar", req.rid, token)
+        if req.matcher.terminated and not req.finished:
+            req.finish_reason = FINISH_STOP
+
+    def close(self) -> None:
+        self.cache.close()
