@@ -17,6 +17,7 @@ from batonlm.config import (
     LOG_LEVELS,
     SAMPLER_CHOICES,
     SCHEDULE_POLICIES,
+    TOOL_CALL_PARSER_CHOICES,
     ConfigError,
     ServerArgs,
 )
@@ -95,6 +96,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grammar-whitespace", choices=GRAMMAR_WHITESPACE_CHOICES, default=d.grammar_whitespace,
                    help="whitespace JSON-schema outputs may have between tokens: bounded (at most 2 in a row), "
                         "compact (none) or any")
+    p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSER_CHOICES, default=d.tool_call_parser,
+                   help="the format tool calls are parsed from (auto: from the model; hermes for Qwen and others)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS
+from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS, TOOL_CALL_PARSERS
 from batonlm.sampling_params import MAX_TOP_LOGPROBS
 
 EMBEDDED_MODEL = str(Path(__file__).resolve().parent / "assets" / "stories260K")
@@ -20,6 +20,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # "auto" picks per device; the rest are the registries' names.
 ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
 SAMPLER_CHOICES = ("auto", *SAMPLERS.names())
+TOOL_CALL_PARSER_CHOICES = ("auto", *TOOL_CALL_PARSERS.names())
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
 COMPILE_CHOICES = ("auto", "on", "off")
 GRAMMAR_WHITESPACE_CHOICES = ("bounded", "compact", "any")  # batonlm.constrained.grammar
@@ -106,6 +107,8 @@ class ServerArgs:
     # JSON schemas: whitespace between tokens at most 2 characters in a row (bounded), none
     # (compact) or any (small models may loop on whitespace).
     grammar_whitespace: str = "bounded"
+    # The format tool calls are parsed from with tool_choice auto (auto: from the model).
+    tool_call_parser: str = "auto"
     # Debugging
     debug_future_map: bool = False
     log_level: str = "info"
@@ -123,6 +126,7 @@ class ServerArgs:
         _choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _choice("compile", self.compile, COMPILE_CHOICES)
         _choice("grammar_whitespace", self.grammar_whitespace, GRAMMAR_WHITESPACE_CHOICES)
+        _choice("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSER_CHOICES)
         if self.chunked_prefill_size is not None and not (
             isinstance(self.chunked_prefill_size, int) and self.chunked_prefill_size >= -1
         ):

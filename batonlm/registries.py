@@ -38,3 +38,13 @@ SAMPLERS: LazyRegistry[Any] = LazyRegistry(
         "triton": "batonlm.model_runner.triton_sampler:TritonSampler",
     },
 )
+
+# Subclasses of batonlm.tool_calls.parser.ToolCallParser: the formats models write tool calls in.
+TOOL_CALL_PARSERS: LazyRegistry[Any] = LazyRegistry(
+    "tool-call parser",
+    {
+        "hermes": "batonlm.tool_calls.formats:HermesParser",
+        "llama3": "batonlm.tool_calls.formats:Llama3Parser",
+        "mistral": "batonlm.tool_calls.formats:MistralParser",
+    },
+)

@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from batonlm.server import chat_tools
 from batonlm.server import openai_common as common
 from batonlm.server.protocol import ChatCompletionRequest
 from batonlm.server.state import ServerState, server_state, until_disconnected
@@ -22,19 +23,21 @@ async def chat_completions(request: Request):
     state.check_healthy()
     common.check_limits(state, req, num_prompts=1, prompt_param="messages")
     await common.check_request_constraint(req)
+    plan = await chat_tools.plan_tools(state, req)
     state.manager.admit(req.n)
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    input_ids = await common.render_chat(state, messages)
-    params = common.sampling_params(state, req, len(input_ids), req.num_logprobs, "messages")
+    messages = [m.template_dict() for m in req.messages]
+    input_ids = await common.render_chat(state, messages, tools=plan.template_tools)
+    params = common.sampling_params(state, req, len(input_ids), req.num_logprobs, "messages", plan.constraint)
     state.manager.validate_prompt(input_ids, params[0], "messages")
     jobs = [(input_ids, p) for p in params]
     rid = common.request_id("chatcmpl")
     created = int(time.time())
     if req.stream:
         return StreamingResponse(
-            _stream(state, req, jobs, rid, created, len(input_ids)), media_type="text/event-stream"
+            _stream(state, req, plan, jobs, rid, created, len(input_ids)), media_type="text/event-stream"
         )
     results = await until_disconnected(request, common.collect_choices(state, jobs, req.stop_strings, rid))
+    parsed = [plan.parse(r.text) for r in results]
     return JSONResponse({
         "id": rid,
         "object": "chat.completion",
@@ -43,25 +46,36 @@ async def chat_completions(request: Request):
         "choices": [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": r.text},
+                "message": chat_tools.message(content, calls),
                 "logprobs": common.chat_logprobs(state, r.logprobs) if req.logprobs else None,
-                "finish_reason": r.finish_reason,
+                "finish_reason": chat_tools.finish_reason(r.finish_reason, calls),
             }
-            for i, r in enumerate(results)
+            for i, (r, (content, calls)) in enumerate(zip(results, parsed))
         ],
         "usage": common.usage(len(input_ids), sum(r.completion_tokens for r in results),
                               [r.cached_tokens for r in results], req.n),
     })
 
 
-def _stream(state: ServerState, req: ChatCompletionRequest, jobs, rid: str, created: int, prompt_tokens: int):
+def _stream(state: ServerState, req: ChatCompletionRequest, plan: chat_tools.ToolPlan, jobs, rid: str, created: int,
+            prompt_tokens: int):
+    streams = [plan.streamer() for _ in jobs]
+
     def to_choices(i: int, c) -> list[dict]:
         out = []
-        if c.text or (req.logprobs and c.logprobs):
+        text = streams[i].feed(c.text)
+        if text or (req.logprobs and c.logprobs):
             lp = common.chat_logprobs(state, c.logprobs or []) if req.logprobs else None
-            out.append({"index": i, "delta": {"content": c.text}, "logprobs": lp, "finish_reason": None})
+            out.append({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None})
         if c.finish_reason is not None:
-            out.append({"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason})
+            rest, calls = streams[i].finish()
+            if rest:
+                out.append({"index": i, "delta": {"content": rest}, "logprobs": None, "finish_reason": None})
+            if calls:
+                deltas = [call.to_openai(index=k) for k, call in enumerate(calls)]
+                out.append({"index": i, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None})
+            out.append({"index": i, "delta": {}, "logprobs": None,
+                        "finish_reason": chat_tools.finish_reason(c.finish_reason, calls)})
         return out
 
     opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}

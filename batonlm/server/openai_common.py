@@ -30,17 +30,19 @@ def request_id(prefix: str) -> str:
 RENDER_INLINE_CHARS = 8192
 
 
-async def render_chat(state: ServerState, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+async def render_chat(
+    state: ServerState, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+) -> list[int]:
     """The conversation's token ids through the chat template (400 naming `messages` if the
     template rejects it)."""
 
     def render() -> list[int]:
         try:
-            return apply_chat_template(state.tokenizer, messages, add_generation_prompt)
+            return apply_chat_template(state.tokenizer, messages, add_generation_prompt, tools)
         except Exception as e:
             raise bad_request(f"the chat template failed on these messages: {e}", param="messages") from None
 
-    if sum(len(m["content"]) for m in messages) <= RENDER_INLINE_CHARS:
+    if sum(len(m["content"] or "") for m in messages) <= RENDER_INLINE_CHARS and not tools:
         return render()
     return await asyncio.to_thread(render)
 
@@ -59,9 +61,11 @@ def check_limits(state: ServerState, req: SamplingFields, *, num_prompts: int, p
 
 
 def sampling_params(
-    state: ServerState, req: SamplingFields, prompt_len: int, num_logprobs: int | None, param: str
+    state: ServerState, req: SamplingFields, prompt_len: int, num_logprobs: int | None, param: str,
+    constraint: dict[str, str] | None = None,
 ) -> list[SamplingParams]:
-    """One SamplingParams per choice (choice i of a seeded request uses seed + i)."""
+    """One SamplingParams per choice (choice i of a seeded request uses seed + i); `constraint`
+    replaces the request's own (a tool_choice that forces calls)."""
     info = state.manager.info
     assert info is not None
     ctx = info.context_length
@@ -85,7 +89,7 @@ def sampling_params(
     if req.min_tokens > max_new:
         raise bad_request(f"min_tokens ({req.min_tokens}) exceeds max_tokens ({max_new})", param="min_tokens")
     # The request model has checked every value against SamplingParams' ranges already.
-    constraint = request_constraint(req)
+    constraint = constraint or request_constraint(req)
     base = SamplingParams(
         max_new_tokens=max_new,
         min_new_tokens=req.min_tokens,

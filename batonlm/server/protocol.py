@@ -4,6 +4,7 @@ from `SamplingParams`, where they are stated once (`ranged`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -25,10 +26,45 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class FunctionCallIn(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(_Strict):
+    """A call an earlier assistant message made (it comes back in the conversation)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant messages only
+    tool_call_id: str | None = None  # tool messages only: the call this result answers
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages have tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("tool messages, and only they, need tool_call_id")
+        return self
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (tool-call arguments as objects where they parse)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
     @field_validator("content", mode="before")
     @classmethod
@@ -48,6 +84,34 @@ class ChatMessage(_Strict):
 
     def text(self) -> str:
         return self.content or ""
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class FunctionDef(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(_Strict):
@@ -141,14 +205,45 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: Annotated[int, ranged("logprobs")] | None = None
+    tools: list[Tool] | None = Field(default=None, min_length=1)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @field_validator("messages")
     @classmethod
     def _content_required(cls, v: list[ChatMessage]) -> list[ChatMessage]:
         for m in v:
-            if m.content is None and m.role != "assistant":
+            if m.content is None and not (m.role == "assistant"):
                 raise ValueError(f"a {m.role} message needs content")
         return v
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, v: list[Tool] | None) -> list[Tool] | None:
+        names = [t.function.name for t in v or []]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            raise ValueError(f"two tools are named {dup!r}")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_names_a_tool(cls, v, info):
+        tools = info.data.get("tools")
+        if v not in (None, "none", "auto") and not tools:
+            raise ValueError("needs tools")
+        if isinstance(v, NamedToolChoice) and v.function.name not in {t.function.name for t in tools}:
+            raise ValueError(f"names no tool of this request: {v.function.name!r}")
+        return v
+
+    @property
+    def tool_mode(self) -> str:
+        """none (no tools, or tool_choice none), auto, required, or named."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     @field_validator("top_logprobs")
     @classmethod

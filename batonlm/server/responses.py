@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-FinishReason = Literal["stop", "length", "abort"] | None
+FinishReason = Literal["stop", "length", "abort", "tool_calls"] | None
 
 
 class PromptTokensDetails(BaseModel):
@@ -36,9 +36,21 @@ class ChatLogprobs(BaseModel):
     refusal: None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None when the message is only tool calls
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):

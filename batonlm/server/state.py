@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,6 +44,22 @@ class ServerState:
     @property
     def tokenizer(self) -> Any:
         return self.manager.tokenizer
+
+    def tool_parser(self):
+        """The tool-call format of this model (`--tool-call-parser`; auto: from its architecture)."""
+        parser = self.__dict__.get("_tool_parser")
+        if parser is None:
+            from batonlm.tool_calls.formats import parser_for
+
+            info = self.manager.info
+            architecture = None
+            try:
+                with open(os.path.join(info.model_path if info else self.args.model, "config.json")) as f:
+                    architecture = (json.load(f).get("architectures") or [None])[0]
+            except (OSError, ValueError):
+                pass
+            parser = self.__dict__["_tool_parser"] = parser_for(self.args.tool_call_parser, architecture)
+        return parser
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

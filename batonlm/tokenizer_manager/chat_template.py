@@ -15,11 +15,15 @@ def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of the conversation, followed by the assistant's generation prompt unless told not to."""
+def apply_chat_template(
+    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of the conversation (and its tools, where the template renders them), followed
+    by the assistant's generation prompt unless told not to."""
     template = None if has_chat_template(tokenizer) else BUILTIN_CHAT_TEMPLATE
     text = tokenizer.apply_chat_template(
-        messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False
+        messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False, tools=tools
     )
     # The template writes special tokens (BOS) itself.
     return list(tokenizer(text, add_special_tokens=False).input_ids)

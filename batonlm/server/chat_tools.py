@@ -1,0 +1,105 @@
+"""Tool calling in /v1/chat/completions: what a request's tools mean for its prompt, its
+constraint and its answer (message.tool_calls, streamed delta.tool_calls, finish_reason
+"tool_calls"), in OpenAI's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from batonlm.constrained.grammar import InvalidConstraint, check_constraint
+from batonlm.server.errors import bad_request
+from batonlm.server.protocol import ChatCompletionRequest
+from batonlm.tool_calls.forced import forced_schema, parse_forced
+from batonlm.tool_calls.parser import StreamingToolCalls, ToolCall, ToolCallParser
+
+
+@dataclass
+class ToolPlan:
+    mode: str  # none | auto | required | named
+    parser: ToolCallParser | None  # auto: the model's format
+    template_tools: list[dict[str, Any]] | None = None  # rendered by the chat template
+    constraint: dict[str, str] = field(default_factory=dict)  # required / named: the calls' schema
+
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("required", "named")
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of a whole completion; no calls: the text is the content."""
+        if self.forced:
+            calls = parse_forced(text)
+            return (None, calls) if calls else (text, [])
+        if self.mode == "auto" and self.parser is not None:
+            parsed = self.parser.parse(text)
+            if parsed.calls:
+                return (parsed.content or None), parsed.calls
+        return text, []
+
+    def streamer(self) -> ChoiceStream:
+        return ChoiceStream(self)
+
+
+class ChoiceStream:
+    """One streamed choice: content deltas go out as they come unless they may be calls (then
+    held until the end: forced outputs are all calls, auto ones from a start marker on)."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.text = ""
+        self.stream = StreamingToolCalls(plan.parser) if plan.mode == "auto" and plan.parser else None
+
+    def feed(self, delta: str) -> str:
+        if self.plan.forced:
+            self.text += delta
+            return ""
+        return self.stream.feed(delta) if self.stream is not None else delta
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """(content not sent yet, calls)."""
+        if self.plan.forced:
+            calls = parse_forced(self.text)
+            return ("", calls) if calls else (self.text, [])
+        if self.stream is not None:
+            parsed = self.stream.finish()
+            return parsed.content, parsed.calls
+        return "", []
+
+
+async def plan_tools(state, req: ChatCompletionRequest) -> ToolPlan:
+    """Check the tools (parameter schemas parse), and what the request's tool_choice asks for."""
+    mode = req.tool_mode
+    tools = req.tools or []
+    for i, tool in enumerate(tools):
+        params = tool.function.parameters
+        if params is None:
+            continue
+        try:
+            await asyncio.to_thread(check_constraint, "json_schema", json.dumps(params))
+        except InvalidConstraint as e:
+            raise bad_request(f"invalid parameters schema of {tool.function.name!r}: {e}",
+                              param=f"tools.{i}.function.parameters") from None
+    template_tools = [t.model_dump(exclude_none=True) for t in tools] or None
+    plan = ToolPlan(mode, state.tool_parser() if mode == "auto" else None, template_tools)
+    if plan.forced:
+        if req.response_format is not None or req.regex is not None or req.ebnf is not None:
+            raise bad_request("tool_choice required or a named function cannot be combined with response_format, "
+                              "regex or ebnf", param="tool_choice")
+        chosen = [t for t in tools if mode == "required" or t.function.name == req.tool_choice.function.name]
+        schema = forced_schema([(t.function.name, t.function.parameters) for t in chosen],
+                               parallel=mode == "required" and req.parallel_tool_calls)
+        plan.constraint = {"json_schema": json.dumps(schema)}
+    return plan
+
+
+def message(content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        out["tool_calls"] = [c.to_openai() for c in calls]
+    return out
+
+
+def finish_reason(reason: str | None, calls: list[ToolCall]) -> str | None:
+    return "tool_calls" if calls and reason == "stop" else reason

@@ -1,0 +1,94 @@
+"""The tool-call formats of the model families batonlm serves, and how one is picked."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from batonlm.tool_calls.parser import ParsedOutput, ToolCall, ToolCallParser, call_from_object, json_values
+
+
+class HermesParser(ToolCallParser):
+    """Hermes / Qwen 2.5 / Qwen 3: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, repeated."""
+
+    name = "hermes"
+    start_markers = ("<tool_call>",)
+    _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+    def parse(self, text: str) -> ParsedOutput:
+        start = text.find("<tool_call>")
+        if start < 0:
+            return ParsedOutput(text, [])
+        calls = []
+        for body in self._CALL.findall(text[start:]):
+            try:
+                call = call_from_object(json.loads(body))
+            except json.JSONDecodeError:
+                call = None
+            if call is None:
+                return ParsedOutput(text, [])
+            calls.append(call)
+        return ParsedOutput(text[:start].rstrip(), calls) if calls else ParsedOutput(text, [])
+
+
+class Llama3Parser(ToolCallParser):
+    """Llama 3.1+ JSON tool calls: `{"name": ..., "parameters": {...}}` as the whole message
+    (optionally after `<|python_tag|>`), several separated by `;`."""
+
+    name = "llama3"
+    start_markers = ("<|python_tag|>", '{"name"', '{ "name"')
+
+    def parse(self, text: str) -> ParsedOutput:
+        body = text.strip()
+        prefix = ""
+        tag = body.find("<|python_tag|>")
+        if tag >= 0:
+            prefix, body = body[:tag].rstrip(), body[tag + len("<|python_tag|>") :]
+        elif not body.startswith("{"):
+            return ParsedOutput(text, [])
+        values = json_values(body)
+        calls = [call_from_object(v) for v in values or []]
+        if not calls or any(c is None for c in calls):
+            return ParsedOutput(text, [])
+        return ParsedOutput(prefix, calls)  # type: ignore[arg-type]
+
+
+class MistralParser(ToolCallParser):
+    """Mistral: `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]` (v3), or
+    `[TOOL_CALLS]name[ARGS]{...}` for each call (v11)."""
+
+    name = "mistral"
+    start_markers = ("[TOOL_CALLS]",)
+
+    def parse(self, text: str) -> ParsedOutput:
+        start = text.find("[TOOL_CALLS]")
+        if start < 0:
+            return ParsedOutput(text, [])
+        content, rest = text[:start].rstrip(), text[start:]
+        calls: list[ToolCall | None] = []
+        if "[ARGS]" in rest:
+            for part in rest.split("[TOOL_CALLS]")[1:]:
+                name, _, args = part.partition("[ARGS]")
+                values = json_values(args)
+                calls.append(call_from_object({"name": name.strip(), "arguments": values[0]})
+                             if values and len(values) == 1 else None)
+        else:
+            values = json_values(rest[len("[TOOL_CALLS]") :])
+            items = values[0] if values and len(values) == 1 and isinstance(values[0], list) else values
+            calls = [call_from_object(v) for v in items or []]
+        if not calls or any(c is None for c in calls):
+            return ParsedOutput(text, [])
+        return ParsedOutput(content, calls)  # type: ignore[arg-type]
+
+
+# Model architecture -> the format its chat template and fine-tuning use.
+_BY_ARCHITECTURE = {"LlamaForCausalLM": "llama3", "MistralForCausalLM": "mistral"}
+
+
+def parser_for(choice: str, architecture: str | None) -> ToolCallParser:
+    """`--tool-call-parser`: a format's name, or auto (from the architecture; hermes otherwise,
+    which Qwen models and most other tool-tuned models use)."""
+    from batonlm.registries import TOOL_CALL_PARSERS
+
+    name = _BY_ARCHITECTURE.get(architecture or "", "hermes") if choice == "auto" else choice
+    return TOOL_CALL_PARSERS[name]()

@@ -1,0 +1,153 @@
+"""Tool calling through the official openai client against the live server: tool_choice
+required and named give calls whose arguments validate (streamed and not, n=2), a tool result
+message continues a conversation, bad tools are 400s naming the field; and a chat template
+that renders tools gets them, with the calls and results of earlier turns."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+MODEL = "stories260K"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"]}
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                        "b": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a", "b"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "parameters": ADD}}]
+PARAMS = {"get_weather": WEATHER, "add": ADD}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _check_calls(calls, only: str | None = None):
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert only is None or call.function.name == only
+        jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_calls_validate(client, choice):
+    tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "add"}}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice, n=2,
+                                       max_tokens=200, temperature=0.9, seed=3, parallel_tool_calls=False)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+        _check_calls(c.message.tool_calls, None if choice == "required" else "add")
+        assert len(c.message.tool_calls) == 1
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_calls_validate_streamed(client, choice):
+    tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice, n=2,
+                                            max_tokens=200, temperature=0.0, stream=True, parallel_tool_calls=False)
+    calls, finish = {0: [], 1: []}, {}
+    for chunk in stream:
+        for c in chunk.choices:
+            assert not c.delta.content
+            calls[c.index] += c.delta.tool_calls or []
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+    for i in (0, 1):
+        assert [d.index for d in calls[i]] == list(range(len(calls[i])))
+        _check_calls(calls[i], None if choice == "required" else "get_weather")
+
+
+def test_parallel_required_calls_are_an_array(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                       max_tokens=300, temperature=0.0, logit_bias={"96": 20})  # "]" (0x5D)
+    assert r.choices[0].finish_reason == "tool_calls"
+    _check_calls(r.choices[0].message.tool_calls)
+
+
+def test_auto_without_a_call_is_plain_content(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=20, temperature=0.0)
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
+    assert r.choices[0].message.content
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20, temperature=0.0)
+    assert r.choices[0].message.content == plain.choices[0].message.content  # the built-in template has no tools
+
+
+def test_multi_turn_with_a_tool_result(client):
+    messages = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 degrees."},
+    ]
+    r = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=20, temperature=0.0)
+    assert r.choices[0].message.content
+    # The result is in the prompt (the built-in template writes each message's content).
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20, temperature=0.0)
+    assert r.usage.prompt_tokens > plain.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objec"}}}]},
+         "tools.0.function.parameters"),
+        ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools.0.function.name"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ],
+)
+def test_bad_tools_are_400s_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, **extra)
+    assert err.value.body["param"] == param, err.value.body
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "tool", "content": "x"}, "messages.1"),
+        ({"role": "user", "content": "x", "tool_calls": []}, "messages.1"),
+    ],
+)
+def test_bad_tool_messages_are_400s(server, message, param):
+    r = httpx.post(server.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": ASK + [message]},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+HERMES_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<tool_response>{{ m['content'] }}</tool_response>\n"
+    "{% elif m.get('tool_calls') %}{% for c in m['tool_calls'] %}<tool_call>{{ c['function']['name'] }}"
+    "{{ c['function']['arguments'] | tojson }}</tool_call>{% endfor %}\n"
+    "{% else %}{{ m['role'] }}: {{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def test_a_chat_template_renders_the_tools_calls_and_results(stories_path):
+    """What the server gives a model's template: the tools, an earlier turn's calls with their
+    arguments as objects, and the tool's result."""
+    from transformers import AutoTokenizer
+
+    from batonlm.server.protocol import ChatCompletionRequest
+    from batonlm.tokenizer_manager.chat_template import apply_chat_template
+
+    tok = AutoTokenizer.from_pretrained(stories_path)
+    tok.chat_template = HERMES_TEMPLATE
+    req = ChatCompletionRequest.model_validate({"messages": ASK + [
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                              "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"}], "tools": TOOLS})
+    ids = apply_chat_template(tok, [m.template_dict() for m in req.messages],
+                              tools=[t.model_dump(exclude_none=True) for t in req.tools])
+    text = tok.decode(ids)
+    assert "<tools>get_weather;add;</tools>" in text
+    assert '<tool_call>add{"a": 1, "b": 2}</tool_call>' in text
+    assert "<tool_response>3</tool_response>" in text and text.endswith("assistant:")

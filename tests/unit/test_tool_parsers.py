@@ -1,0 +1,91 @@
+"""The tool-call formats on recorded model outputs (Hermes/Qwen, Llama 3, Mistral), whole and
+streamed in pieces split anywhere, and the forced-call schema and parser."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from batonlm.tool_calls.forced import forced_schema, parse_forced
+from batonlm.tool_calls.formats import HermesParser, Llama3Parser, MistralParser, parser_for
+from batonlm.tool_calls.parser import StreamingToolCalls
+
+WEATHER = {"city": "Paris", "unit": "celsius"}
+
+# (parser, model output, expected content, expected [(name, arguments)])
+RECORDED = [
+    (HermesParser, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
+     "", [("get_weather", WEATHER)]),
+    (HermesParser, 'Let me check that for you.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+     '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>',
+     "Let me check that for you.", [("get_weather", WEATHER), ("get_time", {"tz": "CET"})]),
+    (HermesParser, "No tools needed: it is sunny.", "No tools needed: it is sunny.", []),
+    (HermesParser, "<tool_call>\n{not json}\n</tool_call>", "<tool_call>\n{not json}\n</tool_call>", []),
+    (Llama3Parser, '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}', "",
+     [("get_weather", WEATHER)]),
+    (Llama3Parser, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
+     '{"name": "get_time", "parameters": {"tz": "CET"}}', "", [("get_weather", WEATHER), ("get_time", {"tz": "CET"})]),
+    (Llama3Parser, "The weather in Paris is {mild}.", "The weather in Paris is {mild}.", []),
+    (MistralParser, '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]', "",
+     [("get_weather", WEATHER)]),
+    (MistralParser, 'Sure.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+     '{"name": "get_time", "arguments": {"tz": "CET"}}]', "Sure.", [("get_weather", WEATHER), ("get_time", {"tz": "CET"})]),
+    (MistralParser, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}',
+     "", [("get_weather", WEATHER), ("get_time", {"tz": "CET"})]),
+    (MistralParser, "[TOOL_CALLS] oops", "[TOOL_CALLS] oops", []),
+]
+
+
+def _calls(calls):
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+@pytest.mark.parametrize(("cls", "text", "content", "calls"), RECORDED)
+def test_recorded_outputs(cls, text, content, calls):
+    parsed = cls().parse(text)
+    assert parsed.content == content
+    assert _calls(parsed.calls) == calls
+    assert all(c.id.startswith("call_") for c in parsed.calls) and len({c.id for c in parsed.calls}) == len(parsed.calls)
+
+
+@pytest.mark.parametrize(("cls", "text", "content", "calls"), RECORDED)
+def test_streamed_in_random_pieces(cls, text, content, calls):
+    rng = random.Random(len(text))
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        stream = StreamingToolCalls(cls())
+        sent = "".join(stream.feed(p) for p in pieces)
+        rest = stream.finish()
+        if calls:
+            # Content before the calls streams out (whitespace before a marker may trail).
+            assert (sent + rest.content).rstrip() == content
+            assert not any(m in sent for m in cls.start_markers)
+        else:
+            assert sent + rest.content == text
+        assert _calls(rest.calls) == calls
+
+
+def test_parser_choice():
+    assert isinstance(parser_for("auto", "Qwen2ForCausalLM"), HermesParser)
+    assert isinstance(parser_for("auto", "LlamaForCausalLM"), Llama3Parser)
+    assert isinstance(parser_for("auto", "MistralForCausalLM"), MistralParser)
+    assert isinstance(parser_for("mistral", "Qwen3ForCausalLM"), MistralParser)
+
+
+def test_forced_schema_and_parse():
+    params = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    one = forced_schema([("add", params)], parallel=False)
+    jsonschema.validate({"name": "add", "arguments": {"a": 1}}, one)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "sub", "arguments": {"a": 1}}, one)
+    many = forced_schema([("add", params), ("noop", None)], parallel=True)
+    jsonschema.validate([{"name": "noop", "arguments": {}}, {"name": "add", "arguments": {"a": 2}}], many)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([], many)
+    assert _calls(parse_forced('[{"name": "add", "arguments": {"a": 2}}]')) == [("add", {"a": 2})]
+    assert _calls(parse_forced('{"name": "add", "arguments": {"a": 2}}')) == [("add", {"a": 2})]
+    assert parse_forced('{"name": "add", "arguments": {"a": ') == []
