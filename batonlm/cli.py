@@ -15,6 +15,7 @@ from batonlm.config import (
     EMBEDDED_MODEL,
     GRAMMAR_WHITESPACE_CHOICES,
     LOG_LEVELS,
+    REASONING_PARSER_CHOICES,
     SAMPLER_CHOICES,
     SCHEDULE_POLICIES,
     TOOL_CALL_PARSER_CHOICES,
@@ -98,6 +99,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "compact (none) or any")
     p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSER_CHOICES, default=d.tool_call_parser,
                    help="the format tool calls are parsed from (auto: from the model; hermes for Qwen and others)")
+    p.add_argument("--reasoning-parser", choices=REASONING_PARSER_CHOICES, default=d.reasoning_parser,
+                   help="split <think>...</think> into message.reasoning_content (qwen3, deepseek-r1)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
 
 

@@ -21,6 +21,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
 SAMPLER_CHOICES = ("auto", *SAMPLERS.names())
 TOOL_CALL_PARSER_CHOICES = ("auto", *TOOL_CALL_PARSERS.names())
+REASONING_PARSER_CHOICES = ("none", "qwen3", "deepseek-r1")  # batonlm.server.reasoning
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
 COMPILE_CHOICES = ("auto", "on", "off")
 GRAMMAR_WHITESPACE_CHOICES = ("bounded", "compact", "any")  # batonlm.constrained.grammar
@@ -109,6 +110,8 @@ class ServerArgs:
     grammar_whitespace: str = "bounded"
     # The format tool calls are parsed from with tool_choice auto (auto: from the model).
     tool_call_parser: str = "auto"
+    # Models that think in <think>...</think>: none, qwen3, deepseek-r1 (batonlm.server.reasoning).
+    reasoning_parser: str = "none"
     # Debugging
     debug_future_map: bool = False
     log_level: str = "info"
@@ -127,6 +130,7 @@ class ServerArgs:
         _choice("compile", self.compile, COMPILE_CHOICES)
         _choice("grammar_whitespace", self.grammar_whitespace, GRAMMAR_WHITESPACE_CHOICES)
         _choice("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSER_CHOICES)
+        _choice("reasoning_parser", self.reasoning_parser, REASONING_PARSER_CHOICES)
         if self.chunked_prefill_size is not None and not (
             isinstance(self.chunked_prefill_size, int) and self.chunked_prefill_size >= -1
         ):

@@ -94,10 +94,12 @@ async def plan_tools(state, req: ChatCompletionRequest) -> ToolPlan:
     return plan
 
 
-def message(content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
+def message(content: str | None, calls: list[ToolCall], reasoning: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         out["tool_calls"] = [c.to_openai() for c in calls]
+    if reasoning is not None:
+        out["reasoning_content"] = reasoning
     return out
 
 

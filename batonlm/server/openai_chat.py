@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from batonlm.server import chat_tools
 from batonlm.server import openai_common as common
 from batonlm.server.protocol import ChatCompletionRequest
+from batonlm.server.reasoning import ReasoningStream, split_reasoning
 from batonlm.server.state import ServerState, server_state, until_disconnected
 
 router = APIRouter()
@@ -37,7 +38,9 @@ async def chat_completions(request: Request):
             _stream(state, req, plan, jobs, rid, created, len(input_ids)), media_type="text/event-stream"
         )
     results = await until_disconnected(request, common.collect_choices(state, jobs, req.stop_strings, rid))
-    parsed = [plan.parse(r.text) for r in results]
+    kind = state.args.reasoning_parser
+    split = [split_reasoning(kind, r.text) if kind != "none" else (None, r.text) for r in results]
+    parsed = [plan.parse(text) for _, text in split]
     return JSONResponse({
         "id": rid,
         "object": "chat.completion",
@@ -46,11 +49,11 @@ async def chat_completions(request: Request):
         "choices": [
             {
                 "index": i,
-                "message": chat_tools.message(content, calls),
+                "message": chat_tools.message(content, calls, reasoning),
                 "logprobs": common.chat_logprobs(state, r.logprobs) if req.logprobs else None,
                 "finish_reason": chat_tools.finish_reason(r.finish_reason, calls),
             }
-            for i, (r, (content, calls)) in enumerate(zip(results, parsed))
+            for i, (r, (content, calls), (reasoning, _)) in enumerate(zip(results, parsed, split))
         ],
         "usage": common.usage(len(input_ids), sum(r.completion_tokens for r in results),
                               [r.cached_tokens for r in results], req.n),
@@ -60,10 +63,24 @@ async def chat_completions(request: Request):
 def _stream(state: ServerState, req: ChatCompletionRequest, plan: chat_tools.ToolPlan, jobs, rid: str, created: int,
             prompt_tokens: int):
     streams = [plan.streamer() for _ in jobs]
+    kind = state.args.reasoning_parser
+    thinking = [ReasoningStream(kind) if kind != "none" else None for _ in jobs]
+
+    def split(i: int, text: str, last: bool) -> tuple[str, str]:
+        if thinking[i] is None:
+            return "", text
+        r, t = thinking[i].feed(text)
+        if last:
+            r2, t2 = thinking[i].finish()
+            r, t = r + r2, t + t2
+        return r, t
 
     def to_choices(i: int, c) -> list[dict]:
         out = []
-        text = streams[i].feed(c.text)
+        reasoning, text = split(i, c.text, c.finish_reason is not None)
+        text = streams[i].feed(text)
+        if reasoning:
+            out.append({"index": i, "delta": {"reasoning_content": reasoning}, "logprobs": None, "finish_reason": None})
         if text or (req.logprobs and c.logprobs):
             lp = common.chat_logprobs(state, c.logprobs or []) if req.logprobs else None
             out.append({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None})

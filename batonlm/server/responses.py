@@ -51,6 +51,7 @@ class ChatMessageOut(BaseModel):
     role: Literal["assistant"]
     content: str | None  # None when the message is only tool calls
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None  # with --reasoning-parser
 
 
 class ChatChoice(BaseModel):

@@ -151,3 +151,25 @@ def test_a_chat_template_renders_the_tools_calls_and_results(stories_path):
     assert "<tools>get_weather;add;</tools>" in text
     assert '<tool_call>add{"a": 1, "b": 2}</tool_call>' in text
     assert "<tool_response>3</tool_response>" in text and text.endswith("assistant:")
+
+
+def test_reasoning_parser_splits_the_answer():
+    """--reasoning-parser deepseek-r1: the output starts inside the thinking block, so a story
+    model's whole answer (it never closes the block) is reasoning_content, streamed and not."""
+    from batonlm.bench.server_process import ServerProcess
+
+    server = ServerProcess("--reasoning-parser", "deepseek-r1")
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20, temperature=0.0)
+        message = r.choices[0].message
+        assert message.content == "" and len(message.reasoning_content) > 20
+        reasoning = ""
+        for chunk in client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20, temperature=0.0,
+                                                    stream=True):
+            for c in chunk.choices:
+                assert not c.delta.content
+                reasoning += getattr(c.delta, "reasoning_content", None) or ""
+        assert reasoning == message.reasoning_content
+    finally:
+        assert server.stop() == 0
