@@ -141,9 +141,9 @@ def test_long_prompts_are_tokenized_off_the_event_loop(stories_path):
     threads = []
 
     class Spy:
-        def __call__(self, text):
+        def __call__(self, text, **kwargs):
             threads.append(threading.get_ident())
-            return tok(text)
+            return tok(text, **kwargs)
 
     manager = TokenizerManager(ServerArgs(), Spy(), launch=None)  # type: ignore[arg-type]
 
