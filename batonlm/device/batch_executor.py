@@ -10,16 +10,11 @@ import torch
 
 from batonlm.device.future_map import FutureMap
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
-from batonlm.kernels.token_bitmask import apply_token_bitmask_reference, apply_token_bitmask_triton
+from batonlm.kernels.token_bitmask import apply_token_bitmask_packed, apply_token_bitmask_triton
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_runner import ModelRunner
 from batonlm.model_runner.sampler import SampleOutput
-
-
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
-    """Grammar masks: the Triton kernel on a GPU, its torch reference on the CPU."""
-    (apply_token_bitmask_triton if logits.is_cuda else apply_token_bitmask_reference)(logits, bitmask, rows)
 
 
 class BatchExecutor:
@@ -70,16 +65,18 @@ class BatchExecutor:
             return None
         return self._sample_and_stash(logits, batch, launch)
 
+    @torch.inference_mode()  # the logits are inference tensors: masked in place, not copied
     def sample_delayed(self, sample: SampleLaunch) -> SampleOutput:
         logits, batch, launch = self._unsampled.pop(sample.batch_id)
-        if sample.banned or sample.mask_rows:
-            logits = logits.clone()
+        # The logits are this launch's own (popped): masks go on in place.
         for row, ids in sample.banned.items():
             logits[row, self._tensor(ids)] = float("-inf")
-        if sample.mask_rows:
+        if sample.mask_rows and logits.is_cuda:
             words = torch.frombuffer(bytearray(sample.bitmask), dtype=torch.int32)
             bitmask = words.view(len(sample.mask_rows), sample.mask_words).to(self.device, non_blocking=True)
-            apply_token_bitmask(logits, bitmask, self._tensor(sample.mask_rows))
+            apply_token_bitmask_triton(logits, bitmask, self._tensor(sample.mask_rows))
+        elif sample.mask_rows:
+            apply_token_bitmask_packed(logits, sample.bitmask, sample.mask_words, sample.mask_rows)
         return self._sample_and_stash(logits, batch, launch)
 
     def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch) -> SampleOutput:

@@ -20,6 +20,19 @@ def apply_token_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor, r
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
 
 
+def apply_token_bitmask_packed(logits: torch.Tensor, packed: bytes, words: int, rows: list[int]) -> None:
+    """`apply_token_bitmask_reference` straight from the bytes of a little-endian int32 bitmask
+    (what crosses the pipe), on the CPU: numpy unpacks the bits in one call and each row is one
+    in-place fill — a few ops instead of the reference's dozen."""
+    import numpy as np
+
+    vocab = logits.shape[1]
+    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
+    banned = torch.from_numpy(bits.reshape(len(rows), words * 32)[:, :vocab] == 0)
+    for i, row in enumerate(rows):
+        logits[row].masked_fill_(banned[i], float("-inf"))
+
+
 def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
     """`apply_token_bitmask_reference` as one launch: a program per (mask row, vocabulary block)."""
     from batonlm.kernels import _triton_token_bitmask

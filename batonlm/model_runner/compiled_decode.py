@@ -1,7 +1,8 @@
 """The compiled decode step (CPU): one inductor graph per batch-size bucket.
 
 A decode step over a small model is a few hundred tiny torch ops, and dispatching them costs
-more than computing them (stories260K: ~0.85 ms eager per step at batch 1, ~0.33 ms compiled).
+more than computing them (stories260K at batch 1: 0.92 ms eager, 0.39 ms compiled; the
+table is in docs/benchmarks.md).
 `torch.compile` turns the step — embedding, every layer, the final norm and the logits — into
 generated C++ for each batch-size bucket. Each row's context is gathered over the batch's
 longest context rounded up to CONTEXT_GRANULE keys, those past the row's length masked out; the
@@ -31,8 +32,6 @@ from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress, batch_buc
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.req_to_token import ReqToTokenPool
-
-logger = logging.getLogger(__name__)
 
 # The context dimension is compiled dynamic: one graph serves every width, and the width is the
 # batch's longest context rounded up to this (a power of two would double the attention work

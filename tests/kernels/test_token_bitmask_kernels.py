@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batonlm.kernels.token_bitmask import apply_token_bitmask_reference, apply_token_bitmask_triton
+from batonlm.kernels.token_bitmask import (
+    apply_token_bitmask_packed,
+    apply_token_bitmask_reference,
+    apply_token_bitmask_triton,
+)
 
 
 def _pack(allowed: torch.Tensor) -> torch.Tensor:
@@ -46,6 +50,19 @@ def test_reference_reads_xgrammar_bitmasks():
     want = torch.zeros(1, 100)
     xgr.apply_token_bitmask_inplace(want, bitmask)
     assert torch.equal(logits, want)
+
+
+@pytest.mark.parametrize("vocab", [1, 33, 512, 2100])
+def test_packed_bytes_equal_reference(vocab):
+    """What the CPU device applies: the mask straight from the bytes that crossed the pipe."""
+    g = torch.Generator().manual_seed(vocab + 1)
+    logits = torch.randn(5, vocab, generator=g)
+    allowed = torch.rand(3, vocab, generator=g) < 0.4
+    bitmask = _pack(allowed)
+    want, got = logits.clone(), logits.clone()
+    apply_token_bitmask_reference(want, bitmask, torch.tensor([3, 0, 4]))
+    apply_token_bitmask_packed(got, bitmask.numpy().tobytes(), bitmask.shape[1], [3, 0, 4])
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("vocab", [7, 512, 2100])
