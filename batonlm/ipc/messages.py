@@ -48,8 +48,10 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     # With logprobs requested: per new token, its logprob and the top alternatives (id, logprob).
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
-    # With a request's first token: how many of its prompt tokens the prefix cache served.
+    # With a request's first token: how many of its prompt tokens the prefix cache served, and
+    # the seconds it waited in the scheduler before its first admission.
     cached_tokens: int | None = None
+    queued_s: float | None = None
 
 
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):

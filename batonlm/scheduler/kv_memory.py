@@ -9,6 +9,8 @@ nothing is cached and a request's slots are freed when it ends.
 
 from __future__ import annotations
 
+import time
+
 from batonlm.scheduler.kv_allocator import KVSlotAllocator, ReqSlotAllocator
 from batonlm.scheduler.radix_cache import RadixCache
 from batonlm.scheduler.request import Request
@@ -70,6 +72,7 @@ class KVMemory:
         req.kv_len = req.cached_len
         if req.first_cached_len is None:
             req.first_cached_len = req.cached_len
+            req.queued_s = time.monotonic() - req.arrived
             self.admitted_tokens += len(tokens)
             self.cached_tokens += req.cached_len
 

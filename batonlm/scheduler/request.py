@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from batonlm.ipc.device_messages import SlotSampling
@@ -50,6 +51,8 @@ class Request:
         "slot_sent",
         "matcher",
         "grammar",
+        "arrived",
+        "queued_s",
     )
 
     def __init__(
@@ -84,6 +87,8 @@ class Request:
         self.waited = 0  # iterations spent waiting (the LPM policy's age bound)
         self.slot_sent = False  # its SlotSampling went with a launch since its last admission
         self.grammar: Any = None  # the future of its compiled constraint, while it compiles
+        self.arrived = time.monotonic()
+        self.queued_s: float | None = None  # arrival to first admission (set by KVMemory.match)
         self.matcher: Any = None  # its GrammarMatcher once compiled (batonlm.constrained)
 
     @property

@@ -288,14 +288,15 @@ class Scheduler:
             req.check_finished()
             if req.finished:
                 self._finish(req)
-            cached = req.first_cached_len if len(req.output_ids) == 1 else None
+            cached, queued = (req.first_cached_len, req.queued_s) if len(req.output_ids) == 1 else (None, None)
             n = req.params.logprobs
             if n is None or lp is None:
-                self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason, cached_tokens=cached))
+                self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason, cached_tokens=cached,
+                                                 queued_s=queued))
             else:
                 top = list(zip(lp.top_ids[row][:n], lp.top_logprobs[row][:n], strict=True))
                 self._outputs.append(
-                    TokenOutput(req.rid, [tok], req.finish_reason, None, [lp.chosen[row]], [top], cached)
+                    TokenOutput(req.rid, [tok], req.finish_reason, None, [lp.chosen[row]], [top], cached, queued)
                 )
         self.timing.wait_s += t1 - t0
         self.timing.process_s += time.perf_counter() - t1

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from batonlm.ipc.messages import SchedulerStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LENGTH_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
 class ServerMetrics:
@@ -49,10 +52,24 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("batonlm_e2e_request_latency_seconds", "Request latency", labels,
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("batonlm_request_queue_time_seconds", "Time a request waited in the scheduler "
+                                    "before its first admission", labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_len = Histogram("batonlm_request_prompt_tokens", "Prompt length of finished requests", labels,
+                                    buckets=_LENGTH_BUCKETS, registry=r)
+        self.generation_len = Histogram("batonlm_request_generation_tokens", "Tokens generated per finished "
+                                        "request", labels, buckets=_LENGTH_BUCKETS, registry=r)
+        self.device_idle = Gauge("batonlm_device_idle_ratio", "Share of the time since start the device computed "
+                                 "nothing (CPU device only)", labels, registry=r)
+        self.hidden_cpu = Gauge("batonlm_overlap_hidden_cpu_ratio", "Share of the scheduler's CPU work done while "
+                                "the device computed (the overlap loop's aim: near 1; the normal loop: near 0)",
+                                labels, registry=r)
         self.label = {"model_name": model_name}
+        self.started = time.monotonic()
 
-    def on_first_token(self, ttft_s: float) -> None:
+    def on_first_token(self, ttft_s: float, queued_s: float | None) -> None:
         self.ttft.labels(**self.label).observe(ttft_s)
+        if queued_s is not None:
+            self.queue_time.labels(**self.label).observe(queued_s)
 
     def on_token(self, itl_s: float) -> None:
         self.itl.labels(**self.label).observe(itl_s)
@@ -62,6 +79,8 @@ class ServerMetrics:
         self.prompt_tokens.labels(**self.label).inc(prompt_tokens)
         self.generation_tokens.labels(**self.label).inc(completion_tokens)
         self.requests.labels(**self.label, finish_reason=finish_reason).inc()
+        self.prompt_len.labels(**self.label).observe(prompt_tokens)
+        self.generation_len.labels(**self.label).observe(completion_tokens)
 
     def update(self, stats: SchedulerStats) -> None:
         self.running.labels(**self.label).set(stats.num_running)
@@ -78,6 +97,12 @@ class ServerMetrics:
         self.device_wait.labels(**self.label).set(stats.device_wait_s)
         self.device_compute.labels(**self.label).set(stats.device_compute_s)
         self.batches.labels(**self.label).set(stats.batches)
+        uptime = max(1e-9, time.monotonic() - self.started)
+        if stats.device_compute_s:
+            self.device_idle.labels(**self.label).set(max(0.0, 1.0 - stats.device_compute_s / uptime))
+        # Device time the scheduler did not spend waiting for overlapped its CPU work.
+        hidden = (stats.device_compute_s - stats.device_wait_s) / stats.scheduler_cpu_s if stats.scheduler_cpu_s else 0.0
+        self.hidden_cpu.labels(**self.label).set(min(1.0, max(0.0, hidden)))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

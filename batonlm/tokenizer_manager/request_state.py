@@ -59,7 +59,7 @@ class GenerationChunk:
 class RequestObserver(Protocol):
     """Timing hooks (the server's Prometheus metrics implement them)."""
 
-    def on_first_token(self, ttft_s: float) -> None: ...
+    def on_first_token(self, ttft_s: float, queued_s: float | None) -> None: ...
 
     def on_token(self, itl_s: float) -> None: ...
 
@@ -107,7 +107,7 @@ class RequestState:
         if out.token_ids:
             if observer is not None:
                 if self.last_token is None:
-                    observer.on_first_token(now - self.created)
+                    observer.on_first_token(now - self.created, out.queued_s)
                 else:
                     observer.on_token(now - self.last_token)
             self.last_token = now
