@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 # Texts longer than this are tokenized in a thread: the tokenizers library releases the GIL,
 # so a megabyte of prompt does not stall every other request's stream.
 TOKENIZE_INLINE_CHARS = 8192
+SHUTDOWN_SEND_TIMEOUT_S = 2.0
 
 
 class SchedulerProcess(Protocol):
@@ -121,7 +122,12 @@ class TokenizerManager:
         handle, self.handle = self.handle, None
         self._loop.remove_reader(handle.process.sentinel)  # type: ignore[union-attr]
         if handle.process.is_alive():
-            await self._send(ShutdownRequest())
+            # A scheduler that is exiting already (SIGTERM to the whole process group) has no
+            # socket left: a PUSH send with no peer blocks for ever. stop() waits for it anyway.
+            try:
+                await asyncio.wait_for(self._send(ShutdownRequest()), SHUTDOWN_SEND_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                logger.info("the scheduler did not take the shutdown request; waiting for it to exit")
         await asyncio.to_thread(handle.stop)
         self.healthy = False
         self._fail_all(SchedulerGone("the server is shutting down"))

@@ -165,6 +165,19 @@ def test_ctrl_c_shuts_everything_down_cleanly():
     s.stop()
 
 
+def test_sigterm_to_the_whole_process_group_shuts_down_cleanly():
+    """systemd (KillMode=control-group), `timeout` and `kill -- -PGID` send SIGTERM to every
+    process at once: the scheduler exits by itself, and the main process must not then wait
+    forever to tell it to (a PUSH socket with no peer blocks its sender)."""
+    s = ServerProcess(new_session=True)
+    descendants = s.descendants()
+    os.killpg(s.proc.pid, signal.SIGTERM)
+    assert s.proc.wait(30) == 0, s.log()
+    wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")], timeout=5)
+    assert "Traceback" not in s.log(), s.log()
+    s.stop()
+
+
 def test_an_orphaned_scheduler_and_worker_exit():
     """If the main process is killed outright, its scheduler and device worker must not keep
     running (and holding memory) for requests nobody will read."""
