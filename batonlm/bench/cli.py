@@ -81,6 +81,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shared-prefix-question-len", type=_positive_int, default=64,
                    help="tokens of each question after the shared prompt (default: %(default)s)")
 
+    g.add_argument("--dataset-path", default=None, metavar="FILE",
+                   help="sharegpt: a ShareGPT-format JSON file (e.g. ShareGPT_V3_unfiltered_cleaned_split.json)")
+    g.add_argument("--sharegpt-output-len", type=_positive_int, default=None,
+                   help="sharegpt: every output this many tokens (default: each reply's length)")
+    g.add_argument("--sharegpt-context-len", type=_positive_int, default=2048,
+                   help="sharegpt: skip conversations whose prompt and reply exceed this (default: %(default)s)")
     g = parser.add_argument_group("output")
     g.add_argument("--output-json", default=None, metavar="FILE", help="write the results as JSON")
     g.add_argument("--plot", default=None, metavar="FILE.png", help="draw latency and throughput plots (matplotlib)")
@@ -102,6 +108,9 @@ def _dataset_spec(args: argparse.Namespace) -> DatasetSpec:
         prefix_len=args.shared_prefix_len,
         prefix_questions=args.shared_prefix_questions,
         seed=args.seed,
+        dataset_path=args.dataset_path,
+        sharegpt_output_len=args.sharegpt_output_len,
+        sharegpt_context_len=args.sharegpt_context_len,
     )
 
 
@@ -165,7 +174,11 @@ def run_bench(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         logger.error("cannot load the tokenizer at %s: %s", args.tokenizer, e)
         return 2
-    requests = build_requests(args.dataset, Corpus(tokenizer), spec)
+    try:
+        requests = build_requests(args.dataset, Corpus(tokenizer), spec)
+    except ValueError as e:
+        logger.error("%s", e)
+        return 2
     logger.info("%d %s requests, %d prompt tokens in all", len(requests), args.dataset,
                 sum(r.prompt_len for r in requests))
     return asyncio.run(_run(args, requests))

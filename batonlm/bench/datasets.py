@@ -1,10 +1,13 @@
 """Benchmark prompts: slices of the bundled story corpus, measured in the target model's tokens.
 
-Two datasets, chosen by name from `DATASETS`:
+Three datasets, chosen by name from `DATASETS`:
 * `random`: independent prompts of a drawn number of tokens each.
 * `shared-prefix`: `groups` long system prompts; each group's requests share its prompt and add
   a question of their own (the pattern prefix caches are built for). Requests are shuffled.
-Input and output lengths are drawn uniformly from [len * range_ratio, len].
+* `sharegpt`: real conversations from a ShareGPT-format JSON file (`dataset_path`), replayed as
+  SGLang's and vLLM's bench_serving do: the first user turn is the prompt, the reply's length
+  (in the target's tokens) the output length.
+Input and output lengths of the synthetic ones are drawn uniformly from [len * range_ratio, len].
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class DatasetSpec:
     prefix_len: int = 2048
     prefix_questions: int = 16
     seed: int = 0
+    dataset_path: str | None = None  # sharegpt: the JSON file
+    sharegpt_output_len: int | None = None  # sharegpt: every output this long (None: the reply's)
+    sharegpt_context_len: int = 2048  # sharegpt: conversations whose prompt + reply exceed this are skipped
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "input_len", "output_len", "prefix_groups", "prefix_len", "prefix_questions"):
@@ -153,9 +159,54 @@ def shared_prefix_requests(corpus: Corpus, spec: DatasetSpec) -> list[BenchReque
     return [BenchRequest(i, q, out, n, prefix=p, group=g) for i, (g, p, q, n, out) in enumerate(items)]
 
 
+SHAREGPT_MIN_TOKENS = 4  # shorter prompts or replies are skipped (bench_serving's filter)
+
+
+def sharegpt_requests(corpus: Corpus, spec: DatasetSpec) -> list[BenchRequest]:
+    """Conversations of a ShareGPT file ([{"conversations": [{"from": "human"|"gpt", "value": ...}, ...]}]),
+    shuffled with the seed; the first `num_prompts` that pass the filters."""
+    import json
+
+    if spec.dataset_path is None:
+        raise ValueError("the sharegpt dataset needs --dataset-path FILE (a ShareGPT-format JSON file)")
+    try:
+        data = json.loads(Path(spec.dataset_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the ShareGPT file {spec.dataset_path!r}: {e}") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{spec.dataset_path!r} is not a ShareGPT file: expected a JSON list of conversations")
+    pairs = []
+    for conv in data:
+        turns = conv.get("conversations") if isinstance(conv, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        first, reply = turns[0], turns[1]
+        if not all(isinstance(t, dict) and isinstance(t.get("value"), str) for t in (first, reply)):
+            continue
+        pairs.append((first["value"], reply["value"]))
+    random.Random(spec.seed).shuffle(pairs)
+    out: list[BenchRequest] = []
+    for prompt, reply in pairs:
+        if len(out) == spec.num_prompts:
+            break
+        n = len(corpus.tokenizer.encode(prompt))
+        m = spec.sharegpt_output_len or len(corpus.tokenizer.encode(reply))
+        if n < SHAREGPT_MIN_TOKENS or m < SHAREGPT_MIN_TOKENS or n + m > spec.sharegpt_context_len:
+            continue
+        out.append(BenchRequest(len(out), prompt, m, n))
+    if not out:
+        raise ValueError(f"no conversation of {spec.dataset_path!r} passed the filters (two turns, each at least "
+                         f"{SHAREGPT_MIN_TOKENS} tokens, together at most {spec.sharegpt_context_len})")
+    if len(out) < spec.num_prompts:
+        logger.warning("the ShareGPT file has %d usable conversations, fewer than the %d asked for", len(out),
+                       spec.num_prompts)
+    return out
+
+
 DATASETS: dict[str, Callable[[Corpus, DatasetSpec], list[BenchRequest]]] = {
     "random": random_requests,
     "shared-prefix": shared_prefix_requests,
+    "sharegpt": sharegpt_requests,
 }
 
 

@@ -21,6 +21,12 @@ samples is null.
         "peak_concurrency": int,      # most requests in flight at once
         "ttft_ms": STATS, "tpot_ms": STATS, "itl_ms": STATS, "e2e_ms": STATS
       },                              # STATS = {"mean", "median", "p90", "p99"}
+      "bench_serving": {              # the summary under SGLang's bench_serving names:
+        "completed", "duration", "total_input_tokens", "total_output_tokens",
+        "request_throughput", "input_throughput", "output_throughput", "total_throughput",
+        "max_concurrency",            # the peak concurrency reached
+        "{mean,median,p95,p99}_{ttft,tpot,itl,e2e_latency}_ms"
+      },
       "requests": [{                  # in dataset order
         "index": int, "group": int | null,   # group: the shared-prefix group
         "prompt_len": int, "output_len": int,   # as drawn (output_len = requested max tokens)
@@ -47,7 +53,7 @@ from batonlm.bench.client import RequestResult
 from batonlm.bench.metrics import itl_s, tpot_s
 
 SCHEMA_VERSION = 1
-TOP_LEVEL_KEYS = ("schema_version", "tool", "batonlm_version", "created", "args", "summary", "requests")
+TOP_LEVEL_KEYS = ("schema_version", "tool", "batonlm_version", "created", "args", "summary", "bench_serving", "requests")
 REQUEST_KEYS = ("index", "group", "prompt_len", "output_len", "output_tokens", "server_prompt_tokens",
                 "success", "error", "scheduled_s", "start_s", "end_s", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms")
 
@@ -97,8 +103,39 @@ def build_report(args: dict[str, Any], summary: dict[str, Any], results: Sequenc
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "args": {k: _jsonable(v) for k, v in args.items()},
         "summary": summary,
+        "bench_serving": bench_serving_metrics(summary, results),
         "requests": [request_record(r) for r in sorted(results, key=lambda r: r.index)],
     }
+
+
+def bench_serving_metrics(summary: dict[str, Any], results: Sequence[RequestResult]) -> dict[str, Any]:
+    """The summary under the names SGLang's (and vLLM's) bench_serving write, so that their
+    result files and ours can be read side by side."""
+    from batonlm.bench.metrics import percentile
+
+    ok = [r for r in results if r.success]
+    series = {
+        "ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+        "tpot": [t * 1000 for r in ok if (t := tpot_s(r)) is not None],
+        "itl": [g * 1000 for r in ok for g in itl_s(r)],
+        "e2e_latency": [r.e2e_s * 1000 for r in ok if r.e2e_s is not None],
+    }
+    out: dict[str, Any] = {
+        "completed": summary["completed"],
+        "duration": summary["duration_s"],
+        "total_input_tokens": summary["total_input_tokens"],
+        "total_output_tokens": summary["total_output_tokens"],
+        "request_throughput": summary["request_throughput"],
+        "input_throughput": summary["input_throughput"],
+        "output_throughput": summary["output_throughput"],
+        "total_throughput": summary["total_token_throughput"],
+        "max_concurrency": summary["peak_concurrency"],
+    }
+    for name, values in series.items():
+        out[f"mean_{name}_ms"] = sum(values) / len(values) if values else None
+        for label, q in (("median", 50), ("p95", 95), ("p99", 99)):
+            out[f"{label}_{name}_ms"] = percentile(values, q) if values else None
+    return out
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:

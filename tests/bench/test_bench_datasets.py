@@ -95,4 +95,53 @@ def test_invalid_spec_is_rejected(corpus):
     with pytest.raises(ValueError, match="input_len"):
         DatasetSpec(input_len=0)
     with pytest.raises(ValueError, match="unknown dataset"):
-        build_requests("sharegpt", corpus, DatasetSpec())
+        build_requests("alpaca", corpus, DatasetSpec())
+
+
+def _sharegpt(tmp_path, convs) -> str:
+    import json
+
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(convs))
+    return str(path)
+
+
+def test_sharegpt_filters_and_lengths(corpus, tmp_path):
+    from batonlm.bench.datasets import DatasetSpec, sharegpt_requests
+
+    tok = corpus.tokenizer
+    long_reply = " ".join(["the dog ran"] * 400)
+    convs = [
+        {"conversations": [{"from": "human", "value": "Tell me a story about a cat."},
+                           {"from": "gpt", "value": "Once upon a time there was a cat."}]},
+        {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello there, friend."}]},  # short
+        {"conversations": [{"from": "human", "value": "Write a long story please."},
+                           {"from": "gpt", "value": long_reply}]},  # over the context
+        {"conversations": [{"from": "human", "value": "Only one turn here, sadly."}]},
+        {"id": "no turns"},
+        {"conversations": [{"from": "human", "value": "What did Lily find in the park?"},
+                           {"from": "gpt", "value": "She found a big red ball under a tree."}]},
+    ]
+    spec = DatasetSpec(num_prompts=10, dataset_path=_sharegpt(tmp_path, convs), sharegpt_context_len=512)
+    reqs = sharegpt_requests(corpus, spec)
+    assert sorted(r.prompt for r in reqs) == ["Tell me a story about a cat.", "What did Lily find in the park?"]
+    for r in reqs:
+        reply = next(c["conversations"][1]["value"] for c in convs if c.get("conversations", [{}])[0].get("value") == r.prompt)
+        assert r.prompt_len == len(tok.encode(r.prompt)) and r.output_len == len(tok.encode(reply))
+    assert [r.index for r in reqs] == [0, 1]
+    assert [r.prompt for r in sharegpt_requests(corpus, spec)] == [r.prompt for r in reqs]  # seeded order
+    fixed = sharegpt_requests(corpus, DatasetSpec(num_prompts=1, dataset_path=spec.dataset_path, sharegpt_output_len=7,
+                                                  sharegpt_context_len=512))
+    assert len(fixed) == 1 and fixed[0].output_len == 7
+
+
+@pytest.mark.parametrize("content", ['{"not": "a list"}', "not json", "[]"])
+def test_sharegpt_bad_files_are_clear_errors(corpus, tmp_path, content):
+    from batonlm.bench.datasets import DatasetSpec, sharegpt_requests
+
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="ShareGPT|passed the filters"):
+        sharegpt_requests(corpus, DatasetSpec(dataset_path=str(path)))
+    with pytest.raises(ValueError, match="--dataset-path"):
+        sharegpt_requests(corpus, DatasetSpec())

@@ -164,7 +164,14 @@ def test_json_schema_is_stable(fake_server, run_cli):
                              "--random-output-len", "3")
     assert status == 0
     assert set(report) == set(TOP_LEVEL_KEYS) == {
-        "schema_version", "tool", "batonlm_version", "created", "args", "summary", "requests"}
+        "schema_version", "tool", "batonlm_version", "created", "args", "summary", "bench_serving", "requests"}
+    bs, summary = report["bench_serving"], report["summary"]
+    assert bs["completed"] == summary["completed"] == 2 and bs["duration"] == summary["duration_s"]
+    for ours, theirs in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("itl_ms", "itl"), ("e2e_ms", "e2e_latency")):
+        assert bs[f"mean_{theirs}_ms"] == pytest.approx(summary[ours]["mean"])
+        assert bs[f"median_{theirs}_ms"] == pytest.approx(summary[ours]["median"])
+        assert bs[f"p99_{theirs}_ms"] == pytest.approx(summary[ours]["p99"])
+        assert summary[ours]["median"] <= bs[f"p95_{theirs}_ms"] <= bs[f"p99_{theirs}_ms"]
     assert report["schema_version"] == 1 and report["tool"] == "batonlm bench"
     assert set(report["summary"]) == SUMMARY_KEYS
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
@@ -222,3 +229,21 @@ def test_module_entry_point(fake_server):
     assert proc.returncode == 0, proc.stderr
     assert "Completed requests:" in proc.stdout and "TTFT" in proc.stdout and MODEL in proc.stdout
     assert len(fake_server.posts()) == 4
+
+
+def test_sharegpt_replay(fake_server, run_cli, tmp_path, tokenizer):
+    fake_server.ttft, fake_server.itl = 0.01, 0.005
+    story = "Once upon a time, there was a little girl named Lily. She loved to play outside."
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"{story} Question {i}?"},
+                                              {"from": "gpt", "value": " ".join(["yes"] * (4 + i))}]}
+             for i in range(5)]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(convs))
+    status, report = run_cli("--base-url", fake_server.base_url, "--dataset", "sharegpt", "--dataset-path",
+                             str(path), "--num-prompts", "3", "--warmup-requests", "0")
+    assert status == 0 and report["summary"]["completed"] == 3 and report["bench_serving"]["completed"] == 3
+    sent = {p.body["prompt"] for p in fake_server.posts()}
+    assert all(p.startswith(story) for p in sent) and len(sent) == 3
+    assert sorted(r["prompt_len"] for r in report["requests"]) == sorted(len(tokenizer.encode(p)) for p in sent)
+    status, _ = run_cli("--base-url", fake_server.base_url, "--dataset", "sharegpt")
+    assert status == 2  # no --dataset-path
