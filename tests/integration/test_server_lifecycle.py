@@ -154,24 +154,15 @@ def test_sigterm_shuts_everything_down_cleanly():
         httpx.get(s.base_url + "/health", timeout=2)
 
 
-def test_ctrl_c_shuts_everything_down_cleanly():
-    """Ctrl-C in a terminal sends SIGINT to the whole process group: main, scheduler, worker."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_to_the_whole_process_group_shuts_everything_down_cleanly(sig):
+    """Ctrl-C in a terminal sends SIGINT to the whole process group (main, scheduler, worker);
+    systemd (KillMode=control-group), `timeout` and `kill -- -PGID` send SIGTERM to all of them.
+    The scheduler then exits by itself, and the main process must not wait for ever to tell it
+    to (a ZMQ PUSH send with no peer blocks its sender)."""
     s = ServerProcess(new_session=True)
     descendants = s.descendants()
-    os.killpg(s.proc.pid, signal.SIGINT)
-    assert s.proc.wait(15) == 0, s.log()
-    wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")], timeout=5)
-    assert "Traceback" not in s.log(), s.log()
-    s.stop()
-
-
-def test_sigterm_to_the_whole_process_group_shuts_down_cleanly():
-    """systemd (KillMode=control-group), `timeout` and `kill -- -PGID` send SIGTERM to every
-    process at once: the scheduler exits by itself, and the main process must not then wait
-    forever to tell it to (a PUSH socket with no peer blocks its sender)."""
-    s = ServerProcess(new_session=True)
-    descendants = s.descendants()
-    os.killpg(s.proc.pid, signal.SIGTERM)
+    os.killpg(s.proc.pid, sig)
     assert s.proc.wait(30) == 0, s.log()
     wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")], timeout=5)
     assert "Traceback" not in s.log(), s.log()
