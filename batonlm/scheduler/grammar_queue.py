@@ -52,17 +52,18 @@ class GrammarQueue:
 
     def poll(self) -> tuple[list[Request], list[tuple[Request, str]]]:
         """Requests whose grammar is ready (with their matcher), and those whose compile failed."""
-        ready, failed = [], []
-        for req in [r for r in self.pending if r.grammar.done()]:
-            self.pending.remove(req)
-            error = req.grammar.exception()
-            if error is not None:
-                failed.append((req, f"the {req.params.constraint[0]} could not be compiled: {error}"))
+        ready, failed, waiting = [], [], deque()
+        for req in self.pending:
+            if not req.grammar.done():
+                waiting.append(req)
+                continue
+            future, req.grammar = req.grammar, None
+            if future.exception() is not None:
+                failed.append((req, f"the {req.params.constraint[0]} could not be compiled: {future.exception()}"))
             else:
-                req.matcher = self.cache.backend.matcher(req.grammar.result())
-            req.grammar = None
-            if error is None:
+                req.matcher = self.cache.backend.matcher(future.result())
                 ready.append(req)
+        self.pending = waiting
         return ready, failed
 
     @staticmethod

@@ -147,10 +147,11 @@ class Scheduler:
     # ------------------------------------------------------------------ input
     def recv_requests(self) -> float:
         """Handle every message waiting; returns the seconds spent blocked waiting for one."""
-        # Block (briefly) only when there is nothing else to do: never spin while idle.
-        timeout = IDLE_POLL_S if self.is_idle else 0.0
-        if self.grammars.pending and not (self.waiting or self.running or self.result_queue):
-            timeout = GRAMMAR_POLL_S
+        # Block (briefly) only when idle: never spin; look often while grammars compile.
+        if self.waiting or self.running or self.result_queue:
+            timeout = 0.0
+        else:
+            timeout = GRAMMAR_POLL_S if self.grammars.pending else IDLE_POLL_S
         t0 = time.perf_counter()
         messages = self.io.recv(timeout)
         blocked = time.perf_counter() - t0 if timeout else 0.0

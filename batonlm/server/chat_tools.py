@@ -4,13 +4,12 @@ constraint and its answer (message.tool_calls, streamed delta.tool_calls, finish
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from batonlm.constrained.grammar import InvalidConstraint, check_constraint
 from batonlm.server.errors import bad_request
+from batonlm.server.openai_common import check_constraint_param
 from batonlm.server.protocol import ChatCompletionRequest
 from batonlm.tool_calls.forced import forced_schema, parse_forced
 from batonlm.tool_calls.parser import StreamingToolCalls, ToolCall, ToolCallParser
@@ -76,13 +75,10 @@ async def plan_tools(state, req: ChatCompletionRequest) -> ToolPlan:
         params = tool.function.parameters
         if params is None:
             continue
-        try:
-            await asyncio.to_thread(check_constraint, "json_schema", json.dumps(params))
-        except InvalidConstraint as e:
-            raise bad_request(f"invalid parameters schema of {tool.function.name!r}: {e}",
-                              param=f"tools.{i}.function.parameters") from None
+        await check_constraint_param("json_schema", json.dumps(params), f"tools.{i}.function.parameters",
+                                     what=f"parameters schema of {tool.function.name!r}")
     template_tools = [t.model_dump(exclude_none=True) for t in tools] or None
-    plan = ToolPlan(mode, state.tool_parser() if mode == "auto" else None, template_tools)
+    plan = ToolPlan(mode, state.tool_parser if mode == "auto" else None, template_tools)
     if plan.forced:
         if req.response_format is not None or req.regex is not None or req.ebnf is not None:
             raise bad_request("tool_choice required or a named function cannot be combined with response_format, "

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from batonlm.constrained.grammar import InvalidConstraint, check_constraint
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.server import limits
 from batonlm.server import openai_common as common
@@ -98,12 +96,9 @@ async def generate(request: Request):
         state.args, stops=stop, num_stop_token_ids=len(params.stop_token_ids),
         num_logit_bias=len(params.logit_bias), logprobs=params.logprobs, prefix="sampling_params.",
     )
-    if params.constraint is not None:  # parsed in a thread: see openai_common.check_request_constraint
+    if params.constraint is not None:
         kind, text = params.constraint
-        try:
-            await asyncio.to_thread(check_constraint, kind, text)
-        except InvalidConstraint as e:
-            raise bad_request(f"invalid {kind.replace('_', ' ')}: {e}", param=f"sampling_params.{kind}") from None
+        await common.check_constraint_param(kind, text, f"sampling_params.{kind}")
     state.manager.admit(1)
     ids = await state.manager.tokenize_async(req.text) if req.text is not None else list(req.input_ids or [])
     try:

@@ -23,12 +23,13 @@ async def chat_completions(request: Request):
     state.check_model(req.model)
     state.check_healthy()
     common.check_limits(state, req, num_prompts=1, prompt_param="messages")
-    await common.check_request_constraint(req)
+    constraint = await common.request_constraint(req)
     plan = await chat_tools.plan_tools(state, req)
     state.manager.admit(req.n)
     messages = [m.template_dict() for m in req.messages]
     input_ids = await common.render_chat(state, messages, tools=plan.template_tools)
-    params = common.sampling_params(state, req, len(input_ids), req.num_logprobs, "messages", plan.constraint)
+    params = common.sampling_params(state, req, len(input_ids), req.num_logprobs, "messages",
+                                   plan.constraint or constraint)
     state.manager.validate_prompt(input_ids, params[0], "messages")
     jobs = [(input_ids, p) for p in params]
     rid = common.request_id("chatcmpl")

@@ -62,10 +62,10 @@ def check_limits(state: ServerState, req: SamplingFields, *, num_prompts: int, p
 
 def sampling_params(
     state: ServerState, req: SamplingFields, prompt_len: int, num_logprobs: int | None, param: str,
-    constraint: dict[str, str] | None = None,
+    constraint: dict[str, str],
 ) -> list[SamplingParams]:
-    """One SamplingParams per choice (choice i of a seeded request uses seed + i); `constraint`
-    replaces the request's own (a tool_choice that forces calls)."""
+    """One SamplingParams per choice (choice i of a seeded request uses seed + i), with the
+    request's constraint (`request_constraint`, or the one a tool_choice forcing calls made)."""
     info = state.manager.info
     assert info is not None
     ctx = info.context_length
@@ -89,7 +89,6 @@ def sampling_params(
     if req.min_tokens > max_new:
         raise bad_request(f"min_tokens ({req.min_tokens}) exceeds max_tokens ({max_new})", param="min_tokens")
     # The request model has checked every value against SamplingParams' ranges already.
-    constraint = constraint or request_constraint(req)
     base = SamplingParams(
         max_new_tokens=max_new,
         min_new_tokens=req.min_tokens,
@@ -113,27 +112,27 @@ def sampling_params(
     return [msgspec.structs.replace(base, seed=_wrap_int64(req.seed + i)) for i in range(req.n)]
 
 
-def request_constraint(req: SamplingFields) -> dict[str, str]:
-    """The SamplingParams constraint field of a request's response_format / regex / ebnf (its
-    syntax checked by `check_request_constraint` first)."""
-    found = _constraints(req)
-    return {found[0][0]: found[0][1]} if found else {}
+async def check_constraint_param(kind: str, text: str, param: str, what: str | None = None) -> None:
+    """Parse a constraint in a thread (a pathological one, a regex like a{100000}, takes
+    seconds); a 400 naming `param` when it does not parse."""
+    try:
+        await asyncio.to_thread(check_constraint, kind, text)
+    except InvalidConstraint as e:
+        raise bad_request(f"invalid {what or kind.replace('_', ' ')}: {e}", param=param) from None
 
 
-async def check_request_constraint(req: SamplingFields) -> None:
-    """At most one constraint, and it parses: else a 400 naming the field the user wrote. In a
-    thread: a pathological one (a regex like a{100000}) takes seconds to parse."""
+async def request_constraint(req: SamplingFields) -> dict[str, str]:
+    """The SamplingParams constraint field of a request's response_format / regex / ebnf: at
+    most one, and it parses, else a 400 naming the field the user wrote."""
     given = _constraints(req)
     if not given:
-        return
+        return {}
     if len(given) > 1:
         raise bad_request(f"give at most one of response_format (JSON), regex and ebnf, got {given[0][2]} and "
                           f"{given[1][2]}", param=given[1][2])
     kind, text, field_name = given[0]
-    try:
-        await asyncio.to_thread(check_constraint, kind, text)
-    except InvalidConstraint as e:
-        raise bad_request(f"invalid {kind.replace('_', ' ')}: {e}", param=field_name) from None
+    await check_constraint_param(kind, text, field_name)
+    return {kind: text}
 
 
 def _constraints(req: SamplingFields) -> list[tuple[str, str, str]]:

@@ -34,12 +34,12 @@ async def completions(request: Request):
     state.check_healthy()
     num_prompts = _num_prompts(req.prompt)
     common.check_limits(state, req, num_prompts=num_prompts, prompt_param="prompt")
-    await common.check_request_constraint(req)
+    constraint = await common.request_constraint(req)
     state.manager.admit(num_prompts * req.n)
     prompts = await _prompts(state, req.prompt)
     jobs = []
     for ids in prompts:
-        params = common.sampling_params(state, req, len(ids), req.num_logprobs, "prompt")
+        params = common.sampling_params(state, req, len(ids), req.num_logprobs, "prompt", constraint)
         state.manager.validate_prompt(ids, params[0], "prompt")
         jobs += [(ids, p) for p in params]
     echoes = [state.tokenizer.decode(ids, skip_special_tokens=True) if req.echo else "" for ids, _ in jobs]

@@ -213,7 +213,7 @@ class ChatCompletionRequest(SamplingFields):
     @classmethod
     def _content_required(cls, v: list[ChatMessage]) -> list[ChatMessage]:
         for m in v:
-            if m.content is None and not (m.role == "assistant"):
+            if m.content is None and m.role != "assistant":
                 raise ValueError(f"a {m.role} message needs content")
         return v
 

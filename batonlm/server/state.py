@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from collections.abc import Awaitable
@@ -45,21 +46,19 @@ class ServerState:
     def tokenizer(self) -> Any:
         return self.manager.tokenizer
 
+    @functools.cached_property
     def tool_parser(self):
         """The tool-call format of this model (`--tool-call-parser`; auto: from its architecture)."""
-        parser = self.__dict__.get("_tool_parser")
-        if parser is None:
-            from batonlm.tool_calls.formats import parser_for
+        from batonlm.tool_calls.formats import parser_for
 
-            info = self.manager.info
-            architecture = None
-            try:
-                with open(os.path.join(info.model_path if info else self.args.model, "config.json")) as f:
-                    architecture = (json.load(f).get("architectures") or [None])[0]
-            except (OSError, ValueError):
-                pass
-            parser = self.__dict__["_tool_parser"] = parser_for(self.args.tool_call_parser, architecture)
-        return parser
+        info = self.manager.info
+        architecture = None
+        try:
+            with open(os.path.join(info.model_path if info else self.args.model, "config.json")) as f:
+                architecture = (json.load(f).get("architectures") or [None])[0]
+        except (OSError, ValueError):
+            pass
+        return parser_for(self.args.tool_call_parser, architecture)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
