@@ -4,7 +4,7 @@ an id outside the vocabulary or a prompt beyond the context would fail a forward
 
 from __future__ import annotations
 
-from batonlm.sampling_params import SamplingParams
+from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 
 
 class RequestRejected(ValueError):
@@ -45,6 +45,10 @@ def check_request(
     if bad:
         raise RequestRejected(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})", prompt_param)
     params.check_relations(vocab_size)
+    if params.prompt_logprobs is not None and params.logprob_start_len > n:
+        raise InvalidSamplingParams(
+            "logprob_start_len", f"must be at most the prompt's length ({n} tokens), got {params.logprob_start_len}"
+        )
     needed, max_new = kv_slots_needed(n, params.max_new_tokens, context_length)
     if needed > kv_capacity:
         raise RequestRejected(

@@ -53,6 +53,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     logit_bias: dict[TokenId, Annotated[float, Meta(ge=-100.0, le=100.0)]] = msgspec.field(default_factory=dict)
     # None: no logprobs; n >= 0: the chosen token's logprob and the n most likely alternatives.
     logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    # Prompt logprobs (vLLM's prompt_logprobs, SGLang's logprob_start_len): None: none; n >= 0:
+    # the logprob of every prompt token from position logprob_start_len on (position 0 has none:
+    # nothing precedes it) under the raw model distribution, and its n most likely alternatives.
+    prompt_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    logprob_start_len: Annotated[int, Meta(ge=0, le=MAX_INT32)] = 0
     # Constrained decoding, at most one (batonlm.constrained): a JSON schema as JSON text, a
     # regular expression, an EBNF grammar (SGLang's names).
     json_schema: str | None = None
@@ -107,6 +112,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise InvalidSamplingParams(
                 "min_new_tokens", f"must be at most max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens}"
             )
+        if self.logprob_start_len and self.prompt_logprobs is None:
+            raise InvalidSamplingParams("logprob_start_len", "needs prompt_logprobs")
         given = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None]
         if len(given) > 1:
             raise InvalidSamplingParams(given[1], f"give at most one constraint, got {' and '.join(given)}")

@@ -97,7 +97,7 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (COMP, {"prompt": "x " * 600}, 400, "prompt", "512"),
     (COMP, {"prompt": ["a"] * 300}, 400, "prompt", "at most 256"),
     (COMP, {"prompt": "hi", "suffix": "there"}, 400, "suffix", None),
-    (COMP, {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo", "not supported"),
+    (COMP, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "only with echo"),
     (COMP, {"prompt": "hi", "best_of": 2}, 400, "best_of", "Unrecognized"),
     (COMP, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
     (COMP, {"prompt": "hi", "top_k": 2**63}, 400, "top_k", None),
@@ -107,6 +107,7 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     # -- native /generate
     (GEN, {"text": "hi", "input_ids": [1]}, 400, None, "exactly one"),
     (GEN, {}, 400, None, "exactly one"),
+    (GEN, {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 3}, 400, "logprob_start_len", "at most"),
     (GEN, _gen(temprature=1), 400, "sampling_params.temprature", "unknown"),
     (GEN, _gen(max_new_tokens=0), 400, "sampling_params.max_new_tokens", None),
     (GEN, _gen(temperature="8"), 400, "sampling_params.temperature", None),

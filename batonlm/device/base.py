@@ -21,15 +21,19 @@ class DeviceError(RuntimeError):
 class BatchResult:
     token_ids: list[int]
     logprobs: SampledLogprobs | None = None
+    prompt_logprobs: SampledLogprobs | None = None  # of `BatchLaunch.prompt_logprob_at`
 
 
 def host_result(out) -> BatchResult:
     """A device SampleOutput as plain Python lists (the only place results cross to the host)."""
-    if out.logprobs is None:
-        return BatchResult(out.token_ids.tolist())
+
+    def lists(chosen, top_ids, top_lp) -> SampledLogprobs | None:
+        return None if chosen is None else SampledLogprobs(chosen.tolist(), top_ids.tolist(), top_lp.tolist())
+
     return BatchResult(
         out.token_ids.tolist(),
-        SampledLogprobs(out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist()),
+        lists(out.logprobs, out.top_ids, out.top_logprobs),
+        lists(out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs),
     )
 
 

@@ -16,14 +16,17 @@ from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_runner import ModelRunner
 from batonlm.model_runner.sampler import SampleOutput
 
+# Prompt logprobs of a launch: (logprob [N], top ids [N, m], top logprobs [N, m]).
+Scored = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
 
 class BatchExecutor:
     def __init__(self, runner: ModelRunner, future_map: FutureMap) -> None:
         self.runner = runner
         self.future_map = future_map
         self.device = runner.device
-        # batch_id -> (logits, batch, launch) of launches whose sampling was delayed.
-        self._unsampled: dict[int, tuple[torch.Tensor, ForwardBatch, BatchLaunch]] = {}
+        # batch_id -> (logits, batch, launch, prompt logprobs) of launches whose sampling was delayed.
+        self._unsampled: dict[int, tuple[torch.Tensor, ForwardBatch, BatchLaunch, Scored | None]] = {}
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return to_device(values, torch.int64, self.device)
@@ -59,15 +62,22 @@ class BatchExecutor:
             self.device,
         )
         batch.input_ids = self._input_ids(launch, batch)  # decode inputs depend on positions
-        logits = self.runner.forward(batch)
+        prompt = None
+        if launch.prompt_logprob_at:
+            logits, kept = self.runner.forward_keeping(batch, self._tensor(launch.prompt_logprob_at))
+            prompt = self.runner.score_prompt(
+                kept, self._tensor(launch.prompt_logprob_targets), launch.prompt_top_logprobs
+            )
+        else:
+            logits = self.runner.forward(batch)
         if not launch.sample:
-            self._unsampled[launch.batch_id] = (logits, batch, launch)
+            self._unsampled[launch.batch_id] = (logits, batch, launch, prompt)
             return None
-        return self._sample_and_stash(logits, batch, launch)
+        return self._sample_and_stash(logits, batch, launch, prompt)
 
     @torch.inference_mode()  # the logits are inference tensors: masked in place, not copied
     def sample_delayed(self, sample: SampleLaunch) -> SampleOutput:
-        logits, batch, launch = self._unsampled.pop(sample.batch_id)
+        logits, batch, launch, prompt = self._unsampled.pop(sample.batch_id)
         # The logits are this launch's own (popped): masks go on in place.
         for row, ids in sample.banned.items():
             logits[row, self._tensor(ids)] = float("-inf")
@@ -77,9 +87,11 @@ class BatchExecutor:
             apply_token_bitmask_triton(logits, bitmask, self._tensor(sample.mask_rows))
         elif sample.mask_rows:
             apply_token_bitmask_packed(logits, sample.bitmask, sample.mask_words, sample.mask_rows)
-        return self._sample_and_stash(logits, batch, launch)
+        return self._sample_and_stash(logits, batch, launch, prompt)
 
-    def _sample_and_stash(self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch) -> SampleOutput:
+    def _sample_and_stash(
+        self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch, prompt: Scored | None
+    ) -> SampleOutput:
         rows = None if launch.output_rows is None else self._tensor(launch.output_rows)
         out = self.runner.sample(
             logits, batch, all_greedy=launch.all_greedy, any_penalties=launch.any_penalties,
@@ -87,4 +99,6 @@ class BatchExecutor:
         )
         self.future_map.stash(batch.req_slots, out.token_ids)
         self.future_map.publish(batch.req_slots, batch.seq_lens)
+        if prompt is not None:
+            out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = prompt
         return out

@@ -53,7 +53,8 @@ class CudaDevice(DeviceStream):
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(ready)
             pending.host = SampleOutput(
-                to_host(out.token_ids), to_host(out.logprobs), to_host(out.top_ids), to_host(out.top_logprobs)
+                to_host(out.token_ids), to_host(out.logprobs), to_host(out.top_ids), to_host(out.top_logprobs),
+                to_host(out.prompt_logprobs), to_host(out.prompt_top_ids), to_host(out.prompt_top_logprobs),
             )
             pending.copy_done = torch.cuda.Event()
             pending.copy_done.record(self.copy_stream)

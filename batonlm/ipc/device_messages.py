@@ -45,6 +45,11 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     # The rows whose sampled token is an output (None: all); a chunk that does not finish its
     # prompt samples a token nobody uses.
     output_rows: list[int] | None = None
+    # Prompt logprobs: the flat token indices whose logits score the next prompt token, those
+    # tokens, and the most alternatives any row wants (-1: none asked).
+    prompt_logprob_at: list[int] = msgspec.field(default_factory=list)
+    prompt_logprob_targets: list[int] = msgspec.field(default_factory=list)
+    prompt_top_logprobs: int = -1
 
 
 class SampleLaunch(msgspec.Struct, tag=True, frozen=True):
@@ -65,10 +70,13 @@ class BatchSampled(msgspec.Struct, tag=True, frozen=True):
     # Seconds the worker spent computing this batch (forward + sampling), for profiling.
     compute_s: float = 0.0
     logprobs: SampledLogprobs | None = None
+    # One entry per `BatchLaunch.prompt_logprob_at`, in its order.
+    prompt_logprobs: SampledLogprobs | None = None
 
 
 class SampledLogprobs(msgspec.Struct, array_like=True, frozen=True):
-    """Per row: the chosen token's logprob and the `top_logprobs` best alternatives."""
+    """Per row (or scored prompt position): the chosen token's logprob and the `top_logprobs`
+    best alternatives."""
 
     chosen: list[float]
     top_ids: list[list[int]]

@@ -52,6 +52,10 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     # the seconds it waited in the scheduler before its first admission.
     cached_tokens: int | None = None
     queued_s: float | None = None
+    # With prompt logprobs asked, on the first output: one per prompt position from the
+    # request's logprob_start_len on (None for position 0), and the top alternatives.
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):

@@ -23,6 +23,9 @@ def logprobs_reference(
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(torch.float32)
     lp = torch.log_softmax(logits.to(torch.float32) / temp[:, None], dim=-1)
     chosen_lp = lp.gather(1, chosen.to(torch.int64)[:, None])[:, 0]
+    if top_n == 0:  # nothing to rank (prompt logprobs usually): skip the sort of the vocabulary
+        empty = lp.new_empty(lp.shape[0], 0)
+        return chosen_lp, empty.to(torch.int64), empty
     # A stable descending sort keeps equal logprobs in id order.
     top_lp, top_ids = lp.sort(dim=-1, descending=True, stable=True)
     return chosen_lp, top_ids[:, :top_n].contiguous(), top_lp[:, :top_n].contiguous()

@@ -11,6 +11,7 @@ from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model
+from batonlm.model_runner.prompt_logprobs import score_tokens
 from batonlm.model_runner.req_to_token import ReqToTokenPool
 from batonlm.model_runner.sampler import SampleOutput
 from batonlm.model_runner.sampling_table import SlotSamplingTable
@@ -72,17 +73,36 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Write the batch's KV slots into the req-to-token table, run the model, and return the
         float32 logits of each row's last token ([B, V])."""
-        if batch.max_extend_len == 1:  # a decode batch: one token per row
-            row_of_token = batch.req_slots
-        else:
-            row_of_token = torch.repeat_interleave(batch.req_slots, batch.extend_lens, output_size=batch.num_tokens)
-        self.req_to_token.write(row_of_token, batch.positions, batch.out_cache_loc)
+        self._write_table(batch)
         if self.decode_graphs is not None and self.decode_graphs.fits(batch):
             self.graph_steps += 1
             return self.decode_graphs.run(batch)
         self.attn.prepare(batch)
         hidden = self.model(batch.input_ids, batch, self.attn)
         return self.model.logits(hidden[batch.last_token_index])
+
+    @torch.inference_mode()
+    def forward_keeping(self, batch: ForwardBatch, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`, also returning the hidden states of the flat token indices `keep` (always
+        eager: the graph-backed steps keep only the last token's)."""
+        self._write_table(batch)
+        self.attn.prepare(batch)
+        hidden = self.model(batch.input_ids, batch, self.attn)
+        return self.model.logits(hidden[batch.last_token_index]), hidden[keep]
+
+    @torch.inference_mode()
+    def score_prompt(
+        self, hidden: torch.Tensor, targets: torch.Tensor, top_n: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prompt logprobs of `targets` from the hidden states of the positions before them."""
+        return score_tokens(self.model.logits, self.sampler, hidden, targets, top_n, self.cfg.vocab_size)
+
+    def _write_table(self, batch: ForwardBatch) -> None:
+        if batch.max_extend_len == 1:  # a decode batch: one token per row
+            row_of_token = batch.req_slots
+        else:
+            row_of_token = torch.repeat_interleave(batch.req_slots, batch.extend_lens, output_size=batch.num_tokens)
+        self.req_to_token.write(row_of_token, batch.positions, batch.out_cache_loc)
 
     @torch.inference_mode()
     def sample(

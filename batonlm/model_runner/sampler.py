@@ -39,6 +39,10 @@ class SampleOutput:
     logprobs: torch.Tensor | None = None  # [B] float32
     top_ids: torch.Tensor | None = None  # [B, n] int64
     top_logprobs: torch.Tensor | None = None  # [B, n] float32
+    # Prompt logprobs of the launch's scored positions (batonlm.model_runner.prompt_logprobs).
+    prompt_logprobs: torch.Tensor | None = None  # [N] float32
+    prompt_top_ids: torch.Tensor | None = None  # [N, m] int64
+    prompt_top_logprobs: torch.Tensor | None = None  # [N, m] float32
 
 
 class Sampler(ABC):

@@ -42,6 +42,8 @@ class ScheduleBatch:
     has_grammar: bool = False
     global_is_extend: bool | None = None
     launch: BatchLaunch | None = None  # built when the batch is planned
+    # Per extend row: how many prompt logprobs its launch computes (to split the result).
+    prompt_logprob_counts: list[int] = field(default_factory=list)
 
     @property
     def reqs(self) -> list[Request]:
@@ -67,8 +69,18 @@ class ScheduleBatch:
         input_ids: list[int] = []
         out_cache_loc: list[int] = []
         table_writes: list[tuple[int, list[int]]] = []
+        lp_at: list[int] = []  # flat token index of each position whose logits score a prompt token
+        lp_targets: list[int] = []
+        self.prompt_logprob_counts = []
         for row in self.extend:
             r, start, end = row.req, row.prefix_len, row.prefix_len + row.extend_len
+            targets: list[int] = []
+            if r.wants_prompt_logprobs:
+                first, targets = r.prompt_logprob_targets(start, end)
+                offset = len(input_ids) + first - start
+                lp_at.extend(range(offset, offset + len(targets)))
+                lp_targets.extend(targets)
+            self.prompt_logprob_counts.append(len(targets))
             req_slots.append(r.req_slot)  # type: ignore[arg-type]
             prefix_lens.append(start)
             extend_lens.append(row.extend_len)
@@ -98,4 +110,10 @@ class ScheduleBatch:
             top_logprobs=max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=-1),
             table_writes=table_writes,
             output_rows=[i for i, p in enumerate(produces) if p] if not all(produces) else None,
+            prompt_logprob_at=lp_at,
+            prompt_logprob_targets=lp_targets,
+            prompt_top_logprobs=max(
+                (row.req.params.prompt_logprobs for row, n in zip(self.extend, self.prompt_logprob_counts) if n),
+                default=-1,
+            ),
         )

@@ -66,7 +66,9 @@ class KVMemory:
         if self.cache is None:
             req.kv_slots, req.cached_len, req.cache_node = [], 0, None
         else:
-            slots, node = self.cache.match_prefix(tokens[: len(tokens) - 1])
+            # Prompt logprobs need the logits of every position from prompt_logprob_from on.
+            limit = min(len(tokens) - 1, req.prompt_logprob_from) if req.wants_prompt_logprobs else len(tokens) - 1
+            slots, node = self.cache.match_prefix(tokens[:limit])
             self.cache.lock(node)
             req.kv_slots, req.cached_len, req.cache_node = slots, len(slots), node
         req.kv_len = req.cached_len

@@ -22,6 +22,9 @@ class RequestRecord:
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[float] = field(default_factory=list)
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class LocalIO:
@@ -71,6 +74,9 @@ class LocalIO:
             rec = self.records[out.rid]
             rec.token_ids.extend(out.token_ids)
             rec.token_times.extend([t] * len(out.token_ids))
+            rec.logprobs.extend(out.logprobs or [])
+            if out.prompt_logprobs is not None:
+                rec.prompt_logprobs, rec.prompt_top_logprobs = out.prompt_logprobs, out.prompt_top_logprobs
             if out.finish_reason is not None:
                 rec.finish_reason = out.finish_reason
                 rec.error = out.error

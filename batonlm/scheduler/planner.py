@@ -185,6 +185,9 @@ class BatchPlanner:
         running.remove(req)
         self.memory.release(req)  # its KV stays cached while there is room
         req.epoch += 1  # results of its launches in flight are dropped
+        if req.wants_prompt_logprobs:  # its prefill starts over, and so do they
+            req.prompt_lp.clear()
+            req.prompt_top.clear()
         req.num_outputs_launched = len(req.output_ids)
         if req.inflight == 0:
             self.memory.release_req_slot(req)

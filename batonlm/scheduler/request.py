@@ -53,6 +53,8 @@ class Request:
         "grammar",
         "arrived",
         "queued_s",
+        "prompt_lp",
+        "prompt_top",
     )
 
     def __init__(
@@ -90,6 +92,10 @@ class Request:
         self.arrived = time.monotonic()
         self.queued_s: float | None = None  # arrival to first admission (set by KVMemory.match)
         self.matcher: Any = None  # its GrammarMatcher once compiled (batonlm.constrained)
+        # With prompt logprobs: those of positions prompt_logprob_from + 1.. computed so far
+        # (chunks arrive in order), and their top alternatives.
+        self.prompt_lp: list[float] = []
+        self.prompt_top: list[list[tuple[int, float]]] = []
 
     @property
     def prompt_len(self) -> int:
@@ -99,6 +105,23 @@ class Request:
     def fill_ids(self) -> list[int]:
         """What an admission extends the KV to: the prompt, and the outputs known so far."""
         return self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are asked and not yet complete (they go out with the first output)."""
+        return self.params.prompt_logprobs is not None and not self.output_ids
+
+    @property
+    def prompt_logprob_from(self) -> int:
+        """The first position whose logits prompt logprobs need (they give the next token's)."""
+        return max(self.params.logprob_start_len, 1) - 1
+
+    def prompt_logprob_targets(self, start: int, end: int) -> tuple[int, list[int]]:
+        """Of the positions start..end-1 an extend row computes: the first whose logits give a
+        wanted prompt logprob, and the prompt tokens those logits are scored on."""
+        first = max(start, self.prompt_logprob_from)
+        last = min(end, self.prompt_len - 1)  # the last prompt position's logits give an output
+        return first, self.prompt_ids[first + 1 : last + 1] if first < last else []
 
     @property
     def finished(self) -> bool:

@@ -33,6 +33,7 @@ from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
+from batonlm.scheduler.outputs import take_prompt_logprobs, token_output
 from batonlm.scheduler.overlap_policy import (
     DISABLE_CONSECUTIVE_PREFILL_ENV,
     env_flag,
@@ -271,6 +272,8 @@ class Scheduler:
         result = pending.wait()
         t1 = time.perf_counter()
         ids, lp = result.token_ids, result.logprobs
+        live = [not r.finished and e == r.epoch for r, e in zip(batch.reqs, batch.epochs)]
+        take_prompt_logprobs(batch, live, result.prompt_logprobs)
         rows = zip(batch.reqs, batch.epochs, batch.produces_output, ids, strict=True)
         for row, (req, epoch, produces, tok) in enumerate(rows):
             req.inflight -= 1
@@ -289,16 +292,7 @@ class Scheduler:
             req.check_finished()
             if req.finished:
                 self._finish(req)
-            cached, queued = (req.first_cached_len, req.queued_s) if len(req.output_ids) == 1 else (None, None)
-            n = req.params.logprobs
-            if n is None or lp is None:
-                self._outputs.append(TokenOutput(req.rid, [tok], req.finish_reason, cached_tokens=cached,
-                                                 queued_s=queued))
-            else:
-                top = list(zip(lp.top_ids[row][:n], lp.top_logprobs[row][:n], strict=True))
-                self._outputs.append(
-                    TokenOutput(req.rid, [tok], req.finish_reason, None, [lp.chosen[row]], [top], cached, queued)
-                )
+            self._outputs.append(token_output(req, tok, row, lp))
         self.timing.wait_s += t1 - t0
         self.timing.process_s += time.perf_counter() - t1
 

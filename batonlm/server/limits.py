@@ -27,6 +27,7 @@ def check_sampling_limits(
     logprobs: int | None,
     prefix: str = "",
     logprobs_name: str = "logprobs",
+    prompt_logprobs: int | None = None,
 ) -> None:
     """Stop strings, stop token ids, logit bias entries and top logprobs; parameters are named
     `prefix + field` (e.g. "sampling_params.stop")."""
@@ -42,4 +43,10 @@ def check_sampling_limits(
     _at_most(prefix + "stop_token_ids", num_stop_token_ids, args.max_stop_token_ids, "stop token ids")
     _at_most(prefix + "logit_bias", num_logit_bias, args.max_logit_bias, "logit_bias entries")
     if logprobs is not None:
-        _at_most(prefix + logprobs_name, logprobs, args.max_logprobs, "top logprobs")
+        check_top_logprobs(args, prefix + logprobs_name, logprobs)
+    if prompt_logprobs is not None:
+        check_top_logprobs(args, prefix + "prompt_logprobs", prompt_logprobs)
+
+
+def check_top_logprobs(args: ServerArgs, param: str, n: int) -> None:
+    _at_most(param, n, args.max_logprobs, "top logprobs")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
-from batonlm.server import limits
+from batonlm.server import limits, logprobs
 from batonlm.server import openai_common as common
 from batonlm.server.errors import bad_request, model_not_found, to_api_error
 from batonlm.server.protocol import NativeGenerateRequest
@@ -78,7 +79,10 @@ async def flush_cache(request: Request):
 @router.post("/generate")
 async def generate(request: Request):
     """SGLang-style: `text` or `input_ids`, `sampling_params` (SGLang names, plus `stop`
-    strings), `stream`. Returns `text`, `output_ids` and `meta_info`."""
+    strings), `stream`, and the logprob fields (`return_logprob`, `logprob_start_len`: -1 no
+    prompt logprobs, `top_logprobs_num`, `return_text_in_logprobs`). Returns `text`,
+    `output_ids` and `meta_info` (with `input/output_token_logprobs` [logprob, id, text] and
+    `input/output_top_logprobs` when asked; streamed, each event has its own tokens')."""
     state = server_state(request)
     req = await state.read(request, NativeGenerateRequest)
     state.check_healthy()
@@ -95,12 +99,21 @@ async def generate(request: Request):
     limits.check_sampling_limits(
         state.args, stops=stop, num_stop_token_ids=len(params.stop_token_ids),
         num_logit_bias=len(params.logit_bias), logprobs=params.logprobs, prefix="sampling_params.",
+        prompt_logprobs=params.prompt_logprobs,
     )
+    if req.return_logprob:
+        k = req.top_logprobs_num
+        limits.check_top_logprobs(state.args, "top_logprobs_num", k)
+        scored = {"prompt_logprobs": k, "logprob_start_len": req.logprob_start_len} if req.logprob_start_len >= 0 else {}
+        params = msgspec.structs.replace(params, logprobs=k, **scored)
     if params.constraint is not None:
         kind, text = params.constraint
         await common.check_constraint_param(kind, text, f"sampling_params.{kind}")
     state.manager.admit(1)
     ids = await state.manager.tokenize_async(req.text) if req.text is not None else list(req.input_ids or [])
+    if req.return_logprob and req.logprob_start_len > len(ids):
+        raise bad_request(f"logprob_start_len must be at most the prompt's length ({len(ids)} tokens), got "
+                          f"{req.logprob_start_len}", param="logprob_start_len")
     try:
         state.manager.validate_prompt(ids, params, "text" if req.text is not None else "input_ids")
     except InvalidSamplingParams as e:
@@ -108,9 +121,21 @@ async def generate(request: Request):
     rid = req.rid or common.request_id("gen")
     jobs = [(ids, params)]
 
-    def meta(finish: str | None, completion_tokens: int, cached_tokens: int | None) -> dict:
-        return {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": completion_tokens,
-                "cached_tokens": cached_tokens}
+    k_out = params.logprobs
+
+    def meta(finish: str | None, completion_tokens: int, cached_tokens: int | None, output_lp=None,
+             prompt_lp=None) -> dict:
+        out = {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": completion_tokens,
+               "cached_tokens": cached_tokens}
+        # With return_logprob the input lists are there even when empty (logprob_start_len -1).
+        k_in = params.prompt_logprobs if params.prompt_logprobs is not None or not req.return_logprob else k_out
+        for name, items, k in (("input", prompt_lp, k_in), ("output", output_lp, params.logprobs)):
+            if k is not None:
+                tokens, tops = logprobs.generate_logprobs(state, items or [], req.return_text_in_logprobs)
+                out[f"{name}_token_logprobs"] = tokens
+                if k:
+                    out[f"{name}_top_logprobs"] = tops
+        return out
 
     if req.stream:
         async def stream():
@@ -118,8 +143,9 @@ async def generate(request: Request):
                 cached = None
                 async for _, c in common.stream_choices(state, jobs, stop, rid):
                     cached = c.cached_tokens if c.cached_tokens is not None else cached
+                    prompt_lp = None if c.prompt_logprobs is None else logprobs.prompt_token_logprobs(ids, params, c)
                     yield sse({"text": c.text, "output_ids": c.token_ids,
-                               "meta_info": meta(c.finish_reason, c.completion_tokens, cached)})
+                               "meta_info": meta(c.finish_reason, c.completion_tokens, cached, c.logprobs, prompt_lp)})
             except Exception as e:
                 yield sse(to_api_error(e).body())
             yield DONE
@@ -130,6 +156,7 @@ async def generate(request: Request):
     return {
         "text": result.text,
         "output_ids": result.token_ids,
-        "meta_info": {**meta(result.finish_reason, result.completion_tokens, result.cached_tokens),
+        "meta_info": {**meta(result.finish_reason, result.completion_tokens, result.cached_tokens, result.logprobs,
+                             result.prompt_logprobs),
                       "e2e_latency": time.perf_counter() - t0},
     }

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from batonlm.server import chat_tools
+from batonlm.server import chat_tools, logprobs
 from batonlm.server import openai_common as common
 from batonlm.server.protocol import ChatCompletionRequest
 from batonlm.server.reasoning import ReasoningStream, split_reasoning
@@ -51,7 +51,7 @@ async def chat_completions(request: Request):
             {
                 "index": i,
                 "message": chat_tools.message(content, calls, reasoning),
-                "logprobs": common.chat_logprobs(state, r.logprobs) if req.logprobs else None,
+                "logprobs": logprobs.chat_logprobs(state, r.logprobs) if req.logprobs else None,
                 "finish_reason": chat_tools.finish_reason(r.finish_reason, calls),
             }
             for i, (r, (content, calls), (reasoning, _)) in enumerate(zip(results, parsed, split))
@@ -83,7 +83,7 @@ def _stream(state: ServerState, req: ChatCompletionRequest, plan: chat_tools.Too
         if reasoning:
             out.append({"index": i, "delta": {"reasoning_content": reasoning}, "logprobs": None, "finish_reason": None})
         if text or (req.logprobs and c.logprobs):
-            lp = common.chat_logprobs(state, c.logprobs or []) if req.logprobs else None
+            lp = logprobs.chat_logprobs(state, c.logprobs or []) if req.logprobs else None
             out.append({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None})
         if c.finish_reason is not None:
             rest, calls = streams[i].finish()

@@ -15,6 +15,7 @@ from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import limits
 from batonlm.server.errors import bad_request, to_api_error
+from batonlm.server.logprobs import prompt_token_logprobs
 from batonlm.server.protocol import SamplingFields
 from batonlm.server.sse import DONE, sse
 from batonlm.server.state import ServerState
@@ -158,6 +159,7 @@ class ChoiceResult:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None  # with prompt logprobs asked
     finish_reason: str | None = None
     completion_tokens: int = 0
     error: str | None = None
@@ -217,10 +219,12 @@ async def sse_body(
     choices_per_prompt: int,
     opening: list[dict],
     to_choices: Callable[[int, GenerationChunk], list[dict]],
+    count_completion: bool = True,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed completion: `opening` choices, then what `to_choices` makes
-    of each chunk, one event per choice, an optional usage event, and [DONE]. An error after
-    the response started becomes an error event."""
+    of each chunk, one event per choice, an optional usage event (`count_completion` False: a
+    prompt-only request, no completion tokens), and [DONE]. An error after the response started
+    becomes an error event."""
     usage_field = {"usage": None} if include_usage else {}
     cached = [0] * len(jobs)
 
@@ -233,7 +237,7 @@ async def sse_body(
     completion_tokens = [0] * len(jobs)
     try:
         async for i, chunk in stream_choices(state, jobs, stop, rid):
-            completion_tokens[i] = chunk.completion_tokens
+            completion_tokens[i] = chunk.completion_tokens if count_completion else 0
             if chunk.cached_tokens is not None:
                 cached[i] = chunk.cached_tokens
             for choice in to_choices(i, chunk):
@@ -260,6 +264,8 @@ async def collect_choices(
             r.cached_tokens = chunk.cached_tokens
         if chunk.logprobs:
             r.logprobs += chunk.logprobs
+        if chunk.prompt_logprobs is not None:
+            r.prompt_logprobs = prompt_token_logprobs(*jobs[i], chunk)
         if chunk.finish_reason is not None:
             r.finish_reason = chunk.finish_reason
             r.error = chunk.error
@@ -277,31 +283,4 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: list[int], 
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": sum(cached_tokens[::n])},
-    }
-
-
-def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> dict:
-    tb = state.token_bytes
-
-    def entry(token_id: int, logprob: float) -> dict:
-        return {"token": tb.text(token_id), "logprob": logprob, "bytes": list(tb.bytes(token_id))}
-
-    return {
-        "content": [{**entry(it.token_id, it.logprob), "top_logprobs": [entry(t, lp) for t, lp in it.top]} for it in items],
-        "refusal": None,
-    }
-
-
-def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offset: int) -> dict:
-    tb = state.token_bytes
-    tokens, offsets = [], []
-    for it in items:
-        tokens.append(tb.text(it.token_id))
-        offsets.append(text_offset)
-        text_offset += len(tokens[-1])
-    return {
-        "tokens": tokens,
-        "token_logprobs": [it.logprob for it in items],
-        "top_logprobs": [{tb.text(t): lp for t, lp in it.top} for it in items],
-        "text_offset": offsets,
     }

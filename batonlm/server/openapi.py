@@ -37,6 +37,7 @@ GET_ROUTES: dict[str, type[BaseModel]] = {
     "/v1/models": responses.ModelList,
     "/v1/models/{model}": responses.ModelCard,
     "/version": responses.Version,
+    "/tokenizer_info": responses.TokenizerInfo,
 }
 EXAMPLES = {
     "/v1/chat/completions": lambda model: {
@@ -89,8 +90,9 @@ def _apply_sampling_limits(props: dict[str, Any], args: ServerArgs, logprobs: st
         _set_on_arrays(props["stop_token_ids"], maxItems=args.max_stop_token_ids)
     if "logit_bias" in props:
         _set_on_objects(props["logit_bias"], maxProperties=args.max_logit_bias)
-    if logprobs in props:
-        _set_on_numbers(props[logprobs], maximum=args.max_logprobs)
+    for name in (logprobs, "prompt_logprobs"):
+        if name in props:
+            _set_on_numbers(props[name], maximum=args.max_logprobs)
 
 
 def _variants(schema: dict) -> list[dict]:
@@ -137,6 +139,7 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
     native_props = components["NativeSamplingParams"]["properties"]
     for field in ("max_new_tokens", "min_new_tokens"):
         _set_on_numbers(native_props[field], maximum=context_length - 1)
+    _set_on_numbers(components["NativeGenerateRequest"]["properties"]["top_logprobs_num"], maximum=args.max_logprobs)
     for name, logprobs in (("ChatCompletionRequest", "top_logprobs"), ("CompletionRequest", "logprobs")):
         props = components[name]["properties"]
         # Only the served model exists (another name is a 404).

@@ -261,16 +261,11 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 (with echo): score the prompt only (its logprobs with `logprobs`), complete nothing.
+    max_tokens: Annotated[int, Field(ge=0, le=field_range("max_new_tokens")["le"])] | None = None
     logprobs: Annotated[int, ranged("logprobs")] | None = None
     echo: bool = False
     suffix: None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _echo_with_logprobs(cls, v, info):
-        if v and info.data.get("logprobs") is not None:
-            raise ValueError("echo together with logprobs is not supported (prompt logprobs are not computed)")
-        return v
 
     @field_validator("prompt")
     @classmethod
@@ -296,6 +291,12 @@ class NativeGenerateRequest(_Strict):
     sampling_params: dict | None = None
     stream: bool = False
     rid: Annotated[str, Field(max_length=256)] | None = None
+    # SGLang's logprob fields: the output tokens' logprobs, and with logprob_start_len >= 0 the
+    # prompt's from that position on; top_logprobs_num alternatives; the tokens' text too.
+    return_logprob: bool = False
+    logprob_start_len: Annotated[int, Field(ge=-1, le=field_range("logprob_start_len")["le"])] = -1
+    top_logprobs_num: Annotated[int, ranged("logprobs")] = 0
+    return_text_in_logprobs: bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> NativeGenerateRequest:

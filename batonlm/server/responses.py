@@ -73,9 +73,11 @@ class ChatCompletion(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
+    """With `echo`, the prompt's tokens come first; the very first has null logprobs."""
+
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -104,6 +106,12 @@ class GenerateMeta(BaseModel):
     completion_tokens: int
     cached_tokens: int | None
     e2e_latency: float
+    # With return_logprob: [logprob, token id, text (return_text_in_logprobs) or null] per
+    # token; the top lists with top_logprobs_num > 0 (null for the first prompt token).
+    input_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
+    output_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
+    input_top_logprobs: list[list[tuple[float, int, str | None]] | None] | None = None
+    output_top_logprobs: list[list[tuple[float, int, str | None]] | None] | None = None
 
 
 class GenerateResponse(BaseModel):
@@ -135,6 +143,16 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    tokenizer_class: str
+    eos_token: str | None
+    bos_token: str | None
+    pad_token: str | None
+    unk_token: str | None
+    chat_template: str | None
+    model_max_length: int | None
 
 
 class Version(BaseModel):

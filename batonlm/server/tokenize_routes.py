@@ -1,4 +1,4 @@
-"""POST /tokenize and /detokenize (vLLM's shapes), GET /version: scripting helpers that run
+"""POST /tokenize and /detokenize (vLLM's shapes), GET /tokenizer_info, GET /version: scripting helpers that run
 in the frontend alone (the tokenizer and chat template the completions use; no scheduler)."""
 
 from __future__ import annotations
@@ -47,3 +47,22 @@ async def detokenize(request: Request):
 @router.get("/version")
 async def version():
     return {"version": __version__}
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request):
+    """The tokenizer's special tokens, chat template and class (vLLM's endpoint; lm-eval's
+    remote tokenizer reads it)."""
+    state = server_state(request)
+    tok = state.tokenizer
+    info = state.manager.info
+    template = getattr(tok, "chat_template", None)
+    return {
+        "tokenizer_class": type(tok).__name__,
+        "eos_token": tok.eos_token,
+        "bos_token": tok.bos_token,
+        "pad_token": tok.pad_token,
+        "unk_token": tok.unk_token,
+        "chat_template": template if isinstance(template, str) else None,
+        "model_max_length": info.context_length if info else None,
+    }

@@ -36,9 +36,12 @@ class ClientTooSlow(RuntimeError):
 
 @dataclass
 class TokenLogprob:
+    """A token's logprob and its top alternatives (id, logprob); the first prompt token has
+    neither (None): nothing precedes it."""
+
     token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
+    logprob: float | None
+    top: list[tuple[int, float]] | None
 
 
 @dataclass
@@ -54,6 +57,10 @@ class GenerationChunk:
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None
     cached_tokens: int | None = None  # with the first token: prompt tokens the prefix cache served
+    # With the first token, when asked: the prompt's logprobs from logprob_start_len on (None
+    # for position 0) and their top alternatives (TokenOutput's).
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class RequestObserver(Protocol):
@@ -139,5 +146,7 @@ class RequestState:
             error=out.error,
             logprobs=logprobs,
             cached_tokens=out.cached_tokens,
+            prompt_logprobs=out.prompt_logprobs,
+            prompt_top_logprobs=out.prompt_top_logprobs,
         )
         return chunk, stopped_early

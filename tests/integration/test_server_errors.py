@@ -48,11 +48,22 @@ BAD_REQUESTS = [
     (COMP, {"prompt": [1, 99999]}, 400, "prompt", "outside the vocabulary"),
     (COMP, {"prompt": "x " * 600}, 400, "prompt", "512"),
     (COMP, {"prompt": "hi", "suffix": "there"}, 400, "suffix", None),
-    (COMP, {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo", "not supported"),
+    (COMP, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "only with echo"),
+    (COMP, {"prompt": "hi", "max_tokens": -1, "echo": True}, 400, "max_tokens", "greater than or equal to 0"),
+    (COMP, {"prompt": "hi", "echo": True, "logprobs": 21}, 400, "logprobs", "less than or equal to 20"),
     (COMP, {"prompt": "hi", "best_of": 2}, 400, "best_of", "Unrecognized"),
     ("/generate", {"text": "hi", "input_ids": [1]}, 400, None, "exactly one"),
     ("/generate", {"text": "hi", "sampling_params": {"temprature": 1}}, 400, "sampling_params.temprature", "unknown"),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}}, 400, "sampling_params.max_new_tokens", None),
+    ("/generate", {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 3}, 400, "logprob_start_len",
+     "at most the prompt's length (2 tokens)"),
+    ("/generate", {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -2}, 400, "logprob_start_len",
+     "greater than or equal to -1"),
+    ("/generate", {"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": 21}, 400, "top_logprobs_num", None),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {"prompt_logprobs": 0, "logprob_start_len": 5}}, 400,
+     "sampling_params.logprob_start_len", "at most the prompt's length"),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {"logprob_start_len": 1}}, 400,
+     "sampling_params.logprob_start_len", "needs prompt_logprobs"),
 ]
 
 

@@ -207,3 +207,80 @@ def test_reusing_a_native_request_id_never_mixes_outputs(server):
         assert stopped["text"] == ", there" and stopped["meta_info"]["id"] == "same"
         again = httpx.post(url, json=body, timeout=30).json()
         assert again["text"] == fresh["text"] and again["meta_info"]["finish_reason"] == "length"
+
+
+def _prompt_logprobs_reference(stories_path, ids):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(stories_path, torch_dtype=torch.float64)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
+    return [None] + [float(lp[i - 1, ids[i]]) for i in range(1, len(ids))], lp
+
+
+def test_echo_with_logprobs_scores_the_prompt(client, stories_path):
+    """echo + logprobs: the prompt's tokens with their logprobs (the first null) before the
+    completion's, as OpenAI's legacy API and vLLM answer; max_tokens 0 scores the prompt only.
+    The tolerance is float32 rounding of a 5-layer model (the values are float64 references)."""
+    ids = [1, 403, 407, 261, 378, 432]
+    want, lp = _prompt_logprobs_reference(stories_path, ids)
+    for max_tokens, stream in ((0, False), (3, False), (0, True), (3, True)):
+        kw = dict(model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0, echo=True, logprobs=2)
+        if stream:
+            chunks = list(client.completions.create(**kw, stream=True))
+            text = "".join(c.choices[0].text for c in chunks)
+            tokens, token_lps, tops = [], [], []
+            for c in chunks:
+                if c.choices[0].logprobs is not None:
+                    tokens += c.choices[0].logprobs.tokens
+                    token_lps += c.choices[0].logprobs.token_logprobs
+                    tops += c.choices[0].logprobs.top_logprobs
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            r = client.completions.create(**kw)
+            text, finish = r.choices[0].text, r.choices[0].finish_reason
+            tokens, token_lps, tops = r.choices[0].logprobs.tokens, r.choices[0].logprobs.token_logprobs, \
+                r.choices[0].logprobs.top_logprobs
+            assert r.usage.completion_tokens == max_tokens and r.usage.prompt_tokens == 6
+        assert text.startswith("Once upon a time,") and finish == "length"
+        assert len(tokens) == len(token_lps) == len(tops) == 6 + max_tokens
+        assert token_lps[0] is None and tops[0] is None
+        for i in range(1, 6):
+            assert math.isclose(token_lps[i], want[i], abs_tol=1e-4), (i, token_lps[i], want[i])
+            assert len(tops[i]) == 2 and max(tops[i].values()) >= token_lps[i] - 1e-6
+        if max_tokens == 0:
+            assert text == "Once upon a time,"
+
+
+def test_generate_returns_input_and_output_logprobs(server, stories_path):
+    """/generate's SGLang fields: input_token_logprobs from logprob_start_len on, output ones,
+    top alternatives and their text."""
+    import httpx
+
+    ids = [1, 403, 407, 261, 378, 432]
+    want, lp = _prompt_logprobs_reference(stories_path, ids)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "temperature": 0}, "return_logprob": True,
+            "logprob_start_len": 2, "top_logprobs_num": 3, "return_text_in_logprobs": True}
+    meta = httpx.post(server.base_url + "/generate", json=body, timeout=60).json()["meta_info"]
+    inp = meta["input_token_logprobs"]
+    assert [t for _, t, _ in inp] == ids[2:] and inp[0][2] == " upon"
+    for (got, _, _), ref in zip(inp, want[2:]):
+        assert math.isclose(got, ref, abs_tol=1e-4)
+    assert all(len(top) == 3 and top[0][0] >= top[1][0] >= top[2][0] for top in meta["input_top_logprobs"])
+    assert len(meta["output_token_logprobs"]) == len(meta["output_top_logprobs"]) == 3
+    # Greedy: each output token is its row's best alternative.
+    assert all(top[0][1] == tok for (_, tok, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]))
+    # Without logprob_start_len (-1): output logprobs only; from 0 the first prompt token has none.
+    plain = httpx.post(server.base_url + "/generate", json={**body, "logprob_start_len": -1}, timeout=60).json()
+    assert plain["meta_info"]["input_token_logprobs"] == [] and len(plain["meta_info"]["output_token_logprobs"]) == 3
+    zero = httpx.post(server.base_url + "/generate", json={**body, "logprob_start_len": 0}, timeout=60).json()
+    assert zero["meta_info"]["input_token_logprobs"][0] == [None, 1, "<s>"]
+    assert zero["meta_info"]["input_top_logprobs"][0] is None
+
+
+def test_tokenizer_info(server):
+    import httpx
+
+    info = httpx.get(server.base_url + "/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == "</s>" and info["bos_token"] == "<s>" and info["model_max_length"] == 512

@@ -91,3 +91,43 @@ def test_duplicates_are_freed_when_two_requests_computed_the_same_prefix():
     mem.check_invariant()
     mem.flush()
     assert mem.kv.num_free == 40 and mem.kv.num_runs == 1
+
+
+def test_prompt_logprobs_limit_the_cached_prefix_until_they_are_computed():
+    """Prompt logprobs need the logits of every position from logprob_start_len - 1 on: the
+    cache may serve only the positions before it, and only until the request has its first
+    output (a resumed request's prompt logprobs were sent already)."""
+    mem = KVMemory(200, 4)
+    run_to_end(mem, request(range(3, 40)), [7])
+    for start, cached in ((0, 0), (1, 0), (2, 1), (20, 19)):
+        r = Request("p", list(range(3, 40)), SamplingParams(prompt_logprobs=0, logprob_start_len=start), 0, 100, (2,))
+        mem.match(r)
+        assert r.cached_len == cached
+        mem.release(r)
+        mem.release_req_slot(r)
+    r = Request("q", list(range(3, 40)), SamplingParams(prompt_logprobs=0), 0, 100, (2,))
+    r.output_ids.append(5)  # resumed after a retraction: the whole cached prompt is fine
+    mem.match(r)
+    assert r.cached_len == 37
+    mem.check_invariant()
+
+
+def test_a_retraction_before_the_first_output_starts_prompt_logprobs_over():
+    from batonlm.scheduler.planner import BatchPlanner, PlannerConfig
+
+    mem = KVMemory(200, 4)
+    planner = BatchPlanner(PlannerConfig(max_running_requests=4, max_prefill_tokens=64, chunked_prefill_size=8, mixed=True), mem)
+    r = Request("p", list(range(3, 40)), SamplingParams(prompt_logprobs=0), 0, 100, (2,))
+    mem.match(r)
+    mem.alloc(r, 20)
+    r.kv_len = 20
+    r.prompt_lp, r.prompt_top = [-1.0] * 19, [[]] * 19  # two chunks' worth were processed
+    running = [r]
+    planner._retract(r, running)
+    assert (r.prompt_lp, r.prompt_top, r.epoch) == ([], [], 1)
+    done = Request("d", list(range(3, 40)), SamplingParams(prompt_logprobs=0), 0, 100, (2,))
+    mem.match(done)
+    done.output_ids.append(4)
+    done.prompt_lp = [-1.0] * 36
+    planner._retract(done, [done])
+    assert len(done.prompt_lp) == 36  # sent with its first output already: nothing to redo

@@ -87,3 +87,24 @@ def test_a_chunk_on_a_cached_prefix_and_a_resumed_request():
     assert rec.req_slot == 6 and rec.output_ids == []
     s.slot_sent = False
     assert s.slot_sampling().output_ids == [7, 8] and s.slot_sampling().prompt_len == 3
+
+
+def test_prompt_logprobs_score_each_chunk_on_the_next_prompt_token():
+    """A chunk at positions p..p+e-1 scores the prompt tokens at p+1..p+e (never past the
+    prompt: the last position's logits give the output), from logprob_start_len - 1 on; its
+    flat token indices follow the rows before it."""
+    prompt = list(range(10, 30))  # 20 tokens
+    plain = request("a", [1, 2, 3], SamplingParams(), slot=1, kv_slots=[1, 2, 3])
+    r = request("b", prompt, SamplingParams(prompt_logprobs=2, logprob_start_len=5), slot=2,
+                kv_slots=list(range(4, 24)), kv_len=8)
+    batch = ScheduleBatch(0, extend=[whole(plain), ExtendRow(r, 0, 8, first=True)])
+    launch = batch.to_launch()
+    # Positions 4..7 (start 5 - 1) score tokens 5..8; row b's tokens start at flat index 3.
+    assert launch.prompt_logprob_at == [3 + 4, 3 + 5, 3 + 6, 3 + 7]
+    assert launch.prompt_logprob_targets == prompt[5:9]
+    assert launch.prompt_top_logprobs == 2 and batch.prompt_logprob_counts == [0, 4]
+    last = ScheduleBatch(1, extend=[ExtendRow(r, 8, 12, first=False)])
+    launch = last.to_launch()
+    assert launch.prompt_logprob_at == list(range(0, 11)) and launch.prompt_logprob_targets == prompt[9:20]
+    r.output_ids.append(4)  # resumed after its first output: nothing left to score
+    assert ScheduleBatch(2, extend=[ExtendRow(r, 0, 21, first=True)]).to_launch().prompt_logprob_at == []

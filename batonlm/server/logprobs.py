@@ -1,0 +1,60 @@
+"""Logprobs in the answers' shapes: chat completions (`content` entries), text completions
+(OpenAI's legacy `tokens` / `token_logprobs` / `top_logprobs` / `text_offset`, prompt tokens
+first with `echo`), and /generate's SGLang lists ([logprob, id, text])."""
+
+from __future__ import annotations
+
+from batonlm.sampling_params import SamplingParams
+from batonlm.server.state import ServerState
+from batonlm.tokenizer_manager.request_state import GenerationChunk, TokenLogprob
+
+
+def prompt_token_logprobs(ids: list[int], params: SamplingParams, chunk: GenerationChunk) -> list[TokenLogprob]:
+    """The prompt tokens from logprob_start_len on with the logprobs a first chunk carries."""
+    assert chunk.prompt_logprobs is not None and chunk.prompt_top_logprobs is not None
+    tokens = ids[params.logprob_start_len :]
+    return [
+        TokenLogprob(t, lp, None if lp is None else list(top))
+        for t, lp, top in zip(tokens, chunk.prompt_logprobs, chunk.prompt_top_logprobs, strict=True)
+    ]
+
+
+def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> dict:
+    tb = state.token_bytes
+
+    def entry(token_id: int, logprob: float | None) -> dict:
+        return {"token": tb.text(token_id), "logprob": logprob, "bytes": list(tb.bytes(token_id))}
+
+    return {
+        "content": [{**entry(it.token_id, it.logprob), "top_logprobs": [entry(t, lp) for t, lp in it.top or []]}
+                    for it in items],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offset: int) -> dict:
+    tb = state.token_bytes
+    tokens, offsets = [], []
+    for it in items:
+        tokens.append(tb.text(it.token_id))
+        offsets.append(text_offset)
+        text_offset += len(tokens[-1])
+    return {
+        "tokens": tokens,
+        "token_logprobs": [it.logprob for it in items],
+        "top_logprobs": [None if it.top is None else {tb.text(t): lp for t, lp in it.top} for it in items],
+        "text_offset": offsets,
+    }
+
+
+def generate_logprobs(state: ServerState, items: list[TokenLogprob], with_text: bool) -> tuple[list, list]:
+    """SGLang's (token logprobs, top logprobs): [logprob, id, text or None] per token, and per
+    token its alternatives in the same shape (None where a token has none)."""
+
+    def entry(lp: float | None, token_id: int) -> list:
+        return [lp, token_id, state.token_bytes.text(token_id) if with_text else None]
+
+    return (
+        [entry(it.logprob, it.token_id) for it in items],
+        [None if it.top is None else [entry(lp, t) for t, lp in it.top] for it in items],
+    )
