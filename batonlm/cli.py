@@ -18,6 +18,7 @@ from batonlm.config import (
     REASONING_PARSER_CHOICES,
     SAMPLER_CHOICES,
     SCHEDULE_POLICIES,
+    SPECULATIVE_ALGORITHMS,
     TOOL_CALL_PARSER_CHOICES,
     ConfigError,
     ServerArgs,
@@ -101,6 +102,17 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="the format tool calls are parsed from (auto: from the model; hermes for Qwen and others)")
     p.add_argument("--reasoning-parser", choices=REASONING_PARSER_CHOICES, default=d.reasoning_parser,
                    help="split <think>...</think> into message.reasoning_content (qwen3, deepseek-r1)")
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS, default=d.speculative_algorithm,
+                      help="ngram: draft tokens from the request's own prompt and output, verified in one forward")
+    spec.add_argument("--speculative-num-draft-tokens", type=int, default=d.speculative_num_draft_tokens,
+                      help="most draft tokens per request and step (adapted per request from its acceptance)")
+    spec.add_argument("--speculative-ngram-min", type=int, default=d.speculative_ngram_min,
+                      help="shortest n-gram a draft is looked up by")
+    spec.add_argument("--speculative-ngram-max", type=int, default=d.speculative_ngram_max,
+                      help="longest n-gram a draft is looked up by")
+    spec.add_argument("--speculative-disable-batch-size", type=int, default=d.speculative_disable_batch_size,
+                      help="no drafts while more requests than this decode")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
 
 

@@ -25,6 +25,7 @@ REASONING_PARSER_CHOICES = ("none", "qwen3", "deepseek-r1")  # batonlm.server.re
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
 COMPILE_CHOICES = ("auto", "on", "off")
 GRAMMAR_WHITESPACE_CHOICES = ("bounded", "compact", "any")  # batonlm.constrained.grammar
+SPECULATIVE_ALGORITHMS = ("none", "ngram")  # batonlm.scheduler.speculative
 # The default of `compile` (the test suite sets it to "off": most tests start engines that do
 # not need a compiled step, and `BATONLM_COMPILE=on make test` runs them all compiled).
 COMPILE_ENV = "BATONLM_COMPILE"
@@ -112,6 +113,15 @@ class ServerArgs:
     tool_call_parser: str = "auto"
     # Models that think in <think>...</think>: none, qwen3, deepseek-r1 (batonlm.server.reasoning).
     reasoning_parser: str = "none"
+    # Speculative decoding (batonlm/scheduler/speculative.py): "ngram" drafts up to
+    # `speculative_num_draft_tokens` tokens from a request's own prompt and output (n-grams of
+    # speculative_ngram_min..max tokens), off while more than `speculative_disable_batch_size`
+    # requests decode.
+    speculative_algorithm: str = "none"
+    speculative_num_draft_tokens: int = 4
+    speculative_ngram_min: int = 2
+    speculative_ngram_max: int = 4
+    speculative_disable_batch_size: int = 8
     # Debugging
     debug_future_map: bool = False
     log_level: str = "info"
@@ -135,6 +145,12 @@ class ServerArgs:
             isinstance(self.chunked_prefill_size, int) and self.chunked_prefill_size >= -1
         ):
             raise ConfigError("chunked_prefill_size", f"must be a token count, or -1 (off), got {self.chunked_prefill_size!r}")
+        _choice("speculative_algorithm", self.speculative_algorithm, SPECULATIVE_ALGORITHMS)
+        for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_disable_batch_size"):
+            _positive(name, getattr(self, name))
+        if not (isinstance(self.speculative_ngram_max, int) and self.speculative_ngram_max >= self.speculative_ngram_min):
+            raise ConfigError("speculative_ngram_max", f"must be at least speculative_ngram_min "
+                              f"({self.speculative_ngram_min}), got {self.speculative_ngram_max!r}")
         _positive("max_running_requests", self.max_running_requests)
         _positive("max_prefill_tokens", self.max_prefill_tokens)
         for name in (

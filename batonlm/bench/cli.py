@@ -20,6 +20,7 @@ from batonlm.bench.datasets import DATASETS, BenchRequest, Corpus, DatasetSpec, 
 from batonlm.bench.metrics import summarize
 from batonlm.bench.report import build_report, format_table, write_json
 from batonlm.bench.runner import make_client, run_load
+from batonlm.bench.server_stats import spec_counters, spec_summary
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +126,13 @@ async def _run(args: argparse.Namespace, requests: list[BenchRequest]) -> int:
                 return 1
             logger.info("model: %s", model)
         target = Target(args.base_url, args.endpoint, model, args.api_key, args.timeout)
+        spec_before = await spec_counters(client, args.base_url, args.api_key)
         run = await run_load(client, target, requests, args.request_rate, args.max_concurrency, args.seed,
                              args.warmup_requests, progress=not args.disable_progress_bar)
+        spec = spec_summary(spec_before, await spec_counters(client, args.base_url, args.api_key))
     summary = summarize(run.results, run.duration_s, run.peak_concurrency)
+    if spec is not None:  # the server speculates: what its drafts gave during the run
+        summary.update(spec)
     recorded = {**vars(args), "model": model, "api_key": "<redacted>" if args.api_key else None}
     report = build_report(recorded, summary, run.results)
     print(format_table(summary, context=[("Endpoint", target.url), ("Model", model)]), flush=True)

@@ -162,6 +162,9 @@ def format_table(summary: dict[str, Any], title: str = "batonlm bench", context:
         ("Output token throughput (tok/s)", _fmt(summary["output_throughput"])),
         ("Total token throughput (tok/s)", _fmt(summary["total_token_throughput"])),
     ]
+    if "spec_verify_steps" in summary:  # the server speculates
+        rows += [("Spec verification steps", str(int(summary["spec_verify_steps"]))),
+                 ("Spec accept length (tok/step)", _fmt(summary["spec_accept_length"]))]
     lines = [f" {title} ".center(width, "="), *(f"{k + ':':<34}{v:>28}" for k, v in rows), "-" * width,
              f"{'Latency (ms)':<14}" + "".join(f"{h:>12}" for h in ("mean", "median", "p90", "p99"))]
     for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):

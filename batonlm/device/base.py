@@ -22,6 +22,7 @@ class BatchResult:
     token_ids: list[int]
     logprobs: SampledLogprobs | None = None
     prompt_logprobs: SampledLogprobs | None = None  # of `BatchLaunch.prompt_logprob_at`
+    accepted: list[int] | None = None  # per `BatchLaunch.verify_groups`
 
 
 def host_result(out) -> BatchResult:
@@ -34,6 +35,7 @@ def host_result(out) -> BatchResult:
         out.token_ids.tolist(),
         lists(out.logprobs, out.top_ids, out.top_logprobs),
         lists(out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs),
+        None if out.accepted is None else out.accepted.tolist(),
     )
 
 

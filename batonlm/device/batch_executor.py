@@ -11,6 +11,7 @@ import torch
 from batonlm.device.future_map import FutureMap
 from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
 from batonlm.kernels.token_bitmask import apply_token_bitmask_packed, apply_token_bitmask_triton
+from batonlm.model_runner import spec_verify
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_runner import ModelRunner
@@ -99,6 +100,12 @@ class BatchExecutor:
         )
         self.future_map.stash(batch.req_slots, out.token_ids)
         self.future_map.publish(batch.req_slots, batch.seq_lens)
+        if launch.verify_groups:  # each verifying request's next input: the token after its accepted drafts
+            firsts = self._tensor([f for f, _ in launch.verify_groups])
+            accepted, bonus = spec_verify.accept_drafts(out.token_ids, batch.input_ids, launch.verify_groups)
+            self.future_map.stash(batch.req_slots[firsts], bonus)
+            self.future_map.publish(batch.req_slots[firsts], batch.seq_lens[firsts] + accepted)
+            out.accepted = accepted
         if prompt is not None:
             out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = prompt
         return out

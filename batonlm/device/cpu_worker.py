@@ -105,7 +105,9 @@ class CpuWorkerDevice(DeviceStream):
             if isinstance(msg, WorkerFailed):
                 raise DeviceError(f"batch {msg.batch_id} failed on the CPU device: {msg.message}")
             assert isinstance(msg, BatchSampled)
-            self._results[msg.batch_id] = BatchResult(msg.token_ids, msg.logprobs, msg.prompt_logprobs)
+            self._results[msg.batch_id] = BatchResult(
+                msg.token_ids, msg.logprobs, msg.prompt_logprobs, msg.accepted
+            )
             self.compute_s += msg.compute_s
         return self._results.pop(batch_id)
 
@@ -185,5 +187,6 @@ def worker_main(conn: Connection, spec: DeviceSpec) -> None:
         if out is not None:
             res = host_result(out)
             conn.send_bytes(codec.encode(
-                BatchSampled(batch_id, res.token_ids, time.perf_counter() - t0, res.logprobs, res.prompt_logprobs)
+                BatchSampled(batch_id, res.token_ids, time.perf_counter() - t0, res.logprobs, res.prompt_logprobs,
+                             res.accepted)
             ))

@@ -50,6 +50,10 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     prompt_logprob_at: list[int] = msgspec.field(default_factory=list)
     prompt_logprob_targets: list[int] = msgspec.field(default_factory=list)
     prompt_top_logprobs: int = -1
+    # Speculative decoding: (first row, rows) of each verifying request, one decode row per
+    # position (its newest output, then its drafts); drafts are accepted while they equal the
+    # token the row before samples, and the request's token is the one after them.
+    verify_groups: list[tuple[int, int]] = msgspec.field(default_factory=list)
 
 
 class SampleLaunch(msgspec.Struct, tag=True, frozen=True):
@@ -72,6 +76,8 @@ class BatchSampled(msgspec.Struct, tag=True, frozen=True):
     logprobs: SampledLogprobs | None = None
     # One entry per `BatchLaunch.prompt_logprob_at`, in its order.
     prompt_logprobs: SampledLogprobs | None = None
+    # Per verify group: the drafts accepted.
+    accepted: list[int] | None = None
 
 
 class SampledLogprobs(msgspec.Struct, array_like=True, frozen=True):

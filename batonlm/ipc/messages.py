@@ -56,6 +56,8 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     # request's logprob_start_len on (None for position 0), and the top alternatives.
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    # With its last output, for a request that verified drafts: (verification steps, drafts accepted).
+    spec: tuple[int, int] | None = None
 
 
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):
@@ -96,6 +98,12 @@ class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     device_wait_s: float = 0.0
     device_compute_s: float = 0.0
     batches: int = 0
+    # Speculative decoding: verification steps (one per verifying request and step), the drafts
+    # they checked and accepted, and how many steps accepted 0, 1, ... K drafts.
+    spec_verify_steps: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accept_hist: list[int] = msgspec.field(default_factory=list)
 
 
 class SchedulerFailed(msgspec.Struct, tag=True, frozen=True):

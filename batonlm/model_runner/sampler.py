@@ -43,6 +43,8 @@ class SampleOutput:
     prompt_logprobs: torch.Tensor | None = None  # [N] float32
     prompt_top_ids: torch.Tensor | None = None  # [N, m] int64
     prompt_top_logprobs: torch.Tensor | None = None  # [N, m] float32
+    # Speculative decoding (batonlm.model_runner.spec_verify): drafts accepted per verify group.
+    accepted: torch.Tensor | None = None  # [G] int64
 
 
 class Sampler(ABC):

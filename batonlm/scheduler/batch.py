@@ -44,6 +44,10 @@ class ScheduleBatch:
     launch: BatchLaunch | None = None  # built when the batch is planned
     # Per extend row: how many prompt logprobs its launch computes (to split the result).
     prompt_logprob_counts: list[int] = field(default_factory=list)
+    # Per decode row: the draft tokens it verifies (speculative decoding; [] for a plain decode).
+    drafts: list[list[int]] = field(default_factory=list)
+    # The launch row of each row (a verifying request has 1 + k launch rows; set by to_launch).
+    launch_rows: list[int] = field(default_factory=list)
 
     @property
     def reqs(self) -> list[Request]:
@@ -88,11 +92,28 @@ class ScheduleBatch:
             out_cache_loc.extend(r.kv_slots[start:end])
             if row.first and start:  # a cached prefix: the device's row must point at it
                 table_writes.append((r.req_slot, r.kv_slots[:start]))  # type: ignore[arg-type]
-        for r in self.decode:
-            req_slots.append(r.req_slot)  # type: ignore[arg-type]
-            prefix_lens.append(r.kv_len - 1)
-            extend_lens.append(1)
-            out_cache_loc.append(r.kv_slots[r.kv_len - 1])
+        # A verifying request (drafts) runs as 1 + k decode rows, one per position: its newest
+        # output (from the FutureMap while it is being computed), then its drafts. Each row samples the token
+        # after its position, as a plain decode step there would (spec_verify.py).
+        verify_groups: list[tuple[int, int]] = []
+        from_future = [False] * len(self.extend)
+        self.launch_rows = list(range(len(self.extend)))
+        for i, r in enumerate(self.decode):
+            drafts = self.drafts[i] if self.drafts else []
+            n = 1 + len(drafts)
+            p = r.kv_len - n
+            self.launch_rows.append(len(req_slots))
+            # Its input at p: known (its result was processed) or still being computed (in flight).
+            known = p - r.prompt_len < len(r.output_ids)
+            if drafts:
+                verify_groups.append((len(req_slots), n))
+                input_ids.extend([r.output_ids[p - r.prompt_len]] if known else [])
+                input_ids.extend(drafts)
+            req_slots.extend([r.req_slot] * n)  # type: ignore[list-item]
+            prefix_lens.extend(range(p, p + n))
+            extend_lens.extend([1] * n)
+            out_cache_loc.extend(r.kv_slots[p : p + n])
+            from_future.extend([not (drafts and known)] + [False] * (n - 1))
         reqs = self.reqs
         produces = self.produces_output
         return BatchLaunch(
@@ -100,7 +121,7 @@ class ScheduleBatch:
             req_slots=req_slots,
             prefix_lens=prefix_lens,
             extend_lens=extend_lens,
-            from_future=[False] * len(self.extend) + [True] * len(self.decode),
+            from_future=from_future,
             input_ids=input_ids,
             out_cache_loc=out_cache_loc,
             new_slots=[row.req.slot_sampling() for row in self.extend if row.first],
@@ -109,9 +130,10 @@ class ScheduleBatch:
             sample=not self.delay_sampling,
             top_logprobs=max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=-1),
             table_writes=table_writes,
-            output_rows=[i for i, p in enumerate(produces) if p] if not all(produces) else None,
+            output_rows=[self.launch_rows[i] for i, p in enumerate(produces) if p] if not all(produces) else None,
             prompt_logprob_at=lp_at,
             prompt_logprob_targets=lp_targets,
+            verify_groups=verify_groups,
             prompt_top_logprobs=max(
                 (row.req.params.prompt_logprobs for row, n in zip(self.extend, self.prompt_logprob_counts) if n),
                 default=-1,

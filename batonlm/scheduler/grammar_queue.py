@@ -85,7 +85,8 @@ class GrammarQueue:
         bitmask = self.cache.backend.allocate_bitmask(len(rows))
         for i, row in enumerate(rows):
             batch.reqs[row].matcher.fill_mask(bitmask, i)
-        return {"mask_rows": rows, "mask_words": bitmask.shape[1], "bitmask": bitmask.numpy().tobytes()}
+        return {"mask_rows": [batch.launch_rows[row] for row in rows], "mask_words": bitmask.shape[1],
+                "bitmask": bitmask.numpy().tobytes()}
 
     @staticmethod
     def advance(req: Request, token: int) -> None:

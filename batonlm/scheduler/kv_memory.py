@@ -87,6 +87,17 @@ class KVMemory:
         self.held += n
         return slots
 
+    def trim(self, req: Request, n: int) -> None:
+        """Keep `req`'s first n positions (its own slots past them are freed): the KV of drafts a
+        verification rejected."""
+        assert n >= req.cached_len
+        dropped = req.kv_slots[n:]
+        if dropped:
+            self.kv.free(dropped)
+            self.held -= len(dropped)
+            del req.kv_slots[n:]
+        req.kv_len = n
+
     def release(self, req: Request) -> None:
         """A request stops running (finished, aborted or retracted): the tokens whose KV is
         computed (or being computed by a launched batch) go to the cache, the rest of its slots

@@ -1,11 +1,13 @@
 """What a processed result hands each request and sends the frontend: prompt logprobs taken
-from a launch's scored positions, and a request's `TokenOutput` for its new token."""
+from a launch's scored positions, a verifying row's accepted drafts, the tokens appended up to
+a finish, and a request's `TokenOutput` for its new tokens."""
 
 from __future__ import annotations
 
 from batonlm.ipc.device_messages import SampledLogprobs
 from batonlm.ipc.messages import TokenOutput
 from batonlm.scheduler.batch import ScheduleBatch
+from batonlm.scheduler.grammar_queue import GrammarQueue
 from batonlm.scheduler.request import Request
 
 
@@ -25,20 +27,48 @@ def take_prompt_logprobs(batch: ScheduleBatch, epochs_ok: list[bool], scored: Sa
         at += n
 
 
-def token_output(req: Request, tok: int, row: int, lp: SampledLogprobs | None) -> TokenOutput:
-    """The frontend's view of `req`'s newest token (row `row` of its batch); the first output
-    also says what the cache served, how long it queued, and carries the prompt logprobs."""
-    first = len(req.output_ids) == 1
+def verified_tokens(batch: ScheduleBatch, accepted: list[int] | None) -> dict[int, list[int]]:
+    """Per verifying row (of `batch`): the drafts the device accepted."""
+    launch = batch.launch
+    if launch is None or not launch.verify_groups:
+        return {}
+    assert accepted is not None
+    rows = [i for i, d in enumerate(batch.drafts) if d]  # verifying decode rows, in launch order
+    return {len(batch.extend) + i: batch.drafts[i][:a] for i, a in zip(rows, accepted, strict=True)}
+
+
+def emit(req: Request, tokens: list[int]) -> list[int]:
+    """Append `tokens` to `req` in order until one finishes it; returns those appended (a stop
+    inside an accepted run of drafts ends the request there)."""
+    emitted = []
+    for tok in tokens:
+        req.output_ids.append(tok)
+        emitted.append(tok)
+        if req.matcher is not None:
+            GrammarQueue.advance(req, tok)
+        req.check_finished()
+        if req.finished:
+            break
+    return emitted
+
+
+def token_output(req: Request, tokens: list[int], lp: SampledLogprobs | None, lp_at: int) -> TokenOutput:
+    """The frontend's view of `req`'s new tokens (their logprobs at lp_at.. of `lp`); the first
+    output also says what the cache served, how long it queued, and carries the prompt logprobs."""
+    first = len(req.output_ids) == len(tokens)
     cached, queued = (req.first_cached_len, req.queued_s) if first else (None, None)
     logprobs = top = None
     n = req.params.logprobs
     if n is not None and lp is not None:
-        logprobs = [lp.chosen[row]]
-        top = [list(zip(lp.top_ids[row][:n], lp.top_logprobs[row][:n], strict=True))]
+        at = range(lp_at, lp_at + len(tokens))
+        logprobs = [lp.chosen[i] for i in at]
+        top = [list(zip(lp.top_ids[i][:n], lp.top_logprobs[i][:n], strict=True)) for i in at]
     prompt_lp = prompt_top = None
     if first and req.params.prompt_logprobs is not None:
         lead = 1 if req.params.logprob_start_len == 0 else 0  # position 0: nothing precedes it
         prompt_lp = [None] * lead + req.prompt_lp
         prompt_top = [[]] * lead + req.prompt_top
         assert len(prompt_lp) == req.prompt_len - req.params.logprob_start_len, (req, len(prompt_lp))
-    return TokenOutput(req.rid, [tok], req.finish_reason, None, logprobs, top, cached, queued, prompt_lp, prompt_top)
+    spec = (req.spec.steps, req.spec.accepted) if req.finished and req.spec is not None and req.spec.steps else None
+    return TokenOutput(req.rid, tokens, req.finish_reason, None, logprobs, top, cached, queued, prompt_lp, prompt_top,
+                       spec)

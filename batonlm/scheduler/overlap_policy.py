@@ -43,3 +43,11 @@ def is_disable_overlap_for_batch(
     )
     spec_grammar = batch is not None and batch.is_speculative and batch.has_grammar and result_queued
     return consecutive_prefill or spec_grammar
+
+
+def must_process_before_planning(last_batch: ScheduleBatch | None) -> bool:
+    """Speculative decoding in the overlap loop: a batch that verified drafts has its result
+    processed before the next batch is planned — how many drafts were accepted decides the
+    positions and KV slots of its requests' next rows. (Drafts themselves need no result: with
+    the newest output in flight they are looked up one token behind.)"""
+    return last_batch is not None and last_batch.is_speculative

@@ -26,6 +26,7 @@ from batonlm.scheduler.batch import ExtendRow, ScheduleBatch
 from batonlm.scheduler.kv_memory import KVMemory
 from batonlm.scheduler.request import Request
 from batonlm.scheduler.schedule_policy import admission_order
+from batonlm.scheduler.speculative import Speculator
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +62,10 @@ class PlannerConfig:
 
 
 class BatchPlanner:
-    def __init__(self, config: PlannerConfig, memory: KVMemory) -> None:
+    def __init__(self, config: PlannerConfig, memory: KVMemory, speculator: Speculator | None = None) -> None:
         self.config = config
         self.memory = memory
+        self.speculator = speculator  # speculative decoding: drafts for decode rows
         self.ratio = NewTokenRatio()
         self.num_retractions = 0
 
@@ -123,11 +125,26 @@ class BatchPlanner:
         decode = [r for r in running if r.can_decode and id(r) not in extending]
         self._make_room(lambda: sum(r.can_decode for r in decode), running, retracted, keep=extending)
         decode = [r for r in decode if r.can_decode][: self.memory.available]
+        spec = self.speculator if self.speculator is not None and self.speculator.active(len(decode)) else None
+        spare = self.memory.available - len(decode)  # slots drafts may take, beyond one per row
         for req in decode:
-            self.memory.alloc(req, 1)
-            req.kv_len += 1
             req.num_outputs_launched += 1
-        batch.decode = decode
+        all_drafts = spec.plan(decode) if spec is not None else None
+        drafted: list[tuple[Request, list[int]]] = []
+        plain: list[Request] = []
+        for i, req in enumerate(decode):
+            drafts = all_drafts[i][: max(0, spare)] if all_drafts is not None else []
+            spare -= len(drafts)
+            self.memory.alloc(req, 1 + len(drafts))
+            req.kv_len += 1 + len(drafts)
+            if drafts:
+                drafted.append((req, drafts))
+            else:
+                plain.append(req)
+        # Verifying rows first: decode rows stay together (one attention row group).
+        batch.decode = [r for r, _ in drafted] + plain
+        batch.drafts = [d for _, d in drafted] + [[] for _ in plain] if drafted else []
+        batch.is_speculative = bool(drafted)
 
     def _admit(self, batch: ScheduleBatch, waiting: deque[Request], running: list[Request], budget: int) -> None:
         cfg, mem = self.config, self.memory

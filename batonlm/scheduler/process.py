@@ -36,6 +36,7 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
     from batonlm.device.spec import device_spec
     from batonlm.model_runner.model_config import ModelConfig
     from batonlm.scheduler.scheduler import Scheduler, SchedulerConfig
+    from batonlm.scheduler.speculative import SpecConfig
 
     cfg = ModelConfig.from_hf(args.model)
     spec = device_spec(args, cfg)
@@ -56,6 +57,12 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
             random_seed=args.random_seed,
             tokenizer_path=args.tokenizer or cfg.path,
             grammar_whitespace=args.grammar_whitespace,
+            speculative=None if args.speculative_algorithm == "none" else SpecConfig(
+                num_draft_tokens=args.speculative_num_draft_tokens,
+                ngram_min=args.speculative_ngram_min,
+                ngram_max=args.speculative_ngram_max,
+                disable_batch_size=args.speculative_disable_batch_size,
+            ),
         ),
     )
     info = SchedulerInfo(

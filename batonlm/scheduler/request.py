@@ -55,6 +55,7 @@ class Request:
         "queued_s",
         "prompt_lp",
         "prompt_top",
+        "spec",
     )
 
     def __init__(
@@ -96,6 +97,7 @@ class Request:
         # (chunks arrive in order), and their top alternatives.
         self.prompt_lp: list[float] = []
         self.prompt_top: list[list[tuple[int, float]]] = []
+        self.spec: Any = None  # its n-gram drafting state (batonlm.scheduler.speculative), once it drafts
 
     @property
     def prompt_len(self) -> int:

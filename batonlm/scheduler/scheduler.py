@@ -33,14 +33,17 @@ from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
-from batonlm.scheduler.outputs import take_prompt_logprobs, token_output
+from batonlm.scheduler.outputs import emit, take_prompt_logprobs, token_output, verified_tokens
 from batonlm.scheduler.overlap_policy import (
     DISABLE_CONSECUTIVE_PREFILL_ENV,
     env_flag,
     is_disable_overlap_for_batch,
+    must_process_before_planning,
 )
 from batonlm.scheduler.planner import BatchPlanner, PlannerConfig
 from batonlm.scheduler.request import FINISH_ABORT, Request
+from batonlm.scheduler.speculative import SpecConfig, Speculator
+from batonlm.scheduler.status_log import StatusLog
 from batonlm.scheduler.timing import LoopTiming
 
 logger = logging.getLogger(__name__)
@@ -49,7 +52,6 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_S = 0.05
 # ... and while only grammar compiles are pending (a request should start as soon as it can).
 GRAMMAR_POLL_S = 0.002
-STATUS_LOG_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class SchedulerConfig:
     random_seed: int = 0
     tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
     grammar_whitespace: str = "bounded"
+    speculative: SpecConfig | None = None  # n-gram speculative decoding, when on
 
 
 class Scheduler:
@@ -78,6 +81,7 @@ class Scheduler:
         self.require_mlp_sync = False  # set by data parallelism
 
         spec = device.spec
+        self.speculator = Speculator(config.speculative) if config.speculative is not None else None
         self.memory = KVMemory(spec.kv_capacity, spec.num_req_slots, radix_cache=config.radix_cache)
         self.planner = BatchPlanner(
             PlannerConfig(
@@ -88,6 +92,7 @@ class Scheduler:
                 policy=config.schedule_policy,
             ),
             self.memory,
+            self.speculator,
         )
         # Ordered containers only: batch order must be the same in every run.
         self.waiting: deque[Request] = deque()
@@ -111,8 +116,9 @@ class Scheduler:
         self.generated_tokens = 0
         # Tokens sampled for requests already finished or retracted (the one-step overrun).
         self.dropped_tokens = 0
-        self._last_status = time.monotonic()
-        self._tokens_at_last_status = 0
+        self.status_log = StatusLog()
+        self._iteration_end = time.perf_counter()
+        self._processed_early = False  # this iteration processed the last result before planning
 
     # ------------------------------------------------------------------ state
     @property
@@ -139,6 +145,7 @@ class Scheduler:
             device_wait_s=self.timing.wait_s,
             device_compute_s=self.device.compute_s,
             batches=self.timing.batches,
+            **(self.speculator.stats.as_fields() if self.speculator is not None else {}),
         )
 
     def _should_exit(self) -> bool:
@@ -258,7 +265,8 @@ class Scheduler:
     def launch_delayed_sampling(self, batch: ScheduleBatch) -> None:
         if batch.delay_sampling:
             self.device.launch_sampling(
-                SampleLaunch(batch.batch_id, self.sampling_masks(batch), **self.grammars.masks(batch))
+                SampleLaunch(batch.batch_id, {batch.launch_rows[r]: ids for r, ids in self.sampling_masks(batch).items()},
+                             **self.grammars.masks(batch))
             )
 
     # ------------------------------------------------------------------ results
@@ -271,11 +279,12 @@ class Scheduler:
         t0 = time.perf_counter()
         result = pending.wait()
         t1 = time.perf_counter()
-        ids, lp = result.token_ids, result.logprobs
+        ids, lp = result.token_ids, result.logprobs  # per launch row (batch.launch_rows)
         live = [not r.finished and e == r.epoch for r, e in zip(batch.reqs, batch.epochs)]
         take_prompt_logprobs(batch, live, result.prompt_logprobs)
-        rows = zip(batch.reqs, batch.epochs, batch.produces_output, ids, strict=True)
-        for row, (req, epoch, produces, tok) in enumerate(rows):
+        verified = verified_tokens(batch, result.accepted)
+        rows = zip(batch.reqs, batch.epochs, batch.produces_output, batch.launch_rows, strict=True)
+        for row, (req, epoch, produces, at) in enumerate(rows):
             req.inflight -= 1
             if req.finished or epoch != req.epoch:
                 # The one-step overrun, an abort, or a retraction since the launch: drop the
@@ -285,14 +294,19 @@ class Scheduler:
                 continue
             if not produces:  # a chunk that does not finish the prompt
                 continue
-            req.output_ids.append(tok)
-            self.generated_tokens += 1
-            if req.matcher is not None:
-                GrammarQueue.advance(req, tok)
-            req.check_finished()
+            tokens = [ids[at]]
+            if row in verified:  # accepted drafts, then the token after them; drop the rest's KV
+                accepted = verified[row]
+                tokens = accepted + [ids[at + len(accepted)]]
+                drafted = len(batch.drafts[row - len(batch.extend)])
+                self.memory.trim(req, req.kv_len - drafted + len(accepted))
+                self.speculator.verified(req, drafted, len(accepted))  # type: ignore[union-attr]
+            tokens = emit(req, tokens)
+            req.num_outputs_launched = max(req.num_outputs_launched, len(req.output_ids))
+            self.generated_tokens += len(tokens)
             if req.finished:
                 self._finish(req)
-            self._outputs.append(token_output(req, tok, row, lp))
+            self._outputs.append(token_output(req, tokens, lp, at))
         self.timing.wait_s += t1 - t0
         self.timing.process_s += time.perf_counter() - t1
 
@@ -326,11 +340,16 @@ class Scheduler:
         t0 = time.perf_counter()
         self.flush_outputs()
         self.timing.process_s += time.perf_counter() - t0
+        # A decode step's time, verifying or overlapped (the drafting policy's cost ratio).
+        if self.speculator is not None and batch is not None and batch.decode and not batch.extend and (
+                batch.is_speculative or not self._processed_early):
+            self.speculator.observe(batch.is_speculative, t0 - self._iteration_end)
+        self._iteration_end = t0
         self.last_batch = batch
         self.iteration += 1
         if batch is not None:
             self.timing.batches += 1
-        self._maybe_log_status()
+        self.status_log.maybe_log(self)
 
     def event_loop_normal(self) -> None:
         """Serial: run batch N and process its results before building batch N+1."""
@@ -346,6 +365,9 @@ class Scheduler:
     def event_loop_overlap(self) -> None:
         """Launch batch N, then process batch N-1 while the device computes N."""
         while not self._should_exit():
+            self._processed_early = must_process_before_planning(self.last_batch)
+            if self._processed_early:
+                self.pop_and_process()
             batch = self._timed_next_batch()
             disable_overlap = is_disable_overlap_for_batch(
                 batch,
@@ -358,7 +380,9 @@ class Scheduler:
                 self.pop_and_process()
             if batch is not None:
                 self.result_queue.append((batch, self.run_batch(batch)))
-            if self.last_batch is not None and not disable_overlap:
+            # The previous batch's result, while this one runs (never this one's: a result the
+            # loop processed early, for drafts, leaves only this batch queued).
+            if not disable_overlap and len(self.result_queue) > (batch is not None):
                 self.pop_and_process()
             if batch is not None:
                 self.launch_delayed_sampling(batch)
@@ -373,22 +397,3 @@ class Scheduler:
             self.abort(rid)
         self.flush_outputs()
         self.last_batch = None
-
-    def _maybe_log_status(self) -> None:
-        now = time.monotonic()
-        if now - self._last_status < STATUS_LOG_INTERVAL_S or self.is_idle:
-            return
-        elapsed = now - self._last_status
-        self._last_status = now
-        mem = self.memory
-        logger.info(
-            "running %d, queued %d, KV %d/%d in use (%.0f%%), %d cached, %.1f tokens/s",
-            len(self.running),
-            len(self.waiting),
-            mem.in_use,
-            mem.capacity,
-            100.0 * mem.in_use / max(1, mem.capacity),
-            mem.evictable,
-            (self.generated_tokens - self._tokens_at_last_status) / elapsed,
-        )
-        self._tokens_at_last_status = self.generated_tokens

@@ -63,6 +63,7 @@ class ServerMetrics:
         self.hidden_cpu = Gauge("batonlm_overlap_hidden_cpu_ratio", "Share of the scheduler's CPU work done while "
                                 "the device computed (the overlap loop's aim: near 1; the normal loop: near 0)",
                                 labels, registry=r)
+        self._spec_metrics()
         self.label = {"model_name": model_name}
         self.started = time.monotonic()
 
@@ -82,7 +83,32 @@ class ServerMetrics:
         self.prompt_len.labels(**self.label).observe(prompt_tokens)
         self.generation_len.labels(**self.label).observe(completion_tokens)
 
+    def _spec_metrics(self) -> None:
+        r, labels = self.registry, ["model_name"]
+        self.spec_steps = Gauge("batonlm_spec_verify_steps", "Speculative decoding: verification steps (one per "
+                                "verifying request and step) since start", labels, registry=r)
+        self.spec_drafts = Gauge("batonlm_spec_draft_tokens", "Draft tokens verified since start", labels, registry=r)
+        self.spec_accepted = Gauge("batonlm_spec_accepted_tokens", "Draft tokens accepted since start", labels,
+                                   registry=r)
+        self.spec_accept_len = Gauge("batonlm_spec_accept_length", "Tokens emitted per verification step (accepted "
+                                     "drafts + 1), since start", labels, registry=r)
+        self.spec_hist = Gauge("batonlm_spec_verify_steps_by_accepted", "Verification steps that accepted `accepted` "
+                               "drafts, since start (the distribution of accepted drafts per step)",
+                               [*labels, "accepted"], registry=r)
+
+    def _update_spec(self, stats: SchedulerStats) -> None:
+        if not stats.spec_accept_hist:
+            return
+        self.spec_steps.labels(**self.label).set(stats.spec_verify_steps)
+        self.spec_drafts.labels(**self.label).set(stats.spec_draft_tokens)
+        self.spec_accepted.labels(**self.label).set(stats.spec_accepted_tokens)
+        steps = max(1, stats.spec_verify_steps)
+        self.spec_accept_len.labels(**self.label).set((stats.spec_verify_steps + stats.spec_accepted_tokens) / steps)
+        for k, n in enumerate(stats.spec_accept_hist):
+            self.spec_hist.labels(**self.label, accepted=str(k)).set(n)
+
     def update(self, stats: SchedulerStats) -> None:
+        self._update_spec(stats)
         self.running.labels(**self.label).set(stats.num_running)
         self.queued.labels(**self.label).set(stats.num_waiting)
         self.kv_used.labels(**self.label).set(stats.kv_used)

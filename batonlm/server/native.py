@@ -124,9 +124,12 @@ async def generate(request: Request):
     k_out = params.logprobs
 
     def meta(finish: str | None, completion_tokens: int, cached_tokens: int | None, output_lp=None,
-             prompt_lp=None) -> dict:
+             prompt_lp=None, spec=None) -> dict:
         out = {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": completion_tokens,
                "cached_tokens": cached_tokens}
+        if spec is not None:  # speculative decoding: SGLang's names
+            out["spec_verify_ct"], out["spec_accepted_drafts"] = spec
+            out["spec_accept_length"] = (spec[0] + spec[1]) / spec[0]
         # With return_logprob the input lists are there even when empty (logprob_start_len -1).
         k_in = params.prompt_logprobs if params.prompt_logprobs is not None or not req.return_logprob else k_out
         for name, items, k in (("input", prompt_lp, k_in), ("output", output_lp, params.logprobs)):
@@ -145,7 +148,8 @@ async def generate(request: Request):
                     cached = c.cached_tokens if c.cached_tokens is not None else cached
                     prompt_lp = None if c.prompt_logprobs is None else logprobs.prompt_token_logprobs(ids, params, c)
                     yield sse({"text": c.text, "output_ids": c.token_ids,
-                               "meta_info": meta(c.finish_reason, c.completion_tokens, cached, c.logprobs, prompt_lp)})
+                               "meta_info": meta(c.finish_reason, c.completion_tokens, cached, c.logprobs, prompt_lp,
+                                                 c.spec)})
             except Exception as e:
                 yield sse(to_api_error(e).body())
             yield DONE
@@ -157,6 +161,6 @@ async def generate(request: Request):
         "text": result.text,
         "output_ids": result.token_ids,
         "meta_info": {**meta(result.finish_reason, result.completion_tokens, result.cached_tokens, result.logprobs,
-                             result.prompt_logprobs),
+                             result.prompt_logprobs, result.spec),
                       "e2e_latency": time.perf_counter() - t0},
     }

@@ -160,6 +160,7 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] | None = None  # with prompt logprobs asked
+    spec: tuple[int, int] | None = None  # (verification steps, drafts accepted)
     finish_reason: str | None = None
     completion_tokens: int = 0
     error: str | None = None
@@ -266,6 +267,8 @@ async def collect_choices(
             r.logprobs += chunk.logprobs
         if chunk.prompt_logprobs is not None:
             r.prompt_logprobs = prompt_token_logprobs(*jobs[i], chunk)
+        if chunk.spec is not None:
+            r.spec = chunk.spec
         if chunk.finish_reason is not None:
             r.finish_reason = chunk.finish_reason
             r.error = chunk.error

@@ -112,6 +112,11 @@ class GenerateMeta(BaseModel):
     output_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
     input_top_logprobs: list[list[tuple[float, int, str | None]] | None] | None = None
     output_top_logprobs: list[list[tuple[float, int, str | None]] | None] | None = None
+    # With speculative decoding, once finished: verification steps, drafts accepted, and the
+    # tokens per verification step (accepted drafts + 1).
+    spec_verify_ct: int | None = None
+    spec_accepted_drafts: int | None = None
+    spec_accept_length: float | None = None
 
 
 class GenerateResponse(BaseModel):

@@ -61,6 +61,7 @@ class GenerationChunk:
     # for position 0) and their top alternatives (TokenOutput's).
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    spec: tuple[int, int] | None = None  # with the last chunk: (verification steps, drafts accepted)
 
 
 class RequestObserver(Protocol):
@@ -148,5 +149,6 @@ class RequestState:
             cached_tokens=out.cached_tokens,
             prompt_logprobs=out.prompt_logprobs,
             prompt_top_logprobs=out.prompt_top_logprobs,
+            spec=out.spec,
         )
         return chunk, stopped_early

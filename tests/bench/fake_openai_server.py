@@ -72,7 +72,7 @@ class FakeServer:
         self._thread.join(10)
 
     def posts(self) -> list[Received]:
-        return [r for r in self.received if r.path != "/v1/models"]
+        return [r for r in self.received if r.path not in ("/v1/models", "/metrics")]
 
     # ------------------------------------------------------------------ HTTP
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -101,7 +101,7 @@ class FakeServer:
             headers[k.strip().lower()] = v.strip()
         raw = await reader.readexactly(int(headers.get("content-length", 0)))
         body = json.loads(raw) if raw else {}
-        number = len([r for r in self.received if r.path != "/v1/models"]) + 1 if method == "POST" else 0
+        number = len(self.posts()) + 1 if method == "POST" else 0
         self.received.append(Received(number, path, headers, body, t))
         if method == "GET" and path == "/v1/models":
             await self._send_json(writer, 200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
