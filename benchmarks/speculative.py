@@ -1,14 +1,17 @@
 """Speculative decoding with n-gram drafts: decode tokens/s with speculation on vs off, side by
 side in one run, and how many drafts a verification accepts.
 
-Two workloads, greedy, `--new-tokens` tokens each (EOS ignored), `--concurrency` requests at
-once on one scheduler and its CPU device worker (the server's defaults: overlap loop, compiled
-decode step where it pays):
-  * repetitive: each prompt is a passage of the bench corpus followed by the passage's first
-    sentence again — the model copies from its prompt, as in editing, extraction or RAG answers;
-  * plain: a passage of the bench corpus (what `batonlm bench` sends).
-Rounds alternate off / on; the median of `--rounds` is reported, with the ratio on / off and,
-for speculation, the mean drafts accepted per verification and output tokens per forward.
+Workloads, greedy, `--new-tokens` tokens each (EOS ignored), `--concurrency` requests at once
+on one scheduler and its CPU device worker (the server's defaults: overlap loop, compiled decode
+step where it pays):
+  * copy: a model whose output repeats a text (a synthetic one-layer model whose greedy output
+    cycles through 36 tokens; the prompt holds the text once), the best case: drafts from the
+    prompt are right, as when a model quotes, edits or extracts from its context;
+  * repetitive: stories260K on prompts that repeat a sentence of the bench corpus three times;
+  * plain: stories260K on passages of the bench corpus (what `batonlm bench` sends).
+Rounds alternate off / on on the same scheduler and prompts (outputs checked equal); the median
+of `--rounds` is reported, with the ratio on / off, the drafts accepted per verification step
+and output tokens per forward.
 
     python benchmarks/speculative.py [--concurrency 1 4] [--rounds 3] [--json out.json]
 """
@@ -21,6 +24,8 @@ import json
 import platform
 import random
 import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,6 +56,17 @@ def prompts(model: str, n: int, length: int, repetitive: bool, seed: int = 0) ->
     return out
 
 
+def copy_model(root: Path) -> tuple[str, list[list[int]]]:
+    """The synthetic copying model (tests/helpers.py builds it) and its prompts."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from helpers import build_byte_cycle_model, copy_tokenizer
+
+    path = root / "cycle"
+    cycle = build_byte_cycle_model(path, "abcdefghijklmnopqrstuvwxyz0123456789")
+    copy_tokenizer(path)
+    return str(path), [[1, *cycle, *cycle[: 3 + i]] for i in range(8)]
+
+
 def run_once(sched, io: LocalIO, batch: list[list[int]], new_tokens: int) -> dict:
     for i, ids in enumerate(batch):
         params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -66,6 +82,33 @@ def run_once(sched, io: LocalIO, batch: list[list[int]], new_tokens: int) -> dic
             "outputs": outputs}
 
 
+def measure(sched, io: LocalIO, spec_config: SpecConfig, workload: str, batch: list[list[int]], args) -> dict:
+    run_once(sched, io, batch, 8)  # warm-up
+    off, on = [], []
+    for _ in range(args.rounds):
+        sched.speculator = sched.planner.speculator = None
+        a = run_once(sched, io, batch, args.new_tokens)
+        sched.speculator = sched.planner.speculator = Speculator(spec_config)
+        b = run_once(sched, io, batch, args.new_tokens)
+        assert a["outputs"] == b["outputs"], "speculation changed the greedy output"
+        off.append(a["tokens_per_s"])
+        on.append(b["tokens_per_s"])
+    st = sched.speculator.stats
+    row = {
+        "workload": workload, "concurrency": len(batch),
+        "off_tokens_per_s": statistics.median(off), "on_tokens_per_s": statistics.median(on),
+        "accepted_per_verify": st.accepted / max(1, st.steps), "verify_steps": st.steps,
+        "accept_hist": st.hist, "tokens_per_forward": b["tokens"] / max(1, b["forwards"]),
+        "cost_ratio": sched.speculator.cost_ratio,
+    }
+    row["ratio"] = row["on_tokens_per_s"] / row["off_tokens_per_s"]
+    print(f"{workload:10s} c={len(batch):<3d} off {row['off_tokens_per_s']:8.1f} tok/s   on "
+          f"{row['on_tokens_per_s']:8.1f} tok/s   x{row['ratio']:.2f}   accepted/verify "
+          f"{row['accepted_per_verify']:.2f}  tokens/forward {row['tokens_per_forward']:.2f}  "
+          f"cost ratio {row['cost_ratio']:.2f}  hist {st.hist}", flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=EMBEDDED_MODEL)
@@ -76,41 +119,23 @@ def main() -> None:
     ap.add_argument("--json", default=str(RESULTS / "speculative.json"))
     args = ap.parse_args()
 
-    io = LocalIO()
-    sched, _ = build_scheduler(ServerArgs(model=args.model), io)
-    io.bind(lambda: sched.iteration)
     spec_config = SpecConfig()
     rows = []
-    try:
-        for workload in ("repetitive", "plain"):
-            for n in args.concurrency:
-                batch = prompts(args.model, n, args.prompt_tokens, workload == "repetitive", seed=n)
-                run_once(sched, io, batch, 8)  # warm-up
-                off, on, stats = [], [], []
-                for _ in range(args.rounds):
-                    sched.speculator = sched.planner.speculator = None
-                    a = run_once(sched, io, batch, args.new_tokens)
-                    sched.speculator = sched.planner.speculator = Speculator(spec_config)
-                    b = run_once(sched, io, batch, args.new_tokens)
-                    assert a["outputs"] == b["outputs"], "speculation changed the greedy output"
-                    off.append(a["tokens_per_s"])
-                    on.append(b["tokens_per_s"])
-                    stats.append((sched.speculator.stats, b))
-                st, b = stats[-1]
-                row = {
-                    "workload": workload, "concurrency": n,
-                    "off_tokens_per_s": statistics.median(off), "on_tokens_per_s": statistics.median(on),
-                    "accepted_per_verify": st.accepted / max(1, st.steps), "verify_steps": st.steps,
-                    "accept_hist": st.hist, "tokens_per_forward": b["tokens"] / max(1, b["forwards"]),
-                }
-                row["ratio"] = row["on_tokens_per_s"] / row["off_tokens_per_s"]
-                rows.append(row)
-                print(f"{workload:10s} c={n:<3d} off {row['off_tokens_per_s']:8.1f} tok/s   on "
-                      f"{row['on_tokens_per_s']:8.1f} tok/s   x{row['ratio']:.2f}   accepted/verify "
-                      f"{row['accepted_per_verify']:.2f}  tokens/forward {row['tokens_per_forward']:.2f}  "
-                      f"hist {st.hist}", flush=True)
-    finally:
-        sched.device.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        cycle_path, cycle_prompts = copy_model(Path(tmp))
+        for workload, model in (("copy", cycle_path), ("repetitive", args.model), ("plain", args.model)):
+            io = LocalIO()
+            sched, _ = build_scheduler(ServerArgs(model=model), io)
+            io.bind(lambda s=sched: s.iteration)
+            try:
+                for n in args.concurrency:
+                    if workload == "copy":
+                        batch = cycle_prompts[:n]
+                    else:
+                        batch = prompts(model, n, args.prompt_tokens, workload == "repetitive", seed=n)
+                    rows.append(measure(sched, io, spec_config, workload, batch, args))
+            finally:
+                sched.device.close()
     out = {"machine": platform.processor() or platform.machine(), "model": args.model,
            "spec": dataclasses.asdict(spec_config), "new_tokens": args.new_tokens, "rows": rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

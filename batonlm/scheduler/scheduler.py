@@ -340,10 +340,10 @@ class Scheduler:
         t0 = time.perf_counter()
         self.flush_outputs()
         self.timing.process_s += time.perf_counter() - t0
-        # A decode step's time, verifying or overlapped (the drafting policy's cost ratio).
-        if self.speculator is not None and batch is not None and batch.decode and not batch.extend and (
-                batch.is_speculative or not self._processed_early):
-            self.speculator.observe(batch.is_speculative, t0 - self._iteration_end)
+        # A decode iteration's time: one that waited on a verification's result (it was processed
+        # before planning), or an overlapped one (the drafting policy's cost ratio).
+        if self.speculator is not None and batch is not None and batch.decode and not batch.extend:
+            self.speculator.observe(self._processed_early, t0 - self._iteration_end)
         self._iteration_end = t0
         self.last_batch = batch
         self.iteration += 1

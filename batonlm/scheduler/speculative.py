@@ -133,7 +133,7 @@ class Speculator:
     def __init__(self, config: SpecConfig) -> None:
         self.config = config
         self.stats = SpecStats(config.num_draft_tokens)
-        self._seconds: dict[bool, float | None] = {False: None, True: None}  # EMA per (speculative?) step
+        self._seconds: dict[bool, float | None] = {False: None, True: None}  # EMA per (verified?) iteration
 
     def active(self, num_decoding: int) -> bool:
         return num_decoding <= self.config.disable_batch_size
@@ -148,10 +148,11 @@ class Speculator:
             return self.INITIAL_COST_RATIO
         return spec / plain
 
-    def observe(self, speculative: bool, seconds: float) -> None:
-        """A decode iteration's wall time."""
-        old = self._seconds[speculative]
-        self._seconds[speculative] = seconds if old is None else (1 - self.EMA) * old + self.EMA * seconds
+    def observe(self, verified: bool, seconds: float) -> None:
+        """A decode iteration's wall time: one that waited on a verification step's result, or
+        an overlapped plain one."""
+        old = self._seconds[verified]
+        self._seconds[verified] = seconds if old is None else (1 - self.EMA) * old + self.EMA * seconds
 
     @staticmethod
     def eligible(req) -> bool:
