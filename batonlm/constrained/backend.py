@@ -23,6 +23,10 @@ class GrammarMatcher(ABC):
     def terminated(self) -> bool:
         """The grammar is complete and its stop token was accepted."""
 
+    @abstractmethod
+    def rollback(self, n: int) -> None:
+        """Undo the last n accepted tokens (masks for speculative drafts are filled ahead)."""
+
 
 class GrammarBackend(ABC):
     @abstractmethod

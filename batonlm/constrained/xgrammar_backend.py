@@ -24,6 +24,9 @@ class XGrammarMatcher(GrammarMatcher):
     def terminated(self) -> bool:
         return bool(self._m.is_terminated())
 
+    def rollback(self, n: int) -> None:
+        self._m.rollback(n)
+
 
 class XGrammarBackend(GrammarBackend):
     """Built from the model's tokenizer with the model's vocabulary size (which may exceed the

@@ -73,7 +73,10 @@ class GrammarQueue:
     def masks(self, batch: ScheduleBatch) -> dict:
         """SampleLaunch fields masking each constrained row that will produce a token now.
         Rows that will not (a request finished, retracted, or whose grammar is complete: their
-        token is dropped) are left alone rather than given an empty mask."""
+        token is dropped) are left alone rather than given an empty mask. A verifying request's
+        rows (its newest output, then its drafts) get the masks of the states after the drafts
+        before them (accepted, filled, rolled back); past a draft the grammar rejects, or that
+        completes it, rows keep the last mask: no draft after it can be accepted."""
         rows = [
             row for row, (req, epoch, produces) in enumerate(zip(batch.reqs, batch.epochs, batch.produces_output))
             if req.matcher is not None and produces and not req.finished and epoch == req.epoch
@@ -82,11 +85,28 @@ class GrammarQueue:
         if not rows:
             return {}
         self.masked_batches += 1
-        bitmask = self.cache.backend.allocate_bitmask(len(rows))
-        for i, row in enumerate(rows):
-            batch.reqs[row].matcher.fill_mask(bitmask, i)
-        return {"mask_rows": [batch.launch_rows[row] for row in rows], "mask_words": bitmask.shape[1],
-                "bitmask": bitmask.numpy().tobytes()}
+        drafts = [batch.drafts[row - len(batch.extend)] if batch.drafts and row >= len(batch.extend) else []
+                  for row in rows]
+        bitmask = self.cache.backend.allocate_bitmask(sum(1 + len(d) for d in drafts))
+        mask_rows, i = [], 0
+        for row, row_drafts in zip(rows, drafts):
+            matcher, at = batch.reqs[row].matcher, batch.launch_rows[row]
+            matcher.fill_mask(bitmask, i)
+            taken, valid = 0, True
+            for j, tok in enumerate(row_drafts, 1):
+                valid = valid and matcher.accept(tok) and not matcher.terminated
+                taken += valid
+                if valid:
+                    matcher.fill_mask(bitmask, i + j)
+                else:
+                    bitmask[i + j] = bitmask[i + j - 1]
+            if matcher.terminated:  # the last draft completed it (and counts as taken)
+                taken += 1
+            if taken:
+                matcher.rollback(taken)
+            mask_rows.extend(range(at, at + 1 + len(row_drafts)))
+            i += 1 + len(row_drafts)
+        return {"mask_rows": mask_rows, "mask_words": bitmask.shape[1], "bitmask": bitmask.numpy().tobytes()}
 
     @staticmethod
     def advance(req: Request, token: int) -> None:

@@ -145,6 +145,9 @@ class BatchPlanner:
         batch.decode = [r for r, _ in drafted] + plain
         batch.drafts = [d for _, d in drafted] + [[] for _ in plain] if drafted else []
         batch.is_speculative = bool(drafted)
+        # The seed's rule (overlap_policy): a speculative batch with a grammar waits for the
+        # previous result before it launches.
+        batch.has_grammar = any(r.matcher is not None for r in batch.decode)
 
     def _admit(self, batch: ScheduleBatch, waiting: deque[Request], running: list[Request], budget: int) -> None:
         cfg, mem = self.config, self.memory

@@ -7,8 +7,9 @@ occurrence of the longest n-gram that ends the sequence. `Speculator` decides, p
 step, how many tokens to draft: up to `num_draft_tokens`, adapted from the request's own
 acceptance (all accepted: one more next time; a miss: as many as were accepted, plus one), only
 when the tokens a verification is expected to emit beat its measured cost (see `Speculator`),
-and nobody drafts while more than `disable_batch_size` requests decode. Constrained requests and requests with penalties or logit bias do not draft (their
-logits at a draft position would depend on the drafts before it).
+and nobody drafts while more than `disable_batch_size` requests decode. Requests with penalties
+or logit bias do not draft (their logits at a draft position would depend on the drafts before
+it); constrained ones do, their masks following the drafts.
 
 Verification happens on the device (`batonlm.device.batch_executor`): each position's token is
 sampled exactly as a plain decode step would sample it (same seed, same output index), and a
@@ -156,8 +157,9 @@ class Speculator:
 
     @staticmethod
     def eligible(req) -> bool:
-        p = req.params
-        return req.matcher is None and req.grammar is None and p.constraint is None and not p.has_penalties
+        """Penalties and logit bias would depend on the drafts before a position: no drafts.
+        Constrained requests draft; their masks follow the drafts (GrammarQueue.masks)."""
+        return req.grammar is None and not req.params.has_penalties
 
     def _state(self, req) -> SpecState:
         st = req.spec
