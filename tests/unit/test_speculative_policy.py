@@ -107,3 +107,17 @@ def test_a_verifying_request_launches_one_decode_row_per_position():
     assert launch.from_future == [False, False, False, False, True, False, False, True]
     assert launch.input_ids == [7, 8, 5, 6, 9, 9]
     assert launch.out_cache_loc == [107, 108, 109, 110, 208, 209, 210, 307]
+
+
+def test_server_args_name_a_bad_speculative_setting():
+    import pytest
+
+    from batonlm.config import ConfigError, ServerArgs
+
+    for kwargs, field in (({"speculative_algorithm": "eagle"}, "speculative_algorithm"),
+                          ({"speculative_num_draft_tokens": 0}, "speculative_num_draft_tokens"),
+                          ({"speculative_ngram_min": 3, "speculative_ngram_max": 2}, "speculative_ngram_max"),
+                          ({"speculative_disable_batch_size": -1}, "speculative_disable_batch_size")):
+        with pytest.raises(ConfigError) as e:
+            ServerArgs(**kwargs)
+        assert e.value.field == field
