@@ -6,7 +6,9 @@
 #   2. the kernel benchmark (writes benchmarks/results/kernels_gpu.json);
 #   3. the decode path (writes benchmarks/results/gpu_decode.json): greedy equality of Triton
 #      attention + CUDA graphs with the torch path on stories260K (fp32) and a random 32M Llama
-#      (bf16), normal vs overlap ITL at 1 / 8 / 64 streams, decode step vs the HBM roofline.
+#      (bf16), normal vs overlap ITL at 1 / 8 / 64 streams, decode step vs the HBM roofline;
+#   4. speculative decoding on vs off (writes benchmarks/results/speculative_gpu.json): the
+#      verification step's cost on a GPU, where its rows run in one CUDA graph replay.
 # Without a CUDA device the tests skip and the benchmarks say so.
 #   benchmarks/gpu_check.sh [kernel benchmark args, e.g. --iters 20]
 set -euo pipefail
@@ -16,3 +18,4 @@ export TRITON_INTERPRET=0
 "$PY" -m pytest -m gpu tests -q -rs -p no:cacheprovider
 "$PY" benchmarks/kernels_gpu.py "$@"
 "$PY" benchmarks/gpu_decode.py
+"$PY" benchmarks/speculative.py --rounds 3 --json benchmarks/results/speculative_gpu.json
