@@ -104,7 +104,10 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="split <think>...</think> into message.reasoning_content (qwen3, deepseek-r1)")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS, default=d.speculative_algorithm,
-                      help="ngram: draft tokens from the request's own prompt and output, verified in one forward")
+                      help="ngram: draft tokens from the request's own prompt and output; draft: from a smaller "
+                           "model; either way verified in one step")
+    spec.add_argument("--speculative-draft-model", default=None, metavar="DIR",
+                      help="draft: the smaller model (same tokenizer) whose tokens the target verifies")
     spec.add_argument("--speculative-num-draft-tokens", type=int, default=d.speculative_num_draft_tokens,
                       help="most draft tokens per request and step (adapted per request from its acceptance)")
     spec.add_argument("--speculative-ngram-min", type=int, default=d.speculative_ngram_min,

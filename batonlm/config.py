@@ -25,7 +25,7 @@ REASONING_PARSER_CHOICES = ("none", "qwen3", "deepseek-r1")  # batonlm.server.re
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
 COMPILE_CHOICES = ("auto", "on", "off")
 GRAMMAR_WHITESPACE_CHOICES = ("bounded", "compact", "any")  # batonlm.constrained.grammar
-SPECULATIVE_ALGORITHMS = ("none", "ngram")  # batonlm.scheduler.speculative
+SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")  # batonlm.scheduler.speculative
 # The default of `compile` (the test suite sets it to "off": most tests start engines that do
 # not need a compiled step, and `BATONLM_COMPILE=on make test` runs them all compiled).
 COMPILE_ENV = "BATONLM_COMPILE"
@@ -122,6 +122,8 @@ class ServerArgs:
     speculative_ngram_min: int = 2
     speculative_ngram_max: int = 4
     speculative_disable_batch_size: int = 8
+    # "draft": the drafts come from this smaller model sharing the tokenizer (its own KV pool).
+    speculative_draft_model: str | None = None
     # Debugging
     debug_future_map: bool = False
     log_level: str = "info"
@@ -148,6 +150,9 @@ class ServerArgs:
         _choice("speculative_algorithm", self.speculative_algorithm, SPECULATIVE_ALGORITHMS)
         for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_disable_batch_size"):
             _positive(name, getattr(self, name))
+        if (self.speculative_algorithm == "draft") != (self.speculative_draft_model is not None):
+            raise ConfigError("speculative_draft_model", "give a draft model with --speculative-algorithm draft, "
+                              "and only then")
         if not (isinstance(self.speculative_ngram_max, int) and self.speculative_ngram_max >= self.speculative_ngram_min):
             raise ConfigError("speculative_ngram_max", f"must be at least speculative_ngram_min "
                               f"({self.speculative_ngram_min}), got {self.speculative_ngram_max!r}")

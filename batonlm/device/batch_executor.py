@@ -22,9 +22,12 @@ Scored = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class BatchExecutor:
-    def __init__(self, runner: ModelRunner, future_map: FutureMap) -> None:
+    def __init__(self, runner: ModelRunner, future_map: FutureMap, draft: ModelRunner | None = None) -> None:
         self.runner = runner
         self.future_map = future_map
+        # Speculative decoding's draft model: its KV pool mirrors the target's slots, kept in sync
+        # by running every batch through it too; it writes the drafts of verify groups.
+        self.draft = draft
         self.device = runner.device
         # batch_id -> (logits, batch, launch, prompt logprobs) of launches whose sampling was delayed.
         self._unsampled: dict[int, tuple[torch.Tensor, ForwardBatch, BatchLaunch, Scored | None]] = {}
@@ -54,7 +57,8 @@ class BatchExecutor:
         for rec in launch.new_slots:
             self.runner.sampling_table.init_slot(rec)
         for req_slot, slots in launch.table_writes:
-            self.runner.req_to_token.write_prefix(req_slot, self._tensor(slots))
+            for r in (self.runner, self.draft) if self.draft is not None else (self.runner,):
+                r.req_to_token.write_prefix(req_slot, self._tensor(slots))
         batch = ForwardBatch.build(
             self._tensor(launch.out_cache_loc),
             launch.req_slots,
@@ -63,6 +67,7 @@ class BatchExecutor:
             self.device,
         )
         batch.input_ids = self._input_ids(launch, batch)  # decode inputs depend on positions
+        draft_q = self._draft(launch, batch) if self.draft is not None and launch.verify_groups else None
         prompt = None
         if launch.prompt_logprob_at:
             logits, kept = self.runner.forward_keeping(batch, self._tensor(launch.prompt_logprob_at))
@@ -71,14 +76,39 @@ class BatchExecutor:
             )
         else:
             logits = self.runner.forward(batch)
+        if self.draft is not None:
+            self.draft.forward(batch)  # the draft's KV follows every position the target computes
         if not launch.sample:
-            self._unsampled[launch.batch_id] = (logits, batch, launch, prompt)
+            self._unsampled[launch.batch_id] = (logits, batch, launch, prompt, draft_q)
             return None
-        return self._sample_and_stash(logits, batch, launch, prompt)
+        return self._sample_and_stash(logits, batch, launch, prompt, draft_q)
+
+    def _draft(self, launch: BatchLaunch, batch: ForwardBatch) -> torch.Tensor:
+        """Each verify group's drafts, one draft-model decode step per draft position (the
+        row at p + s feeds the token it has and samples the one after, into the next row's
+        input). Returns q [N, V]: at each draft's row, the distribution it was drawn from."""
+        groups = launch.verify_groups
+        q_all = torch.zeros(batch.batch_size, self.draft.cfg.vocab_size, device=self.device)
+        table = self.runner.sampling_table
+        for s in range(max(n for _, n in groups) - 1):
+            rows = [f + s for f, n in groups if n - 1 > s]
+            at = self._tensor(rows)
+            flat = batch.last_token_index[at]  # a verify row's one token (rows after an extend row shift)
+            step = ForwardBatch.build(batch.out_cache_loc[flat], [launch.req_slots[r] for r in rows],
+                                      [launch.prefix_lens[r] for r in rows], [1] * len(rows), self.device,
+                                      input_ids=batch.input_ids[flat])
+            logits = self.draft.forward(step)
+            draw = table.gather(step.req_slots, step.seq_lens, launch.all_greedy, False).draw
+            q = spec_verify.request_probs(logits, draw)
+            keys = spec_verify.salted(draw.keys, spec_verify.DRAFT_SALT) if draw is not None else \
+                torch.zeros(len(rows), dtype=torch.int64, device=self.device)
+            batch.input_ids[flat + 1] = spec_verify.race(q, keys)
+            q_all[at + 1] = q
+        return q_all
 
     @torch.inference_mode()  # the logits are inference tensors: masked in place, not copied
     def sample_delayed(self, sample: SampleLaunch) -> SampleOutput:
-        logits, batch, launch, prompt = self._unsampled.pop(sample.batch_id)
+        logits, batch, launch, prompt, draft_q = self._unsampled.pop(sample.batch_id)
         # The logits are this launch's own (popped): masks go on in place.
         for row, ids in sample.banned.items():
             logits[row, self._tensor(ids)] = float("-inf")
@@ -88,10 +118,11 @@ class BatchExecutor:
             apply_token_bitmask_triton(logits, bitmask, self._tensor(sample.mask_rows))
         elif sample.mask_rows:
             apply_token_bitmask_packed(logits, sample.bitmask, sample.mask_words, sample.mask_rows)
-        return self._sample_and_stash(logits, batch, launch, prompt)
+        return self._sample_and_stash(logits, batch, launch, prompt, draft_q)
 
     def _sample_and_stash(
-        self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch, prompt: Scored | None
+        self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch, prompt: Scored | None,
+        draft_q: torch.Tensor | None = None,
     ) -> SampleOutput:
         rows = None if launch.output_rows is None else self._tensor(launch.output_rows)
         out = self.runner.sample(
@@ -102,10 +133,42 @@ class BatchExecutor:
         self.future_map.publish(batch.req_slots, batch.seq_lens)
         if launch.verify_groups:  # each verifying request's next input: the token after its accepted drafts
             firsts = self._tensor([f for f, _ in launch.verify_groups])
-            accepted, bonus = spec_verify.accept_drafts(out.token_ids, batch.input_ids, launch.verify_groups)
+            if draft_q is None:  # each verify row's input: its one token (rows, not tokens, index groups)
+                accepted, bonus = spec_verify.accept_drafts(out.token_ids, batch.input_ids[batch.last_token_index],
+                                                            launch.verify_groups)
+            else:
+                accepted, bonus = self._reject(logits, batch, launch, out, draft_q)
             self.future_map.stash(batch.req_slots[firsts], bonus)
             self.future_map.publish(batch.req_slots[firsts], batch.seq_lens[firsts] + accepted)
             out.accepted = accepted
         if prompt is not None:
             out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = prompt
         return out
+
+    @torch.inference_mode()
+    def _reject(self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch, out: SampleOutput,
+                draft_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rejection sampling of the draft model's drafts; each group's rows then hold the tokens
+        it emits (accepted drafts, then the token after them), their logprobs recomputed."""
+        table = self.runner.sampling_table
+        draw = table.gather(batch.req_slots, batch.seq_lens, launch.all_greedy, False).draw
+        p_all = spec_verify.request_probs(logits, draw)
+        keys = draw.keys if draw is not None else torch.zeros(batch.num_tokens, dtype=torch.int64, device=self.device)
+        tokens = out.token_ids.clone()
+        inputs = batch.input_ids[batch.last_token_index]  # per row
+        accepted, bonus = [], []
+        for first, n in launch.verify_groups:
+            rows = slice(first, first + n)
+            a, token = spec_verify.rejection_verify(p_all[rows], draft_q[first + 1 : first + n],
+                                                    inputs[first + 1 : first + n], keys[rows])
+            tokens[first : first + a] = inputs[first + 1 : first + 1 + a]
+            if token is not None:
+                tokens[first + a] = token
+            accepted.append(a)
+            bonus.append(int(tokens[first + a]))
+        out.token_ids = tokens
+        if out.logprobs is not None:  # of the tokens emitted
+            temperature = draw.temperature if draw is not None else torch.zeros_like(logits[:, 0])
+            out.logprobs, out.top_ids, out.top_logprobs = self.runner.sampler.logprobs(
+                logits, temperature, tokens, launch.top_logprobs)
+        return self._tensor(accepted), self._tensor(bonus)

@@ -44,7 +44,17 @@ def build_executor(spec: DeviceSpec, progress: Progress | None = None) -> BatchE
         from batonlm.model_runner.cuda_graph_decode import CudaGraphDecode
 
         runner.use_decode_graphs(CudaGraphDecode(runner, max_bs=spec.cuda_graph_max_bs), progress)
-    return BatchExecutor(runner, FutureMap(spec.num_req_slots, runner.device, debug=spec.debug_future_map))
+    draft = None
+    if spec.draft_model_path is not None:
+        draft_cfg = ModelConfig.from_hf(spec.draft_model_path)
+        if draft_cfg.vocab_size != cfg.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the model's "
+                             f"({cfg.vocab_size}): they must share the tokenizer")
+        # Its own KV pool with the same slot numbering: the scheduler's slots serve both.
+        draft = ModelRunner(draft_cfg, dtype=DTYPES[spec.dtype], device=spec.device, kv_capacity=spec.kv_capacity,
+                            num_req_slots=spec.num_req_slots, context_length=spec.context_length,
+                            attention_backend=spec.attention_backend, sampler=spec.sampler)
+    return BatchExecutor(runner, FutureMap(spec.num_req_slots, runner.device, debug=spec.debug_future_map), draft)
 
 
 def create_device(spec: DeviceSpec) -> DeviceStream:

@@ -38,6 +38,7 @@ class DeviceSpec:
     compile_max_bs: int = 0
     compile_cache_dir: str = ""
     cuda_graph_max_bs: int = 0
+    draft_model_path: str | None = None  # speculative decoding's draft model (its own KV pool)
 
 
 # KV memory the CPU device may use when --max-total-tokens is not given.
@@ -185,6 +186,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
         compile_max_bs=compile_max_bs,
         compile_cache_dir=args.compile_cache_dir or str(default_compile_cache_dir()),
         cuda_graph_max_bs=cuda_graph_max_bs,
+        draft_model_path=args.speculative_draft_model,
     )
 
 

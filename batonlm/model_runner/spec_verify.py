@@ -9,11 +9,19 @@ and the request emits the accepted drafts and the token sampled after them. With
 drafts (q one-hot) this is the rejection sampling of speculative decoding — a draft is accepted
 with probability p(draft), a rejected position's token is drawn from p without it — and it
 emits exactly the tokens a plain run emits, greedy or seeded.
+
+With a draft model the drafts are sampled from its distribution q, and `rejection_verify` is
+the standard rejection sampling (accept with min(1, p/q), else draw from max(p - q, 0)): the
+emitted tokens follow the target's distribution exactly, and greedy requests still emit the
+target's greedy tokens.
 """
 
 from __future__ import annotations
 
 import torch
+
+from batonlm.kernels import sampling as ref
+from batonlm.kernels.sampling import DrawBatch
 
 
 def accept_drafts(tokens: torch.Tensor, inputs: torch.Tensor, groups: list[tuple[int, int]]
@@ -31,3 +39,56 @@ def accept_drafts(tokens: torch.Tensor, inputs: torch.Tensor, groups: list[tuple
     accepted = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
     bonus = tokens[idx].gather(1, accepted[:, None])[:, 0]
     return accepted, bonus
+
+
+# Draft models (q not one-hot): the standard rejection sampling. Keys are the request's counter
+# keys (seed, output index) mixed with a salt per use, so every draw is reproducible.
+DRAFT_SALT = 0x2545F491  # the draft model's own samples
+ACCEPT_SALT = 0x68E31DA4  # the acceptance draws
+
+
+def salted(keys: torch.Tensor, salt: int) -> torch.Tensor:
+    return ref.mix32(keys ^ salt)
+
+
+def request_probs(logits: torch.Tensor, draw: DrawBatch | None) -> torch.Tensor:
+    """[R, V] the distribution a plain step samples from: softmax(logits / T) over what top-k,
+    top-p and min-p keep, renormalised; greedy rows one-hot on the argmax."""
+    greedy_ids = logits.argmax(dim=-1)
+    one_hot = torch.zeros_like(logits, dtype=torch.float32).scatter_(1, greedy_ids[:, None], 1.0)
+    if draw is None:
+        return one_hot
+    greedy = draw.temperature <= 0
+    temp = torch.where(greedy, torch.ones_like(draw.temperature), draw.temperature)
+    probs = torch.softmax(logits.float() / temp[:, None], dim=-1)
+    keep = ref.keep_mask_reference(probs, draw.top_k, draw.top_p, draw.min_p)
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.where(greedy[:, None], one_hot, probs)
+
+
+def race(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Sample each row of `probs` with the counter RNG's exponential race (what the sampler
+    does: the same keys give the same token)."""
+    e = -torch.log(ref.counter_uniform(keys, probs.shape[-1]))
+    return torch.where(probs > 0, probs / e, torch.full_like(probs, -1.0)).argmax(dim=-1)
+
+
+def rejection_verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, keys: torch.Tensor
+                     ) -> tuple[int, int | None]:
+    """One request's k drafts d_1..d_k (drawn from q[0..k-1]) against the target's
+    distributions p[0..k] (row j predicts the token after d_j; keys[j] its counter key):
+    d_{j+1} is accepted with probability min(1, p_j(d) / q_j(d)); at the first rejection the
+    token is drawn from max(p_j - q_j, 0) renormalised. Returns (drafts accepted, the token
+    drawn at the rejection; None when all were accepted and the next token is p_k's sample)."""
+    k = drafts.shape[0]
+    u = ref.hash_to_uniform(salted(keys[:k], ACCEPT_SALT))
+    for j in range(k):
+        d = int(drafts[j])
+        if float(u[j]) * float(q[j, d]) < float(p[j, d]):
+            continue
+        residual = (p[j] - q[j]).clamp(min=0.0)
+        if float(residual.sum()) <= 0.0:  # p == q: any draw is p's
+            residual = p[j]
+        return j, int(race((residual / residual.sum())[None], keys[j : j + 1])[0])
+    return k, None

@@ -27,14 +27,15 @@ def take_prompt_logprobs(batch: ScheduleBatch, epochs_ok: list[bool], scored: Sa
         at += n
 
 
-def verified_tokens(batch: ScheduleBatch, accepted: list[int] | None) -> dict[int, list[int]]:
-    """Per verifying row (of `batch`): the drafts the device accepted."""
+def verified_rows(batch: ScheduleBatch, accepted: list[int] | None) -> dict[int, int]:
+    """Per verifying row (of `batch`): the drafts the device accepted. Its launch rows then hold
+    the tokens it emits: the accepted drafts and the token after them."""
     launch = batch.launch
     if launch is None or not launch.verify_groups:
         return {}
     assert accepted is not None
     rows = [i for i, d in enumerate(batch.drafts) if d]  # verifying decode rows, in launch order
-    return {len(batch.extend) + i: batch.drafts[i][:a] for i, a in zip(rows, accepted, strict=True)}
+    return {len(batch.extend) + i: a for i, a in zip(rows, accepted, strict=True)}
 
 
 def emit(req: Request, tokens: list[int]) -> list[int]:

@@ -62,6 +62,7 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
                 ngram_min=args.speculative_ngram_min,
                 ngram_max=args.speculative_ngram_max,
                 disable_batch_size=args.speculative_disable_batch_size,
+                draft_model=args.speculative_algorithm == "draft",
             ),
         ),
     )

@@ -33,7 +33,7 @@ from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
-from batonlm.scheduler.outputs import emit, take_prompt_logprobs, token_output, verified_tokens
+from batonlm.scheduler.outputs import emit, take_prompt_logprobs, token_output, verified_rows
 from batonlm.scheduler.overlap_policy import (
     DISABLE_CONSECUTIVE_PREFILL_ENV,
     env_flag,
@@ -282,7 +282,7 @@ class Scheduler:
         ids, lp = result.token_ids, result.logprobs  # per launch row (batch.launch_rows)
         live = [not r.finished and e == r.epoch for r, e in zip(batch.reqs, batch.epochs)]
         take_prompt_logprobs(batch, live, result.prompt_logprobs)
-        verified = verified_tokens(batch, result.accepted)
+        verified = verified_rows(batch, result.accepted)
         rows = zip(batch.reqs, batch.epochs, batch.produces_output, batch.launch_rows, strict=True)
         for row, (req, epoch, produces, at) in enumerate(rows):
             req.inflight -= 1
@@ -297,10 +297,10 @@ class Scheduler:
             tokens = [ids[at]]
             if row in verified:  # accepted drafts, then the token after them; drop the rest's KV
                 accepted = verified[row]
-                tokens = accepted + [ids[at + len(accepted)]]
+                tokens = ids[at : at + accepted + 1]
                 drafted = len(batch.drafts[row - len(batch.extend)])
-                self.memory.trim(req, req.kv_len - drafted + len(accepted))
-                self.speculator.verified(req, drafted, len(accepted))  # type: ignore[union-attr]
+                self.memory.trim(req, req.kv_len - drafted + accepted)
+                self.speculator.verified(req, drafted, accepted)  # type: ignore[union-attr]
             tokens = emit(req, tokens)
             req.num_outputs_launched = max(req.num_outputs_launched, len(req.output_ids))
             self.generated_tokens += len(tokens)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_PAUSE_STEPS = 16
+DRAFT_ON_DEVICE = -1  # a draft token the draft model writes on the device
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class SpecConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     disable_batch_size: int = 8
+    # Drafts from the draft model on the device (the host sends DRAFT_ON_DEVICE placeholders).
+    draft_model: bool = False
     # What a verification step costs in plain decode steps; None: measured as the loop runs.
     # (0 drafts whenever an n-gram matches: tests use it, the outputs do not depend on it.)
     cost_ratio: float | None = None
@@ -74,7 +77,7 @@ class NgramIndex:
 class SpecState:
     """One request's drafting state."""
 
-    index: NgramIndex
+    index: NgramIndex | None  # None: the draft model drafts
     k: int  # drafts to ask for next
     pause: int = 0  # decode steps left without drafting
     misses: int = 0  # times in a row drafting did not pay (its pause doubles)
@@ -165,7 +168,8 @@ class Speculator:
         st = req.spec
         if st is None:
             cfg = self.config
-            st = req.spec = SpecState(NgramIndex(req.prompt_ids, cfg.ngram_min, cfg.ngram_max), cfg.num_draft_tokens)
+            index = None if cfg.draft_model else NgramIndex(req.prompt_ids, cfg.ngram_min, cfg.ngram_max)
+            st = req.spec = SpecState(index, cfg.num_draft_tokens)
         return st
 
     def _candidate_k(self, req) -> int:
@@ -195,7 +199,12 @@ class Speculator:
             if st is not None and st.pause:
                 st.pause -= 1
             d: list[int] = []
-            if k > 0:
+            if k > 0 and st.index is None:  # the draft model drafts k tokens
+                d = [DRAFT_ON_DEVICE] * k
+                if expected_tokens(st.rate, k) < self.cost_ratio:
+                    self._pause(st)
+                    d = []
+            elif k > 0:
                 if st.synced < len(req.output_ids):
                     st.index.extend(req.output_ids[st.synced :])
                     st.synced = len(req.output_ids)

@@ -166,3 +166,52 @@ def test_constrained_requests_draft_and_keep_to_their_grammar(stories_path):
                 jsonschema.validate(json.loads(tok.decode(spec[rid].token_ids, skip_special_tokens=True)), schema)
     finally:
         h.close()
+
+
+def test_drafts_are_accepted_beside_a_chunked_prefill(cycle_model):
+    """Verify rows behind a prefill chunk (several tokens in one row) still compare each draft
+    with its own row's input: a copying request keeps accepting while another's long prompt is
+    computed 8 tokens per iteration beside it."""
+    path, cycle = cycle_model
+    long_prompt = [1] + (cycle * 7)[:230]
+    jobs = [([1, *cycle, *cycle[:3]], SamplingParams(max_new_tokens=100, temperature=0.0), 0),
+            (long_prompt, SamplingParams(max_new_tokens=2, temperature=0.0), 2)]
+    h = SchedulerHarness(path, chunked_prefill_size=8)
+    try:
+        plain, _ = _run(h, jobs, None, False)
+        spec, stats = _run(h, jobs, ALWAYS, False)
+        _same(plain, spec)
+        # r0 verifies beside r1's ~29 prefill chunks: each step still accepts (nearly) all drafts.
+        assert stats.accepted / stats.steps > 3.0, stats.hist
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("draft", ["same", "random"])
+def test_a_draft_model_keeps_greedy_output_and_seeded_runs_reproducible(stories_path, tiny_models, draft):
+    """--speculative-algorithm draft: the draft model (its own KV pool, synced on every
+    forward) drafts on the device and the target verifies by rejection sampling. Greedy
+    requests emit the plain greedy tokens whatever the draft (the same model: nearly every
+    draft accepted; a random one: nearly none); seeded sampled requests are reproducible, the
+    same in both loops (their distribution: tests/unit/test_spec_rejection.py)."""
+    draft_path = stories_path if draft == "same" else tiny_models["llama"]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(stories_path)
+    prompts = [tok(t).input_ids for t in ("Once upon a time", "Lily and Ben went to the park.", "The cat sat.")]
+    greedy = [(p, SamplingParams(max_new_tokens=60, temperature=0.0), i) for i, p in enumerate(prompts)]
+    sampled = [(p, SamplingParams(max_new_tokens=60, temperature=0.8, seed=9 + i), i) for i, p in enumerate(prompts)]
+    spec = SpecConfig(num_draft_tokens=4, cost_ratio=0.0, draft_model=True)
+    h = SchedulerHarness(stories_path, speculative_algorithm="draft", speculative_draft_model=draft_path)
+    try:
+        plain, _ = _run(h, greedy, None, True)
+        for overlap in (False, True):
+            got, stats = _run(h, greedy, spec, overlap)
+            _same(plain, got)
+            rate = stats.accepted / stats.drafted
+            assert rate > 0.9 if draft == "same" else rate < 0.2, stats.hist
+        a, _ = _run(h, sampled, spec, False)
+        b, _ = _run(h, sampled, spec, True)
+        _same(a, b)
+    finally:
+        h.close()

@@ -117,7 +117,9 @@ def test_server_args_name_a_bad_speculative_setting():
     for kwargs, field in (({"speculative_algorithm": "eagle"}, "speculative_algorithm"),
                           ({"speculative_num_draft_tokens": 0}, "speculative_num_draft_tokens"),
                           ({"speculative_ngram_min": 3, "speculative_ngram_max": 2}, "speculative_ngram_max"),
-                          ({"speculative_disable_batch_size": -1}, "speculative_disable_batch_size")):
+                          ({"speculative_disable_batch_size": -1}, "speculative_disable_batch_size"),
+                          ({"speculative_algorithm": "draft"}, "speculative_draft_model"),
+                          ({"speculative_draft_model": "some/dir"}, "speculative_draft_model")):
         with pytest.raises(ConfigError) as e:
             ServerArgs(**kwargs)
         assert e.value.field == field
