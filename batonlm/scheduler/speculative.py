@@ -158,11 +158,14 @@ class Speculator:
         old = self._seconds[verified]
         self._seconds[verified] = seconds if old is None else (1 - self.EMA) * old + self.EMA * seconds
 
-    @staticmethod
-    def eligible(req) -> bool:
+    def eligible(self, req) -> bool:
         """Penalties and logit bias would depend on the drafts before a position: no drafts.
-        Constrained requests draft; their masks follow the drafts (GrammarQueue.masks)."""
-        return req.grammar is None and not req.params.has_penalties
+        Constrained requests draft n-grams, their masks following the drafts
+        (GrammarQueue.masks); a draft model's drafts are not known on the host when the masks
+        are filled, so constrained requests do not use it."""
+        if req.grammar is not None or req.params.has_penalties:
+            return False
+        return not (self.config.draft_model and req.matcher is not None)
 
     def _state(self, req) -> SpecState:
         st = req.spec

@@ -123,3 +123,14 @@ def test_server_args_name_a_bad_speculative_setting():
         with pytest.raises(ConfigError) as e:
             ServerArgs(**kwargs)
         assert e.value.field == field
+
+
+def test_constrained_requests_draft_ngrams_but_not_from_a_draft_model():
+    r = _req([1, 5, 6, 7, 8, 5, 6], [7])
+    r.matcher = object()  # a compiled grammar's matcher
+    assert Speculator(SpecConfig(cost_ratio=0.0)).plan([r]) == [[8, 5, 6, 7]]
+    r2 = _req([1, 5, 6, 7, 8, 5, 6], [7])
+    r2.matcher = object()
+    assert Speculator(SpecConfig(cost_ratio=0.0, draft_model=True)).plan([r2]) == [[]]
+    free = _req([1, 5], [7])
+    assert Speculator(SpecConfig(num_draft_tokens=2, cost_ratio=0.0, draft_model=True)).plan([free]) == [[-1, -1]]
