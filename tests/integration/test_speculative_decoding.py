@@ -88,11 +88,15 @@ def test_tiny_families_equal_plain_decoding(tiny_models, family):
         h.close()
 
 
-def test_a_repetitive_output_is_accepted_in_runs_and_stops_exactly(cycle_model):
+@pytest.mark.parametrize("algorithm", ["ngram", "draft"])
+def test_a_repetitive_output_is_accepted_in_runs_and_stops_exactly(cycle_model, algorithm):
     """A model whose greedy output cycles through a text: after the first cycle nearly every
-    draft is accepted; a stop token in the middle of an accepted run ends the request there,
-    and max_tokens mid-run cuts it to the exact length."""
+    draft is accepted (n-grams; or the model as its own draft model); a stop token in the middle
+    of an accepted run ends the request there, and max_tokens mid-run cuts it to the exact
+    length. (With a draft model a sampled request is drawn differently from a plain run, the
+    same in both loops.)"""
     path, cycle = cycle_model
+    draft = algorithm == "draft"
     stop = cycle[20]
     jobs = [
         ([1], SamplingParams(max_new_tokens=150, temperature=0.0), 0),
@@ -102,16 +106,22 @@ def test_a_repetitive_output_is_accepted_in_runs_and_stops_exactly(cycle_model):
         ([1] + cycle + cycle[:3], SamplingParams(max_new_tokens=150, temperature=0.0, stop_token_ids=[stop]), 1),
         ([1], SamplingParams(max_new_tokens=150, temperature=0.7, seed=5), 2),
     ]
-    h = SchedulerHarness(path)
+    config = SpecConfig(cost_ratio=0.0, draft_model=True) if draft else ALWAYS
+    h = SchedulerHarness(path, **({"speculative_algorithm": "draft", "speculative_draft_model": path} if draft else {}))
     try:
+        sampled = []
         for overlap in (False, True):
             plain, _ = _run(h, jobs, None, overlap)
-            spec, stats = _run(h, jobs, ALWAYS, overlap)
+            spec, stats = _run(h, jobs, config, overlap)
+            if draft:
+                sampled.append(spec.pop("r3").token_ids)
+                plain.pop("r3")
             _same(plain, spec)
             assert len(spec["r1"].token_ids) == 97 and spec["r1"].finish_reason == "length"
             stopped = spec["r2"].token_ids
             assert stopped == cycle[3:21] and spec["r2"].finish_reason == "stop"
             assert stats.accepted / stats.steps > 3.0, stats.hist  # long accepted runs
+        assert not sampled or sampled[0] == sampled[1]
     finally:
         h.close()
 

@@ -16,12 +16,15 @@ from batonlm.bench.server_process import ServerProcess
 CYCLE_TEXT = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 
-@pytest.fixture(scope="module")
-def spec_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["ngram", "draft"])
+def spec_server(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("cycle_server") / "model"
     cycle = build_byte_cycle_model(path, CYCLE_TEXT)
     copy_tokenizer(path)
-    s = ServerProcess(str(path), "--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "5")
+    algorithm = ["--speculative-algorithm", request.param]
+    if request.param == "draft":  # the model as its own draft: drafts are right
+        algorithm += ["--speculative-draft-model", str(path)]
+    s = ServerProcess(str(path), *algorithm, "--speculative-num-draft-tokens", "5")
     yield s, cycle
     assert s.stop() == 0, s.log()
 
