@@ -193,7 +193,7 @@ class Speculator:
         """Each decode row's drafts for this step (all [] when drafting does not pay). A row's
         input is its newest output; when that is still being computed (the overlap loop), the
         drafts are looked up one token behind (`NgramIndex.draft` with lag 1). Paused requests
-        count a step down; a request whose n-grams find nothing pauses as after a miss."""
+        count a step down; a request whose n-grams find nothing does not draft this step."""
         drafts: list[list[int]] = []
         expected = 0.0
         for req in reqs:
