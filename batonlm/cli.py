@@ -114,6 +114,9 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                       help="shortest n-gram a draft is looked up by")
     spec.add_argument("--speculative-ngram-max", type=int, default=d.speculative_ngram_max,
                       help="longest n-gram a draft is looked up by")
+    spec.add_argument("--speculative-cost-ratio", type=float, default=d.speculative_cost_ratio,
+                      help="what a verification step costs in plain decode steps: drafts go out when they are "
+                           "expected to emit more tokens (default: measured; 0: always draft)")
     spec.add_argument("--speculative-disable-batch-size", type=int, default=d.speculative_disable_batch_size,
                       help="no drafts while more requests than this decode")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)

@@ -124,6 +124,9 @@ class ServerArgs:
     speculative_disable_batch_size: int = 8
     # "draft": the drafts come from this smaller model sharing the tokenizer (its own KV pool).
     speculative_draft_model: str | None = None
+    # What a verification step costs in plain decode steps, the drafting gate's threshold
+    # (None: measured as the loop runs; 0: draft whenever there is a draft).
+    speculative_cost_ratio: float | None = None
     # Debugging
     debug_future_map: bool = False
     log_level: str = "info"
@@ -150,6 +153,10 @@ class ServerArgs:
         _choice("speculative_algorithm", self.speculative_algorithm, SPECULATIVE_ALGORITHMS)
         for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_disable_batch_size"):
             _positive(name, getattr(self, name))
+        if self.speculative_cost_ratio is not None and not (
+            isinstance(self.speculative_cost_ratio, (int, float)) and 0 <= self.speculative_cost_ratio < float("inf")
+        ):
+            raise ConfigError("speculative_cost_ratio", f"must be a number >= 0, got {self.speculative_cost_ratio!r}")
         if (self.speculative_algorithm == "draft") != (self.speculative_draft_model is not None):
             raise ConfigError("speculative_draft_model", "give a draft model with --speculative-algorithm draft, "
                               "and only then")

@@ -63,6 +63,7 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
                 ngram_max=args.speculative_ngram_max,
                 disable_batch_size=args.speculative_disable_batch_size,
                 draft_model=args.speculative_algorithm == "draft",
+                cost_ratio=args.speculative_cost_ratio,
             ),
         ),
     )

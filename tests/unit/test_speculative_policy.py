@@ -119,7 +119,8 @@ def test_server_args_name_a_bad_speculative_setting():
                           ({"speculative_ngram_min": 3, "speculative_ngram_max": 2}, "speculative_ngram_max"),
                           ({"speculative_disable_batch_size": -1}, "speculative_disable_batch_size"),
                           ({"speculative_algorithm": "draft"}, "speculative_draft_model"),
-                          ({"speculative_draft_model": "some/dir"}, "speculative_draft_model")):
+                          ({"speculative_draft_model": "some/dir"}, "speculative_draft_model"),
+                          ({"speculative_cost_ratio": -1.0}, "speculative_cost_ratio")):
         with pytest.raises(ConfigError) as e:
             ServerArgs(**kwargs)
         assert e.value.field == field
