@@ -77,18 +77,20 @@ class ModelRunner:
         if self.decode_graphs is not None and self.decode_graphs.fits(batch):
             self.graph_steps += 1
             return self.decode_graphs.run(batch)
-        self.attn.prepare(batch)
-        hidden = self.model(batch.input_ids, batch, self.attn)
-        return self.model.logits(hidden[batch.last_token_index])
+        return self.model.logits(self._hidden(batch)[batch.last_token_index])
 
     @torch.inference_mode()
     def forward_keeping(self, batch: ForwardBatch, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward`, also returning the hidden states of the flat token indices `keep` (always
         eager: the graph-backed steps keep only the last token's)."""
         self._write_table(batch)
-        self.attn.prepare(batch)
-        hidden = self.model(batch.input_ids, batch, self.attn)
+        hidden = self._hidden(batch)
         return self.model.logits(hidden[batch.last_token_index]), hidden[keep]
+
+    def _hidden(self, batch: ForwardBatch) -> torch.Tensor:
+        """The eager model's final hidden states of every token of the batch."""
+        self.attn.prepare(batch)
+        return self.model(batch.input_ids, batch, self.attn)
 
     @torch.inference_mode()
     def score_prompt(

@@ -92,16 +92,14 @@ class GrammarQueue:
         for row, row_drafts in zip(rows, drafts):
             matcher, at = batch.reqs[row].matcher, batch.launch_rows[row]
             matcher.fill_mask(bitmask, i)
-            taken, valid = 0, True
+            taken = 0  # drafts the matcher accepted, all of them so far
             for j, tok in enumerate(row_drafts, 1):
-                valid = valid and matcher.accept(tok) and not matcher.terminated
-                taken += valid
-                if valid:
+                if taken == j - 1 and not matcher.terminated and matcher.accept(tok):
+                    taken += 1
+                if taken == j and not matcher.terminated:
                     matcher.fill_mask(bitmask, i + j)
                 else:
                     bitmask[i + j] = bitmask[i + j - 1]
-            if matcher.terminated:  # the last draft completed it (and counts as taken)
-                taken += 1
             if taken:
                 matcher.rollback(taken)
             mask_rows.extend(range(at, at + 1 + len(row_drafts)))

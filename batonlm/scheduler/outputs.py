@@ -11,15 +11,15 @@ from batonlm.scheduler.grammar_queue import GrammarQueue
 from batonlm.scheduler.request import Request
 
 
-def take_prompt_logprobs(batch: ScheduleBatch, epochs_ok: list[bool], scored: SampledLogprobs | None) -> None:
+def take_prompt_logprobs(batch: ScheduleBatch, scored: SampledLogprobs | None) -> None:
     """Append each extend row's share of the launch's prompt logprobs to its request (rows in
     order; a row voided since the launch, by an abort or a retraction, drops its share)."""
     if scored is None:
         return
     at = 0
-    for row, n, ok in zip(batch.extend, batch.prompt_logprob_counts, epochs_ok):
-        if n and ok:
-            req = row.req
+    for row, n, epoch in zip(batch.extend, batch.prompt_logprob_counts, batch.epochs):
+        req = row.req
+        if n and not req.finished and epoch == req.epoch:
             k = req.params.prompt_logprobs or 0
             req.prompt_lp += scored.chosen[at : at + n]
             req.prompt_top += [list(zip(ids[:k], lps[:k], strict=True))

@@ -280,8 +280,7 @@ class Scheduler:
         result = pending.wait()
         t1 = time.perf_counter()
         ids, lp = result.token_ids, result.logprobs  # per launch row (batch.launch_rows)
-        live = [not r.finished and e == r.epoch for r, e in zip(batch.reqs, batch.epochs)]
-        take_prompt_logprobs(batch, live, result.prompt_logprobs)
+        take_prompt_logprobs(batch, result.prompt_logprobs)
         verified = verified_rows(batch, result.accepted)
         rows = zip(batch.reqs, batch.epochs, batch.produces_output, batch.launch_rows, strict=True)
         for row, (req, epoch, produces, at) in enumerate(rows):

@@ -201,26 +201,26 @@ class Speculator:
             st = req.spec
             if st is not None and st.pause:
                 st.pause -= 1
-            d: list[int] = []
-            if k > 0 and st.index is None:  # the draft model drafts k tokens
-                d = [DRAFT_ON_DEVICE] * k
-                if expected_tokens(st.rate, k) < self.cost_ratio:
-                    self._pause(st)
-                    d = []
-            elif k > 0:
-                if st.synced < len(req.output_ids):
-                    st.index.extend(req.output_ids[st.synced :])
-                    st.synced = len(req.output_ids)
-                # Outputs launched but not processed yet: at most the one being computed.
-                d = st.index.draft(k, lag=req.num_outputs_launched - 1 - len(req.output_ids))
-                if d and expected_tokens(st.rate, len(d)) < self.cost_ratio:
-                    self._pause(st)  # not worth it for this request now: try again later
-                    d = []
+            d = self._lookup(req, st, k) if k > 0 else []
+            if d and expected_tokens(st.rate, len(d)) < self.cost_ratio:
+                self._pause(st)  # not worth it for this request now: try again later
+                d = []
             drafts.append(d)
             expected += expected_tokens(st.rate, len(d)) if d else 1.0
         if not self._pays(expected, len(reqs)):
             return [[] for _ in reqs]
         return drafts
+
+    @staticmethod
+    def _lookup(req, st: SpecState, k: int) -> list[int]:
+        """Up to k drafts: placeholders the draft model fills on the device, or n-gram ones."""
+        if st.index is None:
+            return [DRAFT_ON_DEVICE] * k
+        if st.synced < len(req.output_ids):
+            st.index.extend(req.output_ids[st.synced :])
+            st.synced = len(req.output_ids)
+        # Outputs launched but not processed yet: at most the one being computed.
+        return st.index.draft(k, lag=req.num_outputs_launched - 1 - len(req.output_ids))
 
     def verified(self, req, drafted: int, accepted: int) -> None:
         """Adapt `req`'s acceptance rate, draft length and pause to a verification's outcome."""

@@ -121,7 +121,10 @@ async def generate(request: Request):
     rid = req.rid or common.request_id("gen")
     jobs = [(ids, params)]
 
+    # The logprob lists meta_info carries (with top alternatives when k > 0): output ones when
+    # asked; input ones when asked, and with return_logprob always (empty for logprob_start_len -1).
     k_out = params.logprobs
+    k_in = params.prompt_logprobs if params.prompt_logprobs is not None or not req.return_logprob else k_out
 
     def meta(finish: str | None, completion_tokens: int, cached_tokens: int | None, output_lp=None,
              prompt_lp=None, spec=None) -> dict:
@@ -130,9 +133,7 @@ async def generate(request: Request):
         if spec is not None:  # speculative decoding: SGLang's names
             out["spec_verify_ct"], out["spec_accepted_drafts"] = spec
             out["spec_accept_length"] = (spec[0] + spec[1]) / spec[0]
-        # With return_logprob the input lists are there even when empty (logprob_start_len -1).
-        k_in = params.prompt_logprobs if params.prompt_logprobs is not None or not req.return_logprob else k_out
-        for name, items, k in (("input", prompt_lp, k_in), ("output", output_lp, params.logprobs)):
+        for name, items, k in (("input", prompt_lp, k_in), ("output", output_lp, k_out)):
             if k is not None:
                 tokens, tops = logprobs.generate_logprobs(state, items or [], req.return_text_in_logprobs)
                 out[f"{name}_token_logprobs"] = tokens
