@@ -86,7 +86,7 @@ class BatchExecutor:
     def _draft(self, launch: BatchLaunch, batch: ForwardBatch) -> torch.Tensor:
         """Each verify group's drafts, one draft-model decode step per draft position (the
         row at p + s feeds the token it has and samples the one after, into the next row's
-        input). Returns q [N, V]: at each draft's row, the distribution it was drawn from."""
+        input). Returns q [rows, V]: at each draft's row, the distribution it was drawn from."""
         groups = launch.verify_groups
         q_all = torch.zeros(batch.batch_size, self.draft.cfg.vocab_size, device=self.device)
         table = self.runner.sampling_table
@@ -153,7 +153,7 @@ class BatchExecutor:
         table = self.runner.sampling_table
         draw = table.gather(batch.req_slots, batch.seq_lens, launch.all_greedy, False).draw
         p_all = spec_verify.request_probs(logits, draw)
-        keys = draw.keys if draw is not None else torch.zeros(batch.num_tokens, dtype=torch.int64, device=self.device)
+        keys = draw.keys if draw is not None else torch.zeros(batch.batch_size, dtype=torch.int64, device=self.device)
         tokens = out.token_ids.clone()
         inputs = batch.input_ids[batch.last_token_index]  # per row
         accepted, bonus = [], []
