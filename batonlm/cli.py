@@ -119,6 +119,18 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                            "expected to emit more tokens (default: measured; 0: always draft)")
     spec.add_argument("--speculative-disable-batch-size", type=int, default=d.speculative_disable_batch_size,
                       help="no drafts while more requests than this decode")
+    dist = p.add_argument_group("tensor parallelism", "the model split over processes and nodes (docs/distributed.md)")
+    dist.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=d.tp_size,
+                      help="tensor-parallel ranks (one process each; on GPUs one GPU each)")
+    dist.add_argument("--nnodes", type=int, default=d.nnodes, help="nodes the ranks run on")
+    dist.add_argument("--node-rank", type=int, default=d.node_rank,
+                      help="this node (0 serves HTTP; the others only run ranks)")
+    dist.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT",
+                      help="where the ranks meet: node 0's address and a free port (default, one node: a free local port)")
+    dist.add_argument("--dist-timeout", type=float, default=d.dist_timeout,
+                      help="seconds a rank may be silent before the whole group stops")
+    dist.add_argument("--debug-tp-check-every", type=int, default=d.debug_tp_check_every, metavar="N",
+                      help="every N launches compare what the ranks computed; stop on a difference (0: off)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
 
 

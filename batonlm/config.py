@@ -127,6 +127,19 @@ class ServerArgs:
     # What a verification step costs in plain decode steps, the drafting gate's threshold
     # (None: measured as the loop runs; 0: draft whenever there is a draft).
     speculative_cost_ratio: float | None = None
+    # Tensor parallelism (docs/distributed.md): the model split over `tp_size` ranks (processes;
+    # on a GPU node one per GPU), over `nnodes` nodes. Node 0 serves HTTP and runs the scheduler
+    # and ranks 0..tp/nnodes-1; node k runs the next tp/nnodes ranks only. The ranks rendezvous
+    # at `dist_init_addr` (host:port on node 0; a free local port when one node). A rank silent
+    # for `dist_timeout` seconds ends the whole group, non-zero.
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    dist_timeout: float = 120.0
+    # Every this many launches the ranks all-gather a hash of what they computed (batch, lengths,
+    # sampled ids) and stop with an error on any difference (0: off).
+    debug_tp_check_every: int = 0
     # Debugging
     debug_future_map: bool = False
     log_level: str = "info"
@@ -188,12 +201,38 @@ class ServerArgs:
             _positive("cpu_worker_threads", self.cpu_worker_threads)
         if self.cuda_graph_max_bs is not None:
             _positive("cuda_graph_max_bs", self.cuda_graph_max_bs)
+        self._check_distributed()
         if not 0 < self.port < 65536:
             raise ConfigError("port", f"must be in 1..65535, got {self.port}")
         if not 0 < self.mem_fraction_static < 1:
             raise ConfigError("mem_fraction_static", f"must be in (0, 1), got {self.mem_fraction_static}")
         if self.extra:
             raise ConfigError(next(iter(self.extra)), "unknown server argument")
+
+    def _check_distributed(self) -> None:
+        _positive("tp_size", self.tp_size)
+        _positive("nnodes", self.nnodes)
+        if not (isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes):
+            raise ConfigError("node_rank", f"must be in 0..{self.nnodes - 1} (nnodes {self.nnodes}), got {self.node_rank!r}")
+        if self.tp_size % self.nnodes:
+            raise ConfigError("nnodes", f"the tensor parallel size ({self.tp_size}) must be a multiple of the node "
+                              f"count ({self.nnodes}): every node runs the same number of ranks")
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise ConfigError("dist_init_addr", "give node 0's host:port (every node the same) when nnodes > 1")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError("dist_init_addr", f"must be host:port, got {self.dist_init_addr!r}")
+        if not (isinstance(self.dist_timeout, (int, float)) and 0 < self.dist_timeout < float("inf")):
+            raise ConfigError("dist_timeout", f"must be a positive number of seconds, got {self.dist_timeout!r}")
+        if not (isinstance(self.debug_tp_check_every, int) and self.debug_tp_check_every >= 0):
+            raise ConfigError("debug_tp_check_every", f"must be a launch count >= 0, got {self.debug_tp_check_every!r}")
+
+    @property
+    def local_tp_ranks(self) -> range:
+        """The tensor-parallel ranks this node runs."""
+        per_node = self.tp_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

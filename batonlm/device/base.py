@@ -62,5 +62,9 @@ class DeviceStream(ABC):
     def launch_sampling(self, sample: SampleLaunch) -> None:
         """Sample a batch launched with `sample=False`; its pending result then completes."""
 
+    def check_health(self) -> None:
+        """Raise DeviceError when the device is gone (a worker or rank process exited); the
+        scheduler calls it while idle, when no result wait would notice."""
+
     @abstractmethod
     def close(self) -> None: ...

@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import time
-import traceback
+import sys
 from multiprocessing.connection import Connection
 
 from batonlm import spawn
@@ -51,28 +50,63 @@ class _WorkerPending(PendingResult):
 
 
 class CpuWorkerDevice(DeviceStream):
+    """The device as worker processes: one on the CPU; with tensor parallelism one per rank of
+    this node (on the CPU or one GPU each), rank 0 talking to the scheduler and relaying every
+    message to the others (`batonlm/device/tp_ranks.py`)."""
+
     def __init__(self, spec: DeviceSpec) -> None:
         self.spec = spec
         ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=worker_main, args=(child, spec), name="batonlm-device", daemon=False)
-        spawn.start(self._proc)
-        child.close()
         self._results: dict[int, BatchResult] = {}
         self._closed = False
         # Total seconds the worker spent computing batches (forward + sampling).
         self.compute_s = 0.0
-        while True:  # progress lines (compiling the decode step), then ready or failed
+        self._procs: dict[int, mp.process.BaseProcess] = {}
+        self._startup: dict[int, Connection] = {}  # the other local ranks: their start-up reports
+        for rank in spec.local_ranks:
+            parent, child = ctx.Pipe(duplex=True)
+            name = "batonlm-device" if spec.tp_size == 1 else f"batonlm-tp{rank}"
+            self._procs[rank] = ctx.Process(target=worker_main, args=(child, spec, rank), name=name, daemon=False)
+            spawn.start(self._procs[rank])
+            child.close()
+            if rank == 0:
+                self._conn = parent
+            else:
+                self._startup[rank] = parent
+        self._proc = self._procs[0]
+        try:
+            self._wait_ready()
+        except DeviceError:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        """Progress lines (compiling the decode step), then every local rank ready or failed."""
+        while True:
             if not self._conn.poll(WORKER_START_TIMEOUT_S):
-                self.close()
                 raise DeviceError(f"CPU device worker was silent for {WORKER_START_TIMEOUT_S:.0f} s while starting")
             msg = self._recv()
             if not isinstance(msg, WorkerProgress):
                 break
             logger.info("%s", msg.message)
         if not isinstance(msg, WorkerReady):
-            self.close()
-            raise DeviceError(f"CPU device worker failed to start: {getattr(msg, 'message', msg)}")
+            raise DeviceError(f"the device worker failed to start: {getattr(msg, 'message', msg)}")
+        for rank, conn in self._startup.items():
+            try:
+                msg = codec.decode(conn.recv_bytes()) if conn.poll(WORKER_START_TIMEOUT_S) else None
+            except (EOFError, OSError):
+                msg = None
+            if not isinstance(msg, WorkerReady):
+                detail = getattr(msg, "message", f"exit code {self._procs[rank].exitcode}")
+                raise DeviceError(f"tensor-parallel rank {rank} failed to start: {detail}")
+            conn.close()
+
+    def check_health(self) -> None:
+        """Raise DeviceError if a rank process of this node has exited."""
+        for rank, proc in self._procs.items():
+            if not proc.is_alive():
+                what = "the CPU device worker" if self.spec.tp_size == 1 else f"tensor-parallel rank {rank}"
+                raise DeviceError(f"{what} exited (exit code {proc.exitcode})")
 
     @property
     def pid(self) -> int | None:
@@ -86,6 +120,10 @@ class CpuWorkerDevice(DeviceStream):
 
     def _recv(self) -> object:
         try:
+            # Rank 0 reports its own failures and those of ranks on other nodes; a rank of this
+            # node that dies while rank 0 waits on it shows here first.
+            while self._procs[0].is_alive() and not self._conn.poll(0.2):
+                self.check_health()
             return codec.decode(self._conn.recv_bytes())
         except (EOFError, OSError) as e:
             self._proc.join(timeout=1.0)
@@ -119,10 +157,11 @@ class CpuWorkerDevice(DeviceStream):
             self._conn.send_bytes(codec.encode(WorkerShutdown()))
         except (BrokenPipeError, OSError):
             pass
-        self._proc.join(timeout=5.0)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(timeout=5.0)
+        for proc in self._procs.values():  # rank 0 relays the shutdown to the others
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
         self._conn.close()
 
 
@@ -142,8 +181,8 @@ def _keep_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, 1 << 30)
 
 
-def worker_main(conn: Connection, spec: DeviceSpec) -> None:
-    """Entry point of the device worker process."""
+def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
+    """Entry point of a device worker process (tensor-parallel `rank`)."""
     import signal
 
     import torch
@@ -156,37 +195,24 @@ def worker_main(conn: Connection, spec: DeviceSpec) -> None:
     torch.set_num_threads(spec.cpu_threads)
     logging.basicConfig(level=os.environ.get("BATONLM_WORKER_LOG_LEVEL", "WARNING"))
     from batonlm.device.factory import build_executor
+    from batonlm.device.tp_ranks import follow, join_group, serve_root
 
+    tp = relay = None
     try:
-        executor = build_executor(spec, lambda m: conn.send_bytes(codec.encode(WorkerProgress(m))))
+        if spec.tp_size > 1:
+            tp, relay, spec = join_group(spec, rank)
+        progress = (lambda m: conn.send_bytes(codec.encode(WorkerProgress(m)))) if rank == 0 else None
+        executor = build_executor(spec, progress, tp)
     except Exception as e:  # report, then exit: the scheduler turns this into a start-up error
+        logger.debug("device worker start-up failed", exc_info=True)
         conn.send_bytes(codec.encode(WorkerFailed(-1, f"{type(e).__name__}: {e}")))
-        return
+        sys.exit(1)
     conn.send_bytes(codec.encode(WorkerReady()))
-    while True:
-        try:
-            msg = codec.decode(conn.recv_bytes())
-        except (EOFError, OSError):
-            return  # the scheduler is gone
-        if isinstance(msg, WorkerShutdown):
-            return
-        batch_id = msg.batch_id  # type: ignore[union-attr]
-        t0 = time.perf_counter()
-        try:
-            if isinstance(msg, BatchLaunch):
-                out = executor.run(msg)
-            elif isinstance(msg, SampleLaunch):
-                out = executor.sample_delayed(msg)
-            else:
-                raise TypeError(f"unexpected message {type(msg).__name__}")
-        except Exception as e:
-            # The traceback goes to this process's log; the scheduler gets one line.
-            logger.error("batch %s failed on the CPU device:\n%s", batch_id, traceback.format_exc())
-            conn.send_bytes(codec.encode(WorkerFailed(batch_id, f"{type(e).__name__}: {e}")))
-            return
-        if out is not None:
-            res = host_result(out)
-            conn.send_bytes(codec.encode(
-                BatchSampled(batch_id, res.token_ids, time.perf_counter() - t0, res.logprobs, res.prompt_logprobs,
-                             res.accepted)
-            ))
+    if rank == 0:
+        ok = serve_root(conn, executor, relay, spec)
+    else:
+        conn.close()
+        ok = follow(executor, relay, spec)
+    if tp is not None:
+        tp.destroy()
+    sys.exit(0 if ok else 1)

@@ -8,6 +8,7 @@ from batonlm.device.base import DeviceStream
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.future_map import FutureMap
 from batonlm.device.spec import DeviceSpec
+from batonlm.distributed.group import TPGroup
 from batonlm.model_runner.decode_graphs import Progress
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import DTYPES
@@ -16,15 +17,17 @@ from batonlm.model_runner.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
-def build_executor(spec: DeviceSpec, progress: Progress | None = None) -> BatchExecutor:
-    """The model runner and FutureMap that execute launches, wherever the device is; the
-    decode step compiled (CPU) or captured (CUDA) as the spec says, with `progress` told of
-    each step of that (it takes a while)."""
+def build_executor(spec: DeviceSpec, progress: Progress | None = None, tp: TPGroup | None = None) -> BatchExecutor:
+    """The model runner and FutureMap that execute launches, wherever the device is (with
+    `tp`, this rank's part of the model); the decode step compiled (CPU) or captured (CUDA) as
+    the spec says, with `progress` told of each step of that (it takes a while)."""
     cfg = ModelConfig.from_hf(spec.model_path)
+    device = spec.rank_device(tp.rank if tp is not None else 0)
     runner = ModelRunner(
         cfg,
         dtype=DTYPES[spec.dtype],
-        device=spec.device,
+        device=device,
+        tp=tp,
         kv_capacity=spec.kv_capacity,
         num_req_slots=spec.num_req_slots,
         context_length=spec.context_length,
@@ -36,7 +39,7 @@ def build_executor(spec: DeviceSpec, progress: Progress | None = None) -> BatchE
         from batonlm.model_runner.compiled_decode import CompiledDecode
 
         runner.use_decode_graphs(CompiledDecode(
-            runner.model, runner.kv_pool, runner.req_to_token, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            runner.model, runner.kv_pool, runner.req_to_token, runner.num_heads, runner.num_kv_heads, cfg.head_dim,
             cfg.sliding_windows, max_bs=spec.compile_max_bs, max_context=spec.context_length,
             cache_dir=spec.compile_cache_dir,
         ), progress)
@@ -50,8 +53,9 @@ def build_executor(spec: DeviceSpec, progress: Progress | None = None) -> BatchE
         if draft_cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the model's "
                              f"({cfg.vocab_size}): they must share the tokenizer")
-        # Its own KV pool with the same slot numbering: the scheduler's slots serve both.
-        draft = ModelRunner(draft_cfg, dtype=DTYPES[spec.dtype], device=spec.device, kv_capacity=spec.kv_capacity,
+        # Its own KV pool with the same slot numbering: the scheduler's slots serve both. Not
+        # split under tensor parallelism: every rank runs the whole (small) draft model.
+        draft = ModelRunner(draft_cfg, dtype=DTYPES[spec.dtype], device=device, kv_capacity=spec.kv_capacity,
                             num_req_slots=spec.num_req_slots, context_length=spec.context_length,
                             attention_backend=spec.attention_backend, sampler=spec.sampler)
     return BatchExecutor(runner, FutureMap(spec.num_req_slots, runner.device, debug=spec.debug_future_map), draft)
@@ -60,6 +64,10 @@ def build_executor(spec: DeviceSpec, progress: Progress | None = None) -> BatchE
 def create_device(spec: DeviceSpec) -> DeviceStream:
     """The device that runs launches: a CUDA stream, a CPU worker process, or (debugging) the
     caller's own process."""
+    if spec.tp_size > 1:  # a worker process per rank, on the CPU or a GPU each
+        from batonlm.device.cpu_worker import CpuWorkerDevice
+
+        return CpuWorkerDevice(spec)
     if spec.device.startswith("cuda"):
         from batonlm.device.cuda_stream import CudaDevice
 

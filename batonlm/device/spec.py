@@ -39,6 +39,19 @@ class DeviceSpec:
     compile_cache_dir: str = ""
     cuda_graph_max_bs: int = 0
     draft_model_path: str | None = None  # speculative decoding's draft model (its own KV pool)
+    # Tensor parallelism (batonlm/distributed/): `tp_size` rank processes meeting at
+    # `dist_init_addr`; this node runs `local_ranks`.
+    tp_size: int = 1
+    local_ranks: tuple[int, ...] = (0,)
+    dist_init_addr: str = ""
+    dist_timeout_s: float = 120.0
+    debug_tp_check_every: int = 0
+
+    def rank_device(self, rank: int) -> str:
+        """The device a tensor-parallel rank computes on: its node's GPU of the same local index."""
+        if self.tp_size == 1 or not self.device.startswith("cuda"):
+            return self.device
+        return f"cuda:{rank - self.local_ranks[0]}"
 
 
 # KV memory the CPU device may use when --max-total-tokens is not given.
@@ -170,6 +183,16 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
     sampler = args.sampler if args.sampler != "auto" else default_sampler(device)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
     compile_max_bs, cuda_graph_max_bs = decode_step(args, device, cfg, attention)
+    if args.tp_size > 1:
+        from batonlm.distributed.layout import check_split
+
+        check_split(args.tp_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+        if compile_max_bs and args.compile == "on":
+            raise DeviceConfigError("--compile on does not apply with --tp > 1: the CPU decode step of a "
+                                    "tensor-parallel rank runs eagerly (its all-reduces are not compiled)")
+        compile_max_bs = 0
+    local = tuple(args.local_tp_ranks)
+    threads = args.cpu_worker_threads or max(1, cpu_worker_threads(cfg) // len(local))
     return DeviceSpec(
         model_path=cfg.path,
         dtype=dtype_name,
@@ -181,13 +204,27 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
         attention_backend=attention,
         sampler=sampler,
         debug_future_map=args.debug_future_map,
-        cpu_threads=args.cpu_worker_threads or cpu_worker_threads(cfg),
+        cpu_threads=threads,
         cpu_worker=args.cpu_device_worker,
         compile_max_bs=compile_max_bs,
         compile_cache_dir=args.compile_cache_dir or str(default_compile_cache_dir()),
         cuda_graph_max_bs=cuda_graph_max_bs,
         draft_model_path=args.speculative_draft_model,
+        tp_size=args.tp_size,
+        local_ranks=local,
+        dist_init_addr=args.dist_init_addr or (f"127.0.0.1:{free_port()}" if args.tp_size > 1 else ""),
+        dist_timeout_s=float(args.dist_timeout),
+        debug_tp_check_every=args.debug_tp_check_every,
     )
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the ranks' rendezvous, one node)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def default_compile_cache_dir() -> Path:

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batonlm.distributed.group import TPGroup
 from batonlm.model_runner.model_config import RopeConfig
+from batonlm.model_runner.parallel_layers import RowParallelLinear
 
 
 class RMSNorm(nn.Module):
@@ -81,12 +83,13 @@ def activation(name: str):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)) with gate and up fused into one matmul."""
+    """down(act(gate(x)) * up(x)) with gate and up fused into one matmul. Under tensor
+    parallelism `intermediate` is this rank's share and down_proj sums over the ranks."""
 
-    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False) -> None:
+    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias, tp or TPGroup.single())
         self.intermediate = intermediate
         self.act = activation(act)
 

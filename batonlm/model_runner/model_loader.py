@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from batonlm.distributed.group import TPGroup
+from batonlm.distributed.layout import TPLayout
 from batonlm.model_runner.layers import RotaryEmbedding
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.decoder import DecoderLM
-from batonlm.model_runner.weight_loader import load_weights
+from batonlm.model_runner.weight_loader import LoadStats, load_weights
 from batonlm.registries import MODEL_ARCHITECTURES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,12 +26,24 @@ def resolve_dtype(name: str, cfg: ModelConfig, device: str) -> torch.dtype:
     return DTYPES.get(cfg.torch_dtype, torch.bfloat16) if cfg.torch_dtype != "float32" else torch.bfloat16
 
 
-def load_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> DecoderLM:
+def tp_layout(cfg: ModelConfig, rank: int, size: int) -> TPLayout:
+    """Rank's share of the model among `size` tensor-parallel ranks (TPConfigError if impossible)."""
+    return TPLayout(rank, size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+
+
+def load_model(
+    cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None,
+    shard: TPLayout | None = None,
+) -> tuple[DecoderLM, LoadStats]:
+    """The model (this rank's part of it: `shard`, by default the group's rank's) and what
+    loading it read."""
     opts = MODEL_ARCHITECTURES[cfg.architecture](cfg.raw)
+    tp = tp or TPGroup.single()
+    shard = shard or tp_layout(cfg, tp.rank, tp.size)
     # Built on the meta device so no memory is touched until the checkpoint fills it.
     with torch.device("meta"):
-        model = DecoderLM(cfg, opts)
+        model = DecoderLM(cfg, opts, shard, tp)
     model = model.to(dtype).to_empty(device=device)
     model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings).to(device)
-    load_weights(model, cfg.path, dtype)
-    return model.eval()
+    stats = load_weights(model, cfg.path, dtype)
+    return model.eval(), stats

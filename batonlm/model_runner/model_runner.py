@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from batonlm.distributed.group import TPGroup
 from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
@@ -37,15 +38,19 @@ class ModelRunner:
         context_length: int,
         attention_backend: str,
         sampler: str,
+        tp: TPGroup | None = None,
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
-        self.model = load_model(cfg, dtype, self.device)
-        self.kv_pool = KVPool(kv_capacity + 1, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, self.device)
+        self.tp = tp or TPGroup.single()
+        self.model, self.load_stats = load_model(cfg, dtype, self.device, self.tp)
+        # This rank's heads (all of them without tensor parallelism).
+        self.num_heads, self.num_kv_heads = self.model.shard.heads, self.model.shard.kv_heads
+        self.kv_pool = KVPool(kv_capacity + 1, cfg.num_layers, self.num_kv_heads, cfg.head_dim, dtype, self.device)
         self.req_to_token = ReqToTokenPool(num_req_slots, context_length, self.device)
         self.attn = ATTENTION_BACKENDS[attention_backend](
-            self.kv_pool, self.req_to_token, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows
+            self.kv_pool, self.req_to_token, self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.sliding_windows
         )
         self.sampler = SAMPLERS[sampler]()
         self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)

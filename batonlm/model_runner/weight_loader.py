@@ -1,9 +1,16 @@
-"""Strict safetensors loading: every parameter filled, every tensor used, every shape checked."""
+"""Strict safetensors loading: every parameter filled, every tensor used, every shape checked.
+
+Under tensor parallelism each rank reads only its part of each tensor (safetensors slices:
+rows of column-parallel weights, columns of row-parallel ones, rows of the vocabulary), so a
+rank's bytes read are about its share of the checkpoint (`LoadStats`).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,26 +55,75 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     )
 
 
-def _targets(model: DecoderLM) -> dict[str, tuple[torch.Tensor, int, int]]:
-    """Checkpoint tensor name -> (destination parameter, row offset, row count)."""
-    params = dict(model.named_parameters())
-    out: dict[str, tuple[torch.Tensor, int, int]] = {}
-    for name, p in params.items():
+@dataclass(frozen=True)
+class _Target:
+    """Where one checkpoint tensor goes: its elements [start, start + count) along `dim` (0:
+    rows, 1: columns; `full` of them in the checkpoint) fill rows [offset, offset + count) of
+    `param` (dim 0) or the whole of it (dim 1)."""
+
+    param: torch.Tensor
+    offset: int
+    count: int
+    dim: int = 0
+    start: int = 0
+    full: int | None = None  # the checkpoint's size along `dim` (None: count)
+
+    def expected_shape(self) -> tuple[int, ...]:
+        shape = list(self.param.shape)
+        shape[self.dim] = self.full if self.full is not None else self.count
+        return tuple(shape)
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    bytes_read: int  # what this rank read from the checkpoint
+    checkpoint_bytes: int  # the checkpoint's tensors, all of them
+
+
+def _targets(model: DecoderLM) -> dict[str, _Target]:
+    """Checkpoint tensor name -> where this rank's part of it goes."""
+    shard, cfg = model.shard, model.config
+    q_start, _ = shard.q_rows()
+    kv_start, _ = shard.kv_rows()
+    mlp_start, _ = shard.mlp_rows()
+    vocab_start, vocab_count = shard.vocab_rows_in_checkpoint()
+    q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    starts = {"q_proj": (q_start, q_full), "k_proj": (kv_start, kv_full), "v_proj": (kv_start, kv_full),
+              "gate_proj": (mlp_start, cfg.intermediate_size), "up_proj": (mlp_start, cfg.intermediate_size)}
+    out: dict[str, _Target] = {}
+    for name, p in model.named_parameters():
         fused = next((f for f, _, _ in model.stacked_params if f"{f}." in name), None)
-        if fused is None:
-            out[name] = (p, 0, p.shape[0])
-            continue
-        sizes = model.shard_sizes(fused)
-        for f, src, shard in model.stacked_params:
-            if f != fused:
-                continue
-            offset = sum(sizes[:shard])
-            out[name.replace(f"{fused}.", f"{src}.")] = (p, offset, sizes[shard])
+        if fused is not None:
+            sizes = model.shard_sizes(fused)
+            for f, src, index in model.stacked_params:
+                if f == fused:
+                    start, full = starts[src]
+                    out[name.replace(f"{fused}.", f"{src}.")] = _Target(
+                        p, sum(sizes[:index]), sizes[index], 0, start, full
+                    )
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):  # row-parallel: its columns
+            start, full = (q_start, q_full) if "o_proj" in name else (mlp_start, cfg.intermediate_size)
+            out[name] = _Target(p, 0, p.shape[1], 1, start, full)
+        elif name.endswith(("embed_tokens.weight", "lm_head.weight")):  # its vocabulary rows
+            out[name] = _Target(p, 0, vocab_count, 0, vocab_start, cfg.vocab_size)
+            with torch.no_grad():
+                p[vocab_count:].zero_()  # the padding rows past the vocabulary
+        else:
+            out[name] = _Target(p, 0, p.shape[0])
     return out
 
 
-def load_weights(model: DecoderLM, model_dir: str | Path, dtype: torch.dtype) -> None:
-    """Fill every parameter of `model` from the directory's safetensors, strictly."""
+def _read(sf, name: str, t: _Target) -> torch.Tensor:
+    """This rank's part of a checkpoint tensor, read alone (not the whole tensor)."""
+    if t.full is None or (t.start == 0 and t.count == t.full):
+        return sf.get_tensor(name)
+    part = sf.get_slice(name)
+    return part[t.start : t.start + t.count] if t.dim == 0 else part[:, t.start : t.start + t.count]
+
+
+def load_weights(model: DecoderLM, model_dir: str | Path, dtype: torch.dtype) -> LoadStats:
+    """Fill every parameter of `model` (this rank's part of it) from the directory's
+    safetensors, strictly."""
     files = checkpoint_files(model_dir)
     targets = _targets(model)
     tied = model.lm_head is None
@@ -75,6 +131,7 @@ def load_weights(model: DecoderLM, model_dir: str | Path, dtype: torch.dtype) ->
     unexpected: list[str] = []
     misshapen: list[str] = []
     total = sum(f.stat().st_size for f in files)
+    bytes_read = checkpoint_bytes = 0
     bar = tqdm(
         total=total, unit="B", unit_scale=True, desc="Loading weights", disable=total < PROGRESS_BAR_BYTES
     )
@@ -88,13 +145,18 @@ def load_weights(model: DecoderLM, model_dir: str | Path, dtype: torch.dtype) ->
                     if target is None:
                         unexpected.append(name)
                         continue
-                    param, offset, rows = target
-                    expected = (rows, *param.shape[1:])
-                    tensor = sf.get_tensor(name)
-                    if tuple(tensor.shape) != expected:
-                        misshapen.append(f"{name}: checkpoint {tuple(tensor.shape)}, model expects {expected}")
+                    shape = tuple(sf.get_slice(name).get_shape())
+                    expected = target.expected_shape()
+                    if shape != expected:
+                        misshapen.append(f"{name}: checkpoint {shape}, model expects {expected}")
                         continue
-                    param.data[offset : offset + rows].copy_(tensor.to(dtype))
+                    tensor = _read(sf, name, target)
+                    bytes_read += tensor.numel() * tensor.element_size()
+                    checkpoint_bytes += tensor.element_size() * math.prod(shape)
+                    if target.dim == 0:
+                        target.param.data[target.offset : target.offset + target.count].copy_(tensor.to(dtype))
+                    else:
+                        target.param.data.copy_(tensor.to(dtype))
                     loaded.add(name)
             bar.update(f.stat().st_size)
     bar.close()
@@ -106,4 +168,5 @@ def load_weights(model: DecoderLM, model_dir: str | Path, dtype: torch.dtype) ->
             problems.append(f"{len(names)} {title} tensor(s): " + "; ".join(shown))
     if problems:
         raise WeightLoadError(f"checkpoint in {str(model_dir)!r} does not fit the model: " + " | ".join(problems))
-    logger.debug("loaded %d tensors from %d file(s)", len(loaded), len(files))
+    logger.debug("loaded %d tensors from %d file(s), %d bytes", len(loaded), len(files), bytes_read)
+    return LoadStats(bytes_read, checkpoint_bytes)

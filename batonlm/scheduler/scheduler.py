@@ -158,8 +158,9 @@ class Scheduler:
         # Block (briefly) only when idle: never spin; look often while grammars compile.
         if self.waiting or self.running or self.result_queue:
             timeout = 0.0
-        else:
+        else:  # idle: no result wait would notice a device that is gone
             timeout = GRAMMAR_POLL_S if self.grammars.pending else IDLE_POLL_S
+            self.device.check_health()
         t0 = time.perf_counter()
         messages = self.io.recv(timeout)
         blocked = time.perf_counter() - t0 if timeout else 0.0

@@ -50,7 +50,7 @@ def test_unknown_architecture_is_named(tmp_path, stories_path):
     raw["architectures"] = ["GPT2LMHeadModel"]
     (d / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*not supported.*LlamaForCausalLM"):
-        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
+        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")[0]
 
 
 def test_strict_loading_names_missing_unexpected_and_misshapen_tensors(tmp_path, stories_path):
@@ -61,7 +61,7 @@ def test_strict_loading_names_missing_unexpected_and_misshapen_tensors(tmp_path,
     tensors["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(16, 64)
     save_file(tensors, d / "model.safetensors")
     with pytest.raises(WeightLoadError) as err:
-        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
+        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")[0]
     msg = str(err.value)
     assert "missing tensor(s): model.layers.1.self_attn.k_proj.weight; model.layers.3.mlp.up_proj.weight" in msg
     assert "unexpected tensor(s): model.layers.0.self_attn.extra.weight" in msg
@@ -79,15 +79,15 @@ def test_sharded_checkpoint_loads_like_the_single_file(tmp_path, stories_path):
         weight_map.update({k: fname for k in keys})
     (d / "model.safetensors").unlink()
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    sharded = load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
-    single = load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")
+    sharded = load_model(ModelConfig.from_hf(d), torch.float32, "cpu")[0]
+    single = load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")[0]
     for (n1, p1), (n2, p2) in zip(sharded.state_dict().items(), single.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_dtypes_load(stories_path, dtype):
-    model = load_model(ModelConfig.from_hf(stories_path), dtype, "cpu")
+    model = load_model(ModelConfig.from_hf(stories_path), dtype, "cpu")[0]
     assert {p.dtype for p in model.parameters()} == {dtype}
     ref = load_file(f"{stories_path}/model.safetensors")["model.norm.weight"]
     assert torch.equal(model.model.norm.weight, ref.to(dtype))
@@ -96,8 +96,8 @@ def test_half_dtypes_load(stories_path, dtype):
 def test_large_checkpoints_show_a_progress_bar(stories_path, capsys, monkeypatch):
     from batonlm.model_runner import weight_loader
 
-    load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")
+    load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")[0]
     assert "Loading weights" not in capsys.readouterr().err  # 1 MB: below the threshold
     monkeypatch.setattr(weight_loader, "PROGRESS_BAR_BYTES", 1)
-    load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")
+    load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")[0]
     assert "Loading weights: 100%" in capsys.readouterr().err

@@ -2,6 +2,9 @@
 
 Module names mirror Hugging Face's except where projections are fused (`qkv_proj`,
 `gate_up_proj`); `stacked_params` tells the loader which checkpoint tensors fill which slice.
+Under tensor parallelism every size is this rank's share (`TPLayout`): its heads, its KV heads,
+its intermediate features, its vocabulary rows; o_proj, down_proj and the embedding sum over
+the ranks, the LM head gathers their logits.
 """
 
 from __future__ import annotations
@@ -9,22 +12,29 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from batonlm.distributed.group import TPGroup
+from batonlm.distributed.layout import TPLayout
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.families import DecoderOptions
+from batonlm.model_runner.parallel_layers import RowParallelLinear, VocabParallelEmbedding, vocab_logits
+
+
+def single_layout(cfg: ModelConfig) -> TPLayout:
+    return TPLayout.single(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, opts: DecoderOptions, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, opts: DecoderOptions, layer: int, shard: TPLayout, tp: TPGroup) -> None:
         super().__init__()
         self.layer = layer
-        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = shard.heads, shard.kv_heads, cfg.head_dim
         self.q_size = self.heads * self.head_dim
         self.kv_size = self.kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=opts.o_bias)
+        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, opts.o_bias, tp)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
 
@@ -51,10 +61,10 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, opts: DecoderOptions, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, opts: DecoderOptions, layer: int, shard: TPLayout, tp: TPGroup) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, opts, layer)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, bias=opts.mlp_bias)
+        self.self_attn = Attention(cfg, opts, layer, shard, tp)
+        self.mlp = GatedMLP(cfg.hidden_size, shard.mlp_rows()[1], cfg.hidden_act, bias=opts.mlp_bias, tp=tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -64,10 +74,11 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderBody(nn.Module):
-    def __init__(self, cfg: ModelConfig, opts: DecoderOptions) -> None:
+    def __init__(self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout, tp: TPGroup) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, opts, i) for i in range(cfg.num_layers))
+        start, rows = shard.vocab_rows()
+        self.embed_tokens = VocabParallelEmbedding(rows, cfg.hidden_size, start, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, opts, i, shard, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -84,19 +95,26 @@ class DecoderLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     )
 
-    def __init__(self, cfg: ModelConfig, opts: DecoderOptions) -> None:
+    def __init__(
+        self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout | None = None, tp: TPGroup | None = None
+    ) -> None:
         super().__init__()
         self.config = cfg
-        self.model = DecoderBody(cfg, opts)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.shard = shard or single_layout(cfg)
+        self.tp = tp or TPGroup.single()
+        self.model = DecoderBody(cfg, opts, self.shard, self.tp)
+        vocab_rows = self.shard.vocab_rows()[1]
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
 
     def shard_sizes(self, fused: str) -> tuple[int, ...]:
-        cfg = self.config
+        """The rows of each checkpoint tensor a fused parameter holds, on this rank."""
         if fused == "qkv_proj":
-            return (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
+            kv = self.shard.kv_rows()[1]
+            return (self.shard.q_rows()[1], kv, kv)
         if fused == "gate_up_proj":
-            return (cfg.intermediate_size, cfg.intermediate_size)
+            rows = self.shard.mlp_rows()[1]
+            return (rows, rows)
         raise KeyError(fused)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
@@ -109,4 +127,4 @@ class DecoderLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.model.norm(hidden)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        return vocab_logits(hidden, weight, self.config.vocab_size, self.tp)

@@ -1,0 +1,115 @@
+"""`TPGroup`: the ranks of one tensor-parallel model and the collectives its layers call.
+
+Two process groups: the device group (NCCL on GPUs, gloo on the CPU) for the model's
+all-reduces and all-gathers, and a gloo CPU group for what the host sends every iteration (the
+launch relay, the heartbeat, the divergence check). A single-process group (`TPGroup.single()`)
+makes every collective a no-op, so the model code is the same at any size. Every collective is
+counted (`counts`), so tests can check a forward issues exactly the collectives designed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+
+@dataclass
+class CollectiveCounts:
+    all_reduce: int = 0
+    all_gather: int = 0
+    broadcast: int = 0
+
+    def snapshot(self) -> CollectiveCounts:
+        return dataclasses.replace(self)
+
+
+class TPGroup:
+    def __init__(self, rank: int, size: int, device_group=None, cpu_group=None, gather_into_tensor: bool = False):
+        self.rank = rank
+        self.size = size
+        self.device_group = device_group
+        self.cpu_group = cpu_group
+        # NCCL gathers into one tensor (capturable in a CUDA graph); gloo takes a list.
+        self._gather_into_tensor = gather_into_tensor
+        self.counts = CollectiveCounts()
+
+    @classmethod
+    def single(cls) -> TPGroup:
+        return cls(0, 1)
+
+    @classmethod
+    def init(cls, rank: int, size: int, init_addr: str, timeout_s: float, device: str) -> TPGroup:
+        """Join the group of `size` ranks rendezvousing at `init_addr` (host:port, rank 0 listens)."""
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        cuda = device.startswith("cuda")
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", init_method=f"tcp://{init_addr}", rank=rank, world_size=size, timeout=timeout
+        )
+        cpu_group = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
+        return cls(rank, size, dist.group.WORLD, cpu_group, gather_into_tensor=cuda)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of `x` over the ranks, in place."""
+        if self.size == 1:
+            return x
+        import torch.distributed as dist
+
+        self.counts.all_reduce += 1
+        dist.all_reduce(x, group=self.device_group)
+        return x
+
+    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., n] on each rank -> [..., size * n], rank r's part at [r * n, (r + 1) * n)."""
+        if self.size == 1:
+            return x
+        import torch.distributed as dist
+
+        self.counts.all_gather += 1
+        x = x.contiguous()
+        if self._gather_into_tensor:
+            out = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
+            dist.all_gather_into_tensor(out, x, group=self.device_group)
+            parts = out.unbind(0)
+        else:
+            parts = [torch.empty_like(x) for _ in range(self.size)]
+            dist.all_gather(parts, x, group=self.device_group)
+        return torch.cat(parts, dim=-1)
+
+    def broadcast_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's CPU tensor to every rank (in place), over the CPU group."""
+        import torch.distributed as dist
+
+        self.counts.broadcast += 1
+        dist.broadcast(x, src=0, group=self.cpu_group)
+        return x
+
+    def all_gather_cpu(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's CPU tensor (same shape), over the CPU group."""
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x, group=self.cpu_group)
+        return parts
+
+    def all_reduce_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.all_reduce(x, group=self.cpu_group)
+        return x
+
+    def destroy(self) -> None:
+        if self.size == 1:
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,58 @@
+"""The layers whose weights a tensor-parallel rank holds only a part of (distributed/layout.py).
+
+Column-parallel projections need no layer of their own (an `nn.Linear` with the rank's output
+features; the loader fills the rows). Row-parallel projections sum their partial products over
+the ranks; the vocabulary-parallel embedding looks up the ids in its rows and sums (the other
+ranks add exact zeros); the LM head gathers each rank's vocabulary logits. With one rank each
+is the plain layer, operation for operation (greedy outputs match transformers).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from batonlm.distributed.group import TPGroup
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum over ranks of x_r @ W_r^T, then the bias once (after the sum, on every rank)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [start, start + rows) of the (padded) vocabulary's embedding."""
+
+    def __init__(self, rows: int, dim: int, start: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, dim))
+        self.start = start
+        self.tp = tp
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
+
+
+def vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, tp: TPGroup) -> torch.Tensor:
+    """float32 logits over the model's vocabulary from each rank's rows of the LM head."""
+    local = F.linear(hidden, weight).float()
+    if tp.size == 1:
+        return local
+    return tp.all_gather_last_dim(local)[..., :vocab_size]
