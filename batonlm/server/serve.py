@@ -159,6 +159,17 @@ async def _serve(args: ServerArgs, sock: socket.socket, tokenizer) -> int:
 def serve(args: ServerArgs) -> int:
     """Run the server; returns the process exit code."""
     configure_logging(args.log_level)
+    if args.node_rank > 0:  # a node that only runs tensor-parallel ranks: no HTTP
+        from batonlm.device.node_ranks import run_node
+
+        try:
+            check_device(args)
+            return run_node(args.replace(model=resolve_model(args.model)))
+        except (StartupError, ConfigError, ValueError) as e:
+            logger.error("%s", e)
+            return 2
+        except KeyboardInterrupt:
+            return 130
     try:
         check_device(args)
         model = resolve_model(args.model)
