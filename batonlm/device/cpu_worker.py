@@ -13,6 +13,7 @@ import logging
 import multiprocessing as mp
 import os
 import sys
+import time
 from multiprocessing.connection import Connection
 
 from batonlm import spawn
@@ -59,6 +60,7 @@ class CpuWorkerDevice(DeviceStream):
         ctx = mp.get_context("spawn")
         self._results: dict[int, BatchResult] = {}
         self._closed = False
+        self._failed = False  # a rank failed: close() kills the rest at once
         # Total seconds the worker spent computing batches (forward + sampling).
         self.compute_s = 0.0
         self._procs: dict[int, mp.process.BaseProcess] = {}
@@ -105,6 +107,7 @@ class CpuWorkerDevice(DeviceStream):
         """Raise DeviceError if a rank process of this node has exited."""
         for rank, proc in self._procs.items():
             if not proc.is_alive():
+                self._failed = True
                 what = "the CPU device worker" if self.spec.tp_size == 1 else f"tensor-parallel rank {rank}"
                 raise DeviceError(f"{what} exited (exit code {proc.exitcode})")
 
@@ -141,6 +144,7 @@ class CpuWorkerDevice(DeviceStream):
         while batch_id not in self._results:
             msg = self._recv()
             if isinstance(msg, WorkerFailed):
+                self._failed = True
                 raise DeviceError(f"batch {msg.batch_id} failed on the CPU device: {msg.message}")
             assert isinstance(msg, BatchSampled)
             self._results[msg.batch_id] = BatchResult(
@@ -157,8 +161,13 @@ class CpuWorkerDevice(DeviceStream):
             self._conn.send_bytes(codec.encode(WorkerShutdown()))
         except (BrokenPipeError, OSError):
             pass
-        for proc in self._procs.values():  # rank 0 relays the shutdown to the others
-            proc.join(timeout=5.0)
+        # Rank 0 relays the shutdown to the others. After a failure (a rank exited) the rest
+        # may be stuck in a collective, or stopped: no waiting for them.
+        failed = self._failed or any(p.exitcode not in (None, 0) for p in self._procs.values())
+        deadline = time.monotonic() + (0.0 if failed else 5.0)
+        for proc in self._procs.values():
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs.values():
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5.0)

@@ -20,7 +20,7 @@ from batonlm.device.base import host_result
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.spec import DeviceSpec
 from batonlm.distributed.divergence import DivergenceCheck
-from batonlm.distributed.group import TPGroup
+from batonlm.distributed.group import TPGroup, TPGroupError
 from batonlm.distributed.relay import HEARTBEAT_S, LaunchRelay
 from batonlm.ipc import codec
 from batonlm.ipc.device_messages import BatchLaunch, BatchSampled, SampleLaunch, WorkerFailed, WorkerShutdown
@@ -79,8 +79,9 @@ def serve_root(conn: Connection, executor: BatchExecutor, relay: LaunchRelay | N
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return True  # the scheduler is gone
-        except Exception as e:  # a heartbeat failed: another rank is gone or stopped
-            return _fail(conn, -1, f"tensor-parallel group failed: {type(e).__name__}: {e}")
+        except TPGroupError as e:  # a heartbeat failed: another rank is gone or stopped
+            logger.error("%s", e)
+            return _fail(conn, -1, str(e))
         msg = codec.decode(data)
         t0 = time.perf_counter()
         try:
@@ -90,6 +91,9 @@ def serve_root(conn: Connection, executor: BatchExecutor, relay: LaunchRelay | N
                 return True
             batch_id = msg.batch_id  # type: ignore[union-attr]
             res = _execute(executor, msg, check)
+        except TPGroupError as e:
+            logger.error("%s", e)
+            return _fail(conn, batch_id, str(e))
         except Exception as e:
             # The traceback goes to this process's log; the scheduler gets one line.
             logger.error("batch %s failed on the device:\n%s", batch_id, traceback.format_exc())
@@ -120,6 +124,9 @@ def follow(executor: BatchExecutor, relay: LaunchRelay, spec: DeviceSpec) -> boo
             if isinstance(msg, WorkerShutdown):
                 return True
             _execute(executor, msg, check)
+        except TPGroupError as e:
+            logger.error("tensor-parallel rank %d stops: %s", relay.tp.rank, e)
+            return False
         except Exception:
             logger.error("tensor-parallel rank %d stops:\n%s", relay.tp.rank, traceback.format_exc())
             return False

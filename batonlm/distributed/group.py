@@ -26,6 +26,19 @@ class CollectiveCounts:
         return dataclasses.replace(self)
 
 
+class TPGroupError(RuntimeError):
+    """A collective failed: a rank is gone (its connections closed) or stopped (timed out)."""
+
+
+def _collective(fn):
+    """Run a collective; its failure becomes a TPGroupError saying what it means."""
+    try:
+        return fn()
+    except RuntimeError as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise TPGroupError(f"a tensor-parallel collective failed, a rank is gone or stopped ({first})") from None
+
+
 class TPGroup:
     def __init__(self, rank: int, size: int, device_group=None, cpu_group=None, gather_into_tensor: bool = False):
         self.rank = rank
@@ -64,7 +77,7 @@ class TPGroup:
         import torch.distributed as dist
 
         self.counts.all_reduce += 1
-        dist.all_reduce(x, group=self.device_group)
+        _collective(lambda: dist.all_reduce(x, group=self.device_group))
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,11 +90,11 @@ class TPGroup:
         x = x.contiguous()
         if self._gather_into_tensor:
             out = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
-            dist.all_gather_into_tensor(out, x, group=self.device_group)
+            _collective(lambda: dist.all_gather_into_tensor(out, x, group=self.device_group))
             parts = out.unbind(0)
         else:
             parts = [torch.empty_like(x) for _ in range(self.size)]
-            dist.all_gather(parts, x, group=self.device_group)
+            _collective(lambda: dist.all_gather(parts, x, group=self.device_group))
         return torch.cat(parts, dim=-1)
 
     def broadcast_cpu(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +102,7 @@ class TPGroup:
         import torch.distributed as dist
 
         self.counts.broadcast += 1
-        dist.broadcast(x, src=0, group=self.cpu_group)
+        _collective(lambda: dist.broadcast(x, src=0, group=self.cpu_group))
         return x
 
     def all_gather_cpu(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -97,13 +110,13 @@ class TPGroup:
         import torch.distributed as dist
 
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x, group=self.cpu_group)
+        _collective(lambda: dist.all_gather(parts, x, group=self.cpu_group))
         return parts
 
     def all_reduce_cpu(self, x: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        dist.all_reduce(x, group=self.cpu_group)
+        _collective(lambda: dist.all_reduce(x, group=self.cpu_group))
         return x
 
     def destroy(self) -> None:
