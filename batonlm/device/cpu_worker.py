@@ -81,6 +81,9 @@ class CpuWorkerDevice(DeviceStream):
         except DeviceError:
             self.close()
             raise
+        if spec.tp_size > 1:
+            logger.info("tensor-parallel ranks of this node ready: %s (rendezvous %s)",
+                        ", ".join(f"rank {r} pid {p.pid}" for r, p in self._procs.items()), spec.dist_init_addr)
 
     def _wait_ready(self) -> None:
         """Progress lines (compiling the decode step), then every local rank ready or failed."""
