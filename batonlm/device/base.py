@@ -64,7 +64,9 @@ class DeviceStream(ABC):
 
     def check_health(self) -> None:
         """Raise DeviceError when the device is gone (a worker or rank process exited); the
-        scheduler calls it while idle, when no result wait would notice."""
+        scheduler calls it while idle, when no result wait would notice. A device in the
+        scheduler's own process (CUDA streams, inline) cannot be gone: nothing to check."""
+        return None
 
     @abstractmethod
     def close(self) -> None: ...

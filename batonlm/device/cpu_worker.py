@@ -22,7 +22,6 @@ from batonlm.device.base import (
     DeviceError,
     DeviceStream,
     PendingResult,
-    host_result,
 )
 from batonlm.device.spec import DeviceSpec
 from batonlm.ipc import codec
@@ -223,8 +222,12 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
     if rank == 0:
         ok = serve_root(conn, executor, relay, spec)
     else:
-        conn.close()
-        ok = follow(executor, relay, spec)
+        # Ranks on node 0 are watched by the scheduler's device; those on other nodes by their
+        # node's supervisor, which reads heartbeats from this pipe.
+        supervised = spec.local_ranks[0] != 0
+        if not supervised:
+            conn.close()
+        ok = follow(executor, relay, spec, conn if supervised else None)
     if tp is not None:
         tp.destroy()
     sys.exit(0 if ok else 1)

@@ -4,7 +4,9 @@ It starts this node's ranks (device worker processes following rank 0's relay), 
 supervises them: when one exits, the others are taken down and the node exits with the
 group's verdict — 0 when rank 0 shut the group down, 1 when a rank failed, died or was stopped
 past `--dist-timeout` (the others' collectives time out, they exit, this notices). Node 0's
-scheduler sees the same failure from its side and takes the server down.
+scheduler sees the same failure from its side and takes the server down. A rank that is stopped
+or hung exits nothing: it falls silent (ranks send a heartbeat up their pipe as they follow the
+relay), and after `--dist-timeout` the supervisor takes the node down.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import logging
 import multiprocessing as mp
 import signal
 import time
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 
 from batonlm import spawn
 from batonlm.config import ServerArgs
 from batonlm.device.cpu_worker import WORKER_START_TIMEOUT_S, worker_main
 from batonlm.device.spec import device_spec
+from batonlm.distributed.relay import HEARTBEAT_S
 from batonlm.ipc import codec
 from batonlm.ipc.device_messages import WorkerReady
 from batonlm.model_runner.model_config import ModelConfig
@@ -34,6 +37,7 @@ def run_node(args: ServerArgs) -> int:
     spec = device_spec(args, ModelConfig.from_hf(args.model))
     ctx = mp.get_context("spawn")
     procs: dict[int, mp.process.BaseProcess] = {}
+    conns: dict[int, Connection] = {}
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, _f: stop.update(signal=s))
@@ -42,15 +46,34 @@ def run_node(args: ServerArgs) -> int:
         procs[rank] = ctx.Process(target=worker_main, args=(child, spec, rank), name=f"batonlm-tp{rank}")
         spawn.start(procs[rank])
         child.close()
+        conns[rank] = parent
         if not _ready(rank, parent, procs[rank]):
             _kill(procs)
             return 1
-    logger.info("node %d: tensor-parallel ranks %s ready (rendezvous %s)", args.node_rank,
-                list(spec.local_ranks), spec.dist_init_addr)
+    logger.info("node %d: tensor-parallel ranks of this node ready: %s (rendezvous %s)", args.node_rank,
+                ", ".join(f"rank {r} pid {p.pid}" for r, p in procs.items()), spec.dist_init_addr)
+    # A rank is alive while it beats; stopped or hung, it falls silent (rank 0 relays at least
+    # a heartbeat every HEARTBEAT_S, and a collective waits at most dist_timeout).
+    silent_limit = spec.dist_timeout_s + 2 * HEARTBEAT_S
+    last = dict.fromkeys(procs, time.monotonic())
+    beating = {c: r for r, c in conns.items()}
     while stop["signal"] is None:
-        done = wait([p.sentinel for p in procs.values()], timeout=0.5)
-        if done:
+        ready = wait([p.sentinel for p in procs.values()] + list(beating), timeout=0.5)
+        if any(p.sentinel in ready for p in procs.values()):
             break
+        for conn in [c for c in ready if c in beating]:
+            try:
+                while conn.poll():
+                    conn.recv_bytes()
+                    last[beating[conn]] = time.monotonic()
+            except (EOFError, OSError):
+                del beating[conn]  # the rank is exiting: its sentinel says so next
+        silent = [r for r, t in last.items() if time.monotonic() - t > silent_limit]
+        if silent:
+            logger.error("node %d: tensor-parallel rank %d silent for %.0f s (stopped or hung); taking the node "
+                         "down", args.node_rank, silent[0], silent_limit)
+            _kill(procs)
+            return 1
     if stop["signal"] is not None:
         logger.info("node %d: stopping on signal %d", args.node_rank, stop["signal"])
         _kill(procs)
@@ -75,7 +98,6 @@ def _ready(rank: int, conn, proc) -> bool:
         msg = codec.decode(conn.recv_bytes()) if conn.poll(WORKER_START_TIMEOUT_S) else None
     except (EOFError, OSError):
         msg = None
-    conn.close()
     if isinstance(msg, WorkerReady):
         return True
     logger.error("tensor-parallel rank %d failed to start: %s", rank,

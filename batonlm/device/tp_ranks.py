@@ -23,7 +23,14 @@ from batonlm.distributed.divergence import DivergenceCheck
 from batonlm.distributed.group import TPGroup, TPGroupError
 from batonlm.distributed.relay import HEARTBEAT_S, LaunchRelay
 from batonlm.ipc import codec
-from batonlm.ipc.device_messages import BatchLaunch, BatchSampled, SampleLaunch, WorkerFailed, WorkerShutdown
+from batonlm.ipc.device_messages import (
+    BatchLaunch,
+    BatchSampled,
+    SampleLaunch,
+    WorkerAlive,
+    WorkerFailed,
+    WorkerShutdown,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +119,17 @@ def _fail(conn: Connection, batch_id: int, message: str) -> bool:
     return False
 
 
-def follow(executor: BatchExecutor, relay: LaunchRelay, spec: DeviceSpec) -> bool:
-    """A rank other than 0: execute what rank 0 relays until it relays the shutdown."""
+def follow(executor: BatchExecutor, relay: LaunchRelay, spec: DeviceSpec, supervisor: Connection | None) -> bool:
+    """A rank other than 0: execute what rank 0 relays until it relays the shutdown. With a
+    `supervisor` (a node other than 0), tell it at most every HEARTBEAT_S that this rank is alive."""
     check = _check(spec, relay.tp)
+    last_beat = 0.0
     while True:
         try:
             data = relay.recv()
+            if supervisor is not None and time.monotonic() - last_beat >= HEARTBEAT_S:
+                supervisor.send_bytes(codec.encode(WorkerAlive()))
+                last_beat = time.monotonic()
             if data is None:
                 continue
             msg = codec.decode(data)

@@ -106,3 +106,7 @@ class WorkerReady(msgspec.Struct, tag=True, frozen=True):
 
 class WorkerShutdown(msgspec.Struct, tag=True, frozen=True):
     pass
+
+
+class WorkerAlive(msgspec.Struct, tag=True, frozen=True):
+    """A rank on a node other than 0 tells its node's supervisor it still follows the relay."""

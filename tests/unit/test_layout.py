@@ -13,7 +13,8 @@ MAX_LINES = 400
 
 # package -> the batonlm packages it must never import (at any depth, lazily or not)
 FORBIDDEN = {
-    "kernels": {"ipc", "scheduler", "device", "model_runner", "server", "tokenizer_manager", "bench"},
+    "kernels": {"ipc", "scheduler", "device", "model_runner", "server", "tokenizer_manager", "bench", "distributed"},
+    "distributed": {"ipc", "scheduler", "device", "model_runner", "server", "tokenizer_manager", "bench"},
     "model_runner": {"scheduler", "device", "server", "tokenizer_manager", "bench"},
     "device": {"scheduler", "server", "tokenizer_manager", "bench"},
     "scheduler": {"server", "tokenizer_manager", "bench"},

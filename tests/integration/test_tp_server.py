@@ -1,0 +1,180 @@
+"""Tensor parallelism as a user runs it: `batonlm serve --tp 2` on one node or two, driven over
+HTTP; and what happens when a rank dies (kill -9) or hangs (SIGSTOP)."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from live_helpers import wait_until
+
+from batonlm.bench.server_process import ServerProcess, free_port
+
+PROMPTS = ["Once upon a time", "The dog ran to the park and", "Lily wanted a red ball"]
+LONG = {"model": "stories260K", "prompt": "Once", "max_tokens": 480, "temperature": 0, "ignore_eos": True,
+        "stream": True}
+
+
+def _completions(base_url: str) -> list[str]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url + "/v1", api_key="none")
+    texts = [client.completions.create(model="stories260K", prompt=p, max_tokens=40, temperature=0).choices[0].text
+             for p in PROMPTS]
+    streamed = "".join(e.choices[0].text for e in client.completions.create(
+        model="stories260K", prompt=PROMPTS[0], max_tokens=40, temperature=0, stream=True))
+    assert streamed == texts[0]
+    return texts
+
+
+@pytest.fixture(scope="module")
+def one_rank_texts():
+    s = ServerProcess()
+    try:
+        return _completions(s.base_url)
+    finally:
+        s.stop()
+
+
+def _rank_pids(log: str) -> dict[int, int]:
+    return {int(r): int(p) for r, p in re.findall(r"rank (\d+) pid (\d+)", log)}
+
+
+def _gone(pids) -> bool:
+    return not [p for p in pids if os.path.exists(f"/proc/{p}") and "zombie" not in _state(p)]
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/status").read()
+    except OSError:
+        return "zombie"
+
+
+def test_two_ranks_serve_what_one_rank_serves(one_rank_texts):
+    s = ServerProcess("--tp", "2", "--debug-tp-check-every", "1")
+    try:
+        descendants = s.descendants()
+        assert len(_rank_pids(s.log())) == 2
+        assert _completions(s.base_url) == one_rank_texts
+    finally:
+        assert s.stop() == 0
+    wait_until(lambda: _gone(descendants), timeout=5)
+
+
+class _Stream(threading.Thread):
+    """A long streamed completion; records whether it ended in an error event, and when."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(daemon=True)
+        self.base_url = base_url
+        self.outcome: str | None = None
+        self.at = 0.0
+        self.events = 0
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", self.base_url + "/v1/completions", json=LONG, timeout=60) as r:
+                for line in r.iter_lines():
+                    self.events += line.startswith("data:")
+                    if '"error"' in line:
+                        self.outcome = "error"
+                        break
+                else:
+                    self.outcome = "ended"
+        except httpx.HTTPError as e:
+            self.outcome = type(e).__name__
+        self.at = time.monotonic()
+
+
+@pytest.mark.parametrize(("sig", "rank", "busy"), [
+    (signal.SIGKILL, 1, True), (signal.SIGKILL, 0, True), (signal.SIGKILL, 1, False), (signal.SIGKILL, 0, False),
+    (signal.SIGSTOP, 1, True), (signal.SIGSTOP, 0, False),
+], ids=["kill-rank1-decoding", "kill-rank0-decoding", "kill-rank1-idle", "kill-rank0-idle",
+        "stop-rank1-decoding", "stop-rank0-idle"])
+def test_a_dead_or_hung_rank_takes_the_server_down(sig, rank, busy):
+    timeout = 3.0
+    s = ServerProcess("--tp", "2", "--dist-timeout", str(timeout))
+    try:
+        descendants = s.descendants()
+        pids = _rank_pids(s.log())
+        stream = None
+        if busy:
+            stream = _Stream(s.base_url)
+            wait_until(lambda: stream.events >= 20)
+        t0 = time.monotonic()
+        os.kill(pids[rank], sig)
+        limit = 5.0 + (timeout if sig == signal.SIGSTOP else 0.0)
+        s.proc.wait(limit + 5.0)
+        took = time.monotonic() - t0
+        assert s.proc.returncode not in (0, None), s.log()
+        assert took < limit, (took, s.log())
+        if stream is not None:
+            stream.join(5)
+            assert stream.outcome == "error" and stream.at - t0 < limit
+        wait_until(lambda: _gone(descendants), timeout=5)
+    finally:
+        s.stop()
+
+
+def _node(rank: int, addr: str, port: int | None, log) -> subprocess.Popen:
+    args = [sys.executable, "-m", "batonlm", "serve", "--tp", "2", "--nnodes", "2", "--node-rank", str(rank),
+            "--dist-init-addr", addr, "--dist-timeout", "3"]
+    return subprocess.Popen(args + (["--port", str(port)] if port else []), stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _descendants(pid: int) -> list[int]:
+    from batonlm.bench.server_process import children
+
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.mark.parametrize("ending", ["sigterm-node0", "kill-node1-rank", "stop-node1-rank"])
+def test_two_local_nodes_serve_through_node_0(tmp_path, one_rank_texts, ending):
+    addr = f"127.0.0.1:{free_port()}"
+    log1 = open(tmp_path / "node1.log", "w")
+    node1 = _node(1, addr, None, log1)  # started first: it waits for node 0
+    s = None
+    try:
+        s = ServerProcess("--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr,
+                          "--dist-timeout", "3")
+        wait_until(lambda: "rank 1 pid" in (tmp_path / "node1.log").read_text(), timeout=10)
+        node1_ranks = _descendants(node1.pid)
+        assert _completions(s.base_url) == one_rank_texts
+        assert node1.poll() is None
+        descendants = s.descendants() + node1_ranks
+        if ending == "sigterm-node0":
+            assert s.stop() == 0
+            assert node1.wait(15) == 0  # rank 0 relayed the shutdown
+        else:
+            stream = _Stream(s.base_url)
+            wait_until(lambda: stream.events >= 20)
+            t0 = time.monotonic()
+            sig = signal.SIGKILL if ending == "kill-node1-rank" else signal.SIGSTOP
+            limit = 5.0 + (3.0 if sig == signal.SIGSTOP else 0.0)  # --dist-timeout 3
+            os.kill(_rank_pids((tmp_path / "node1.log").read_text())[1], sig)
+            s.proc.wait(limit + 5)
+            assert s.proc.returncode not in (0, None) and time.monotonic() - t0 < limit, s.log()
+            stream.join(5)
+            assert stream.outcome == "error"
+            assert node1.wait(limit + 5) == 1
+            assert time.monotonic() - t0 < limit, (tmp_path / "node1.log").read_text()
+        wait_until(lambda: _gone(descendants), timeout=5)
+    finally:
+        if s is not None:
+            s.stop()
+        if node1.poll() is None:
+            node1.kill()
+        log1.close()
