@@ -16,6 +16,10 @@ from batonlm.distributed.group import TPGroup
 
 HEARTBEAT_S = 1.0
 _MESSAGE, _HEARTBEAT = 0, 1
+# One broadcast of this many bytes carries the header (kind, size) and a message that fits
+# (a decode launch of 64 rows is under 1 KB); a longer one follows in a second broadcast.
+FRAME_BYTES = 4096
+_HEADER = 16
 
 
 class LaunchRelay:
@@ -24,26 +28,35 @@ class LaunchRelay:
         self.messages = 0
         self.heartbeats = 0
 
+    def _frame(self, kind: int, data: bytes) -> torch.Tensor:
+        frame = torch.zeros(FRAME_BYTES, dtype=torch.uint8)
+        frame[:_HEADER].view(torch.int64)[:] = torch.tensor([kind, len(data)])
+        if data and len(data) <= FRAME_BYTES - _HEADER:
+            frame[_HEADER : _HEADER + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return frame
+
     def send(self, data: bytes) -> None:
         """Rank 0: relay one message's bytes."""
-        self.tp.broadcast_cpu(torch.tensor([_MESSAGE, len(data)], dtype=torch.int64))
-        self.tp.broadcast_cpu(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        self.tp.broadcast_cpu(self._frame(_MESSAGE, data))
+        if len(data) > FRAME_BYTES - _HEADER:
+            self.tp.broadcast_cpu(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         self.messages += 1
 
     def heartbeat(self) -> None:
         """Rank 0: nothing to relay; check every rank is there."""
-        self.tp.broadcast_cpu(torch.tensor([_HEARTBEAT, 0], dtype=torch.int64))
+        self.tp.broadcast_cpu(self._frame(_HEARTBEAT, b""))
         self.tp.all_reduce_cpu(torch.zeros(1, dtype=torch.int64))
         self.heartbeats += 1
 
     def recv(self) -> bytes | None:
         """The other ranks: the next message's bytes, or None for a heartbeat."""
-        header = self.tp.broadcast_cpu(torch.empty(2, dtype=torch.int64))
-        kind, size = int(header[0]), int(header[1])
+        frame = self.tp.broadcast_cpu(torch.empty(FRAME_BYTES, dtype=torch.uint8))
+        kind, size = (int(v) for v in frame[:_HEADER].view(torch.int64))
         if kind == _HEARTBEAT:
             self.tp.all_reduce_cpu(torch.zeros(1, dtype=torch.int64))
             self.heartbeats += 1
             return None
-        payload = self.tp.broadcast_cpu(torch.empty(size, dtype=torch.uint8))
         self.messages += 1
-        return payload.numpy().tobytes()
+        if size <= FRAME_BYTES - _HEADER:
+            return frame[_HEADER : _HEADER + size].numpy().tobytes()
+        return self.tp.broadcast_cpu(torch.empty(size, dtype=torch.uint8)).numpy().tobytes()

@@ -29,13 +29,16 @@ def test_a_forward_issues_the_designed_collectives_and_matches_one_rank(stories_
 
 
 def test_the_relay_delivers_every_message_and_heartbeat_in_order():
-    messages = [b"launch one", bytes(range(256)) * 40, b"x"]
+    from batonlm.distributed.relay import FRAME_BYTES
+
+    # One that fits the frame, one that does not (a second broadcast), one that fits exactly.
+    messages = [b"launch one", bytes(range(256)) * 40, b"x" * (FRAME_BYTES - 16)]
     reports = run_ranks(relay_job, 3, messages)
     for rank in (1, 2):
         got, (msgs, beats, broadcasts) = reports[rank]
         assert got == [m for pair in zip(messages, [None] * 3) for m in pair]
         assert (msgs, beats) == (3, 3)
-        assert broadcasts == 2 * 3 + 3  # header + payload per message, a header per heartbeat
+        assert broadcasts == 3 + 1 + 3  # a frame per message (+ the long one's payload), a frame per heartbeat
     assert reports[0][1][:2] == (3, 3)
 
 
