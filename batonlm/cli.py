@@ -14,6 +14,7 @@ from batonlm.config import (
     DTYPE_CHOICES,
     EMBEDDED_MODEL,
     GRAMMAR_WHITESPACE_CHOICES,
+    LOAD_BALANCE_METHODS,
     LOG_LEVELS,
     REASONING_PARSER_CHOICES,
     SAMPLER_CHOICES,
@@ -129,6 +130,12 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                       help="where the ranks meet: node 0's address and a free port (default, one node: a free local port)")
     dist.add_argument("--dist-timeout", type=float, default=d.dist_timeout,
                       help="seconds a rank may be silent before the whole group stops")
+    dist.add_argument("--dp", "--dp-size", dest="dp_size", type=int, default=d.dp_size,
+                      help="data-parallel replicas of the model (each its own scheduler and --tp ranks)")
+    dist.add_argument("--load-balance-method", choices=LOAD_BALANCE_METHODS, default=d.load_balance_method,
+                      help="how requests are routed to replicas (prefix: where their prompt's prefix went before)")
+    dist.add_argument("--enable-dp-attention", action=bool_flag, default=False,
+                      help="the replicas run every iteration together (an idle one runs an idle batch)")
     dist.add_argument("--debug-tp-check-every", type=int, default=d.debug_tp_check_every, metavar="N",
                       help="every N launches compare what the ranks computed; stop on a difference (0: off)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)

@@ -26,6 +26,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
 COMPILE_CHOICES = ("auto", "on", "off")
 GRAMMAR_WHITESPACE_CHOICES = ("bounded", "compact", "any")  # batonlm.constrained.grammar
 SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")  # batonlm.scheduler.speculative
+LOAD_BALANCE_METHODS = ("prefix", "shortest_queue", "round_robin")  # batonlm.tokenizer_manager.dp_router
 # The default of `compile` (the test suite sets it to "off": most tests start engines that do
 # not need a compiled step, and `BATONLM_COMPILE=on make test` runs them all compiled).
 COMPILE_ENV = "BATONLM_COMPILE"
@@ -137,6 +138,12 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: str | None = None
     dist_timeout: float = 120.0
+    # Data parallelism: `dp_size` replicas of the model, each its own scheduler (and `tp_size`
+    # ranks), requests routed by `load_balance_method` (batonlm/tokenizer_manager/dp_router.py).
+    # With `enable_dp_attention` the replicas run every iteration together (docs/distributed.md).
+    dp_size: int = 1
+    load_balance_method: str = "prefix"
+    enable_dp_attention: bool = False
     # Every this many launches the ranks all-gather a hash of what they computed (batch, lengths,
     # sampled ids) and stop with an error on any difference (0: off).
     debug_tp_check_every: int = 0
@@ -211,6 +218,17 @@ class ServerArgs:
 
     def _check_distributed(self) -> None:
         _positive("tp_size", self.tp_size)
+        _positive("dp_size", self.dp_size)
+        _choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
+        if self.dp_size > 1 and self.nnodes > 1:
+            raise ConfigError("dp_size", "data parallelism runs on one node (give nnodes 1, or dp_size 1)")
+        if self.enable_dp_attention and self.dp_size < 2:
+            raise ConfigError("enable_dp_attention", "needs at least two data-parallel replicas (--dp 2 or more)")
+        if self.enable_dp_attention and self.tp_size > 1:
+            raise ConfigError("enable_dp_attention", "runs one rank per replica: give --tp 1 (the MLP is split "
+                              "over the replicas instead)")
+        if self.enable_dp_attention and self.speculative_algorithm != "none":
+            raise ConfigError("enable_dp_attention", "does not combine with speculative decoding")
         _positive("nnodes", self.nnodes)
         if not (isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes):
             raise ConfigError("node_rank", f"must be in 0..{self.nnodes - 1} (nnodes {self.nnodes}), got {self.node_rank!r}")

@@ -43,17 +43,19 @@ class SchedulerHandle:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
-def start_scheduler(args: ServerArgs, ipc_dir: str, request_endpoint: str, output_endpoint: str) -> SchedulerHandle:
-    """Spawn the scheduler and wait until it reports ready. The caller must already have bound
-    both endpoints (PUSH on requests, PULL on outputs)."""
+def start_scheduler(
+    args: ServerArgs, ipc_dir: str, request_endpoint: str, output_endpoint: str, dp_rank: int = 0
+) -> SchedulerHandle:
+    """Spawn the scheduler (of data-parallel replica `dp_rank`) and wait until it reports ready.
+    The caller must already have bound both endpoints (PUSH on requests, PULL on outputs)."""
     from batonlm.scheduler.process import run_scheduler_process
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=run_scheduler_process,
-        args=(args, request_endpoint, output_endpoint, child),
-        name="batonlm-scheduler",
+        args=(args, request_endpoint, output_endpoint, child, dp_rank, ipc_dir),
+        name="batonlm-scheduler" if args.dp_size == 1 else f"batonlm-scheduler-dp{dp_rank}",
         daemon=False,
     )
     spawn.start(proc)

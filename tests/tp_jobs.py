@@ -109,3 +109,56 @@ def run_ranks(job, size: int, *args, timeout: float = 120.0) -> dict[int, tuple]
     for rank, rep in reports.items():
         assert not isinstance(rep[0], str), f"rank {rank} failed:\n{rep[0]}"
     return reports
+
+
+def dp_scheduler_job(rank: int, size: int, addr: str, model: str, dp_dir: str, schedule, overlap: bool,
+                     env: dict, out) -> None:
+    """One data-parallel replica with DP attention: a scheduler (and its device worker) driven by
+    LocalIO; `schedule` is [(rid, prompt ids, max new tokens, arrival iteration, rank)]. Reports
+    its records' tokens and its stats."""
+    import os
+
+    os.environ.update(env)
+    try:
+        from batonlm.config import ServerArgs
+        from batonlm.ipc.messages import GenerateRequest
+        from batonlm.sampling_params import SamplingParams
+        from batonlm.scheduler.local_io import LocalIO
+        from batonlm.scheduler.process import build_scheduler
+
+        io = LocalIO()
+        args = ServerArgs(model=model, dp_size=size, enable_dp_attention=True, chunked_prefill_size=16,
+                          disable_overlap=not overlap)
+        sched, _ = build_scheduler(args, io, rank, dp_dir)
+        io.bind(lambda: sched.iteration)
+        for rid, ids, n, at, owner in schedule:
+            if owner == rank:
+                io.submit(GenerateRequest(rid, ids, SamplingParams(temperature=0.0, max_new_tokens=n)), at)
+        try:
+            sched.event_loop_overlap() if overlap else sched.event_loop_normal()
+            stats = sched.stats()
+        finally:
+            sched.device.close()
+            sched.dp_sync.close()
+        out.put((rank, {rid: r.token_ids for rid, r in io.records.items()},
+                 (stats.dp_pairings, stats.dp_decisions_checked, sched.iteration)))
+    except Exception:
+        out.put((rank, traceback.format_exc(), None))
+
+
+def dp_decision_job(rank: int, size: int, addr: str, decisions: list[bool], out) -> None:
+    """Each rank reports it took `decisions[rank]`, then syncs: the error, if any."""
+    try:
+        from batonlm.scheduler.dp_sync import DPDivergenceError, DPSync
+
+        sync = DPSync(rank, size, f"tcp://{addr}", 60.0)
+        sync.exchange(None, done=False, stop=False)  # no decision yet: nothing to compare
+        sync.decided(decisions[rank])
+        try:
+            res = sync.exchange(None, done=True, stop=False)
+            out.put((rank, None, ("ok", res.exit, sync.decisions_checked)))
+        except DPDivergenceError as e:
+            out.put((rank, None, ("error", str(e), sync.decisions_checked)))
+        sync.close()
+    except Exception:
+        out.put((rank, traceback.format_exc(), None))

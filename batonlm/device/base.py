@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, SampledLogprobs, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, IdleLaunch, SampledLogprobs, SampleLaunch
 
 
 class DeviceError(RuntimeError):
@@ -61,6 +61,11 @@ class DeviceStream(ABC):
     @abstractmethod
     def launch_sampling(self, sample: SampleLaunch) -> None:
         """Sample a batch launched with `sample=False`; its pending result then completes."""
+
+    def launch_idle(self, idle: IdleLaunch) -> None:
+        """DP attention: take part in the other ranks' MLPs this iteration (no result). Only the
+        worker-process device runs DP attention."""
+        raise NotImplementedError(f"{type(self).__name__} does not run DP attention")
 
     def check_health(self) -> None:
         """Raise DeviceError when the device is gone (a worker or rank process exited); the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from batonlm.device.future_map import FutureMap
-from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, IdleLaunch, SampleLaunch
 from batonlm.kernels.token_bitmask import apply_token_bitmask_packed, apply_token_bitmask_triton
 from batonlm.model_runner import spec_verify
 from batonlm.model_runner.forward_batch import ForwardBatch
@@ -67,6 +67,7 @@ class BatchExecutor:
             self.device,
         )
         batch.input_ids = self._input_ids(launch, batch)  # decode inputs depend on positions
+        batch.dp_tokens = launch.dp_tokens
         draft_q = self._draft(launch, batch) if self.draft is not None and launch.verify_groups else None
         prompt = None
         if launch.prompt_logprob_at:
@@ -82,6 +83,10 @@ class BatchExecutor:
             self._unsampled[launch.batch_id] = (logits, batch, launch, prompt, draft_q)
             return None
         return self._sample_and_stash(logits, batch, launch, prompt, draft_q)
+
+    def run_idle(self, idle: IdleLaunch) -> None:
+        """DP attention: no batch of ours; our part of the other ranks' MLPs."""
+        self.runner.idle_forward(idle.dp_tokens)
 
     def _draft(self, launch: BatchLaunch, batch: ForwardBatch) -> torch.Tensor:
         """Each verify group's drafts, one draft-model decode step per draft position (the

@@ -28,6 +28,7 @@ from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
     BatchSampled,
+    IdleLaunch,
     SampleLaunch,
     WorkerFailed,
     WorkerProgress,
@@ -141,6 +142,9 @@ class CpuWorkerDevice(DeviceStream):
     def launch_sampling(self, sample: SampleLaunch) -> None:
         self._send(sample)
 
+    def launch_idle(self, idle: IdleLaunch) -> None:
+        self._send(idle)
+
     def _collect(self, batch_id: int) -> BatchResult:
         # Results come back in launch order; keep any that arrive ahead of the one asked for.
         while batch_id not in self._results:
@@ -208,12 +212,17 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
     from batonlm.device.factory import build_executor
     from batonlm.device.tp_ranks import follow, join_group, serve_root
 
-    tp = relay = None
+    tp = relay = mlp_group = None
     try:
         if spec.tp_size > 1:
             tp, relay, spec = join_group(spec, rank)
+        if spec.dp_size > 1:  # DP attention: the MLP split over the data-parallel ranks' devices
+            from batonlm.distributed.group import TPGroup
+
+            mlp_group = TPGroup.init(spec.dp_rank, spec.dp_size, spec.dp_init_method, spec.dist_timeout_s,
+                                     spec.rank_device(rank))
         progress = (lambda m: conn.send_bytes(codec.encode(WorkerProgress(m)))) if rank == 0 else None
-        executor = build_executor(spec, progress, tp)
+        executor = build_executor(spec, progress, tp, mlp_group)
     except Exception as e:  # report, then exit: the scheduler turns this into a start-up error
         logger.debug("device worker start-up failed", exc_info=True)
         conn.send_bytes(codec.encode(WorkerFailed(-1, f"{type(e).__name__}: {e}")))
@@ -228,6 +237,7 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
         if not supervised:
             conn.close()
         ok = follow(executor, relay, spec, conn if supervised else None)
-    if tp is not None:
-        tp.destroy()
+    for group in (tp, mlp_group):
+        if group is not None:
+            group.destroy()
     sys.exit(0 if ok else 1)

@@ -17,7 +17,9 @@ from batonlm.model_runner.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
-def build_executor(spec: DeviceSpec, progress: Progress | None = None, tp: TPGroup | None = None) -> BatchExecutor:
+def build_executor(
+    spec: DeviceSpec, progress: Progress | None = None, tp: TPGroup | None = None, mlp_group: TPGroup | None = None
+) -> BatchExecutor:
     """The model runner and FutureMap that execute launches, wherever the device is (with
     `tp`, this rank's part of the model); the decode step compiled (CPU) or captured (CUDA) as
     the spec says, with `progress` told of each step of that (it takes a while)."""
@@ -28,6 +30,7 @@ def build_executor(spec: DeviceSpec, progress: Progress | None = None, tp: TPGro
         dtype=DTYPES[spec.dtype],
         device=device,
         tp=tp,
+        mlp_group=mlp_group,
         kv_capacity=spec.kv_capacity,
         num_req_slots=spec.num_req_slots,
         context_length=spec.context_length,
@@ -64,7 +67,7 @@ def build_executor(spec: DeviceSpec, progress: Progress | None = None, tp: TPGro
 def create_device(spec: DeviceSpec) -> DeviceStream:
     """The device that runs launches: a CUDA stream, a CPU worker process, or (debugging) the
     caller's own process."""
-    if spec.tp_size > 1:  # a worker process per rank, on the CPU or a GPU each
+    if spec.tp_size > 1 or spec.dp_size > 1:  # a worker process per rank, on the CPU or a GPU each
         from batonlm.device.cpu_worker import CpuWorkerDevice
 
         return CpuWorkerDevice(spec)

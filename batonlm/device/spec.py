@@ -46,12 +46,19 @@ class DeviceSpec:
     dist_init_addr: str = ""
     dist_timeout_s: float = 120.0
     debug_tp_check_every: int = 0
+    # DP attention: this replica is data-parallel rank `dp_rank` of `dp_size` whose devices run
+    # every MLP together (a group meeting at `dp_init_method`); 1 without DP attention.
+    dp_size: int = 1
+    dp_rank: int = 0
+    dp_init_method: str = ""
 
     def rank_device(self, rank: int) -> str:
-        """The device a tensor-parallel rank computes on: its node's GPU of the same local index."""
+        """The device a tensor-parallel rank computes on: its node's GPU of the same local index
+        (counted from this replica's first GPU, `device`)."""
         if self.tp_size == 1 or not self.device.startswith("cuda"):
             return self.device
-        return f"cuda:{rank - self.local_ranks[0]}"
+        first = int(self.device.partition(":")[2] or 0)
+        return f"cuda:{first + rank - self.local_ranks[0]}"
 
 
 # KV memory the CPU device may use when --max-total-tokens is not given.
@@ -169,7 +176,9 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
     return (min(args.max_running_requests, CPU_COMPILE_MAX_BS) if compile_on else 0), 0
 
 
-def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
+def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: str | None = None) -> DeviceSpec:
+    """What data-parallel replica `dp_rank`'s device is built from (on GPUs its own `tp_size` of
+    them). With DP attention the replicas' devices meet in `dp_dir` (a directory they share)."""
     device = args.resolved_device
     if device == "cuda" and not torch.cuda.is_available():
         raise DeviceConfigError("device 'cuda' was asked for but no CUDA device is available")
@@ -191,7 +200,16 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
             raise DeviceConfigError("--compile on does not apply with --tp > 1: the CPU decode step of a "
                                     "tensor-parallel rank runs eagerly (its all-reduces are not compiled)")
         compile_max_bs = 0
+    dp_attention = args.enable_dp_attention
+    if dp_attention:
+        if dp_dir is None:
+            raise DeviceConfigError("DP attention needs the replicas' shared directory (start it with batonlm serve)")
+        if args.compile == "on" or cuda_graph_max_bs:
+            logger.info("DP attention: the decode step runs eagerly (every rank's MLP gathers all ranks' tokens)")
+        compile_max_bs = cuda_graph_max_bs = 0
     local = tuple(args.local_tp_ranks)
+    if device == "cuda" and args.dp_size > 1:  # replica k: GPUs k * tp .. (k + 1) * tp - 1
+        device = f"cuda:{dp_rank * args.tp_size}"
     threads = args.cpu_worker_threads or max(1, cpu_worker_threads(cfg) // len(local))
     return DeviceSpec(
         model_path=cfg.path,
@@ -215,6 +233,9 @@ def device_spec(args: ServerArgs, cfg: ModelConfig) -> DeviceSpec:
         dist_init_addr=args.dist_init_addr or (f"127.0.0.1:{free_port()}" if args.tp_size > 1 else ""),
         dist_timeout_s=float(args.dist_timeout),
         debug_tp_check_every=args.debug_tp_check_every,
+        dp_size=args.dp_size if dp_attention else 1,
+        dp_rank=dp_rank if dp_attention else 0,
+        dp_init_method=f"file://{dp_dir}/dp-device" if dp_attention else "",
     )
 
 

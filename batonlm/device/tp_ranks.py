@@ -26,6 +26,7 @@ from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
     BatchSampled,
+    IdleLaunch,
     SampleLaunch,
     WorkerAlive,
     WorkerFailed,
@@ -59,6 +60,9 @@ def _execute(executor: BatchExecutor, msg: object, check: DivergenceCheck | None
         lengths = [p + e for p, e in zip(msg.prefix_lens, msg.extend_lens)]
     elif isinstance(msg, SampleLaunch):
         out, lengths = executor.sample_delayed(msg), []
+    elif isinstance(msg, IdleLaunch):
+        executor.run_idle(msg)
+        return None
     else:
         raise TypeError(f"unexpected message {type(msg).__name__}")
     if out is None:
@@ -96,7 +100,7 @@ def serve_root(conn: Connection, executor: BatchExecutor, relay: LaunchRelay | N
                 relay.send(data)
             if isinstance(msg, WorkerShutdown):
                 return True
-            batch_id = msg.batch_id  # type: ignore[union-attr]
+            batch_id = getattr(msg, "batch_id", batch_id)
             res = _execute(executor, msg, check)
         except TPGroupError as e:
             logger.error("%s", e)

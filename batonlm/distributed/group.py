@@ -55,14 +55,15 @@ class TPGroup:
 
     @classmethod
     def init(cls, rank: int, size: int, init_addr: str, timeout_s: float, device: str) -> TPGroup:
-        """Join the group of `size` ranks rendezvousing at `init_addr` (host:port, rank 0 listens)."""
+        """Join the group of `size` ranks rendezvousing at `init_addr`: host:port (rank 0
+        listens there), or a `file://` path on a file system every rank sees."""
         import torch.distributed as dist
 
         timeout = timedelta(seconds=timeout_s)
         cuda = device.startswith("cuda")
-        dist.init_process_group(
-            "nccl" if cuda else "gloo", init_method=f"tcp://{init_addr}", rank=rank, world_size=size, timeout=timeout
-        )
+        method = init_addr if init_addr.startswith("file://") else f"tcp://{init_addr}"
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=method, rank=rank, world_size=size,
+                                timeout=timeout)
         cpu_group = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
         return cls(rank, size, dist.group.WORLD, cpu_group, gather_into_tensor=cuda)
 
@@ -80,10 +81,7 @@ class TPGroup:
         _collective(lambda: dist.all_reduce(x, group=self.device_group))
         return x
 
-    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., n] on each rank -> [..., size * n], rank r's part at [r * n, (r + 1) * n)."""
-        if self.size == 1:
-            return x
+    def _gather(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         import torch.distributed as dist
 
         self.counts.all_gather += 1
@@ -91,11 +89,18 @@ class TPGroup:
         if self._gather_into_tensor:
             out = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
             _collective(lambda: dist.all_gather_into_tensor(out, x, group=self.device_group))
-            parts = out.unbind(0)
-        else:
-            parts = [torch.empty_like(x) for _ in range(self.size)]
-            _collective(lambda: dist.all_gather(parts, x, group=self.device_group))
-        return torch.cat(parts, dim=-1)
+            return out.unbind(0)
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        _collective(lambda: dist.all_gather(parts, x, group=self.device_group))
+        return tuple(parts)
+
+    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., n] on each rank -> [..., size * n], rank r's part at [r * n, (r + 1) * n)."""
+        return x if self.size == 1 else torch.cat(self._gather(x), dim=-1)
+
+    def all_gather_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, ...] on each rank (the same n) -> [size * n, ...], rank r's rows at [r * n, (r + 1) * n)."""
+        return x if self.size == 1 else torch.cat(self._gather(x), dim=0)
 
     def broadcast_cpu(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's CPU tensor to every rank (in place), over the CPU group."""

@@ -18,7 +18,7 @@ class TPConfigError(ValueError):
     """The model cannot be split over this many ranks; the message says why."""
 
 
-def _split(total: int, size: int, rank: int) -> tuple[int, int]:
+def split_evenly(total: int, size: int, rank: int) -> tuple[int, int]:
     """(start, length) of rank's part of `total` items split as evenly as possible."""
     base, extra = divmod(total, size)
     start = rank * base + min(rank, extra)
@@ -75,7 +75,7 @@ class TPLayout:
     # ---------------------------------------------------------------- MLP
     def mlp_rows(self) -> tuple[int, int]:
         """(start, count) of this rank's intermediate features (rows of gate/up, columns of down)."""
-        return _split(self.intermediate_size, self.size, self.rank)
+        return split_evenly(self.intermediate_size, self.size, self.rank)
 
     # ---------------------------------------------------------------- vocabulary
     @property

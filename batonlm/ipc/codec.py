@@ -9,6 +9,7 @@ import msgspec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
     BatchSampled,
+    IdleLaunch,
     SampleLaunch,
     WorkerAlive,
     WorkerFailed,
@@ -41,6 +42,7 @@ Message = Union[
     SchedulerStats,
     SchedulerFailed,
     BatchLaunch,
+    IdleLaunch,
     SampleLaunch,
     BatchSampled,
     WorkerAlive,

@@ -54,6 +54,15 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     # position (its newest output, then its drafts); drafts are accepted while they equal the
     # token the row before samples, and the request's token is the one after them.
     verify_groups: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    # DP attention: every data-parallel rank's token count this iteration (the sync row's).
+    dp_tokens: list[int] | None = None
+
+
+class IdleLaunch(msgspec.Struct, tag=True, frozen=True):
+    """DP attention: this rank has no batch this iteration, others do; its device takes part in
+    their MLPs (`dp_tokens`: every rank's token count). No result."""
+
+    dp_tokens: list[int]
 
 
 class SampleLaunch(msgspec.Struct, tag=True, frozen=True):

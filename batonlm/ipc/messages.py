@@ -32,6 +32,7 @@ class FlushCacheRequest(msgspec.Struct, tag=True, frozen=True):
 class FlushCacheResult(msgspec.Struct, tag=True, frozen=True):
     ok: bool
     message: str
+    dp_rank: int = 0  # the replica that answered
 
 
 class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
@@ -104,6 +105,11 @@ class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accept_hist: list[int] = msgspec.field(default_factory=list)
+    dp_rank: int = 0  # the replica that answered (the frontend sums the replicas' stats)
+    # DP attention: iterations this replica ran idle/extend/decode (row) beside another replica
+    # running idle/extend/decode (column), 3x3 row-major; overlap decisions checked equal.
+    dp_pairings: list[int] = msgspec.field(default_factory=list)
+    dp_decisions_checked: int = 0
 
 
 class SchedulerFailed(msgspec.Struct, tag=True, frozen=True):

@@ -57,6 +57,8 @@ class ForwardBatch:
     num_tokens: int
     groups: list[RowGroup]
     attn_metadata: Any = None
+    # DP attention: every data-parallel rank's token count this iteration (None: not DP attention).
+    dp_tokens: list[int] | None = None
 
     @property
     def batch_size(self) -> int:

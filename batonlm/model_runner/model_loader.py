@@ -33,16 +33,16 @@ def tp_layout(cfg: ModelConfig, rank: int, size: int) -> TPLayout:
 
 def load_model(
     cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None,
-    shard: TPLayout | None = None,
+    shard: TPLayout | None = None, mlp_group: TPGroup | None = None,
 ) -> tuple[DecoderLM, LoadStats]:
-    """The model (this rank's part of it: `shard`, by default the group's rank's) and what
-    loading it read."""
+    """The model (this rank's part of it: `shard`, by default the group's rank's; with DP
+    attention its share of the MLP among `mlp_group`) and what loading it read."""
     opts = MODEL_ARCHITECTURES[cfg.architecture](cfg.raw)
     tp = tp or TPGroup.single()
     shard = shard or tp_layout(cfg, tp.rank, tp.size)
     # Built on the meta device so no memory is touched until the checkpoint fills it.
     with torch.device("meta"):
-        model = DecoderLM(cfg, opts, shard, tp)
+        model = DecoderLM(cfg, opts, shard, tp, mlp_group)
     model = model.to(dtype).to_empty(device=device)
     model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings).to(device)
     stats = load_weights(model, cfg.path, dtype)

@@ -39,12 +39,13 @@ class ModelRunner:
         attention_backend: str,
         sampler: str,
         tp: TPGroup | None = None,
+        mlp_group: TPGroup | None = None,
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
         self.tp = tp or TPGroup.single()
-        self.model, self.load_stats = load_model(cfg, dtype, self.device, self.tp)
+        self.model, self.load_stats = load_model(cfg, dtype, self.device, self.tp, mlp_group=mlp_group)
         # This rank's heads (all of them without tensor parallelism).
         self.num_heads, self.num_kv_heads = self.model.shard.heads, self.model.shard.kv_heads
         self.kv_pool = KVPool(kv_capacity + 1, cfg.num_layers, self.num_kv_heads, cfg.head_dim, dtype, self.device)
@@ -91,6 +92,11 @@ class ModelRunner:
         self._write_table(batch)
         hidden = self._hidden(batch)
         return self.model.logits(hidden[batch.last_token_index]), hidden[keep]
+
+    @torch.inference_mode()
+    def idle_forward(self, dp_tokens: list[int]) -> None:
+        """DP attention: this rank has no tokens; take its part in the other ranks' MLPs."""
+        self.model.idle_forward(dp_tokens)
 
     def _hidden(self, batch: ForwardBatch) -> torch.Tensor:
         """The eager model's final hidden states of every token of the batch."""

@@ -4,7 +4,8 @@ Column-parallel projections need no layer of their own (an `nn.Linear` with the 
 features; the loader fills the rows). Row-parallel projections sum their partial products over
 the ranks; the vocabulary-parallel embedding looks up the ids in its rows and sums (the other
 ranks add exact zeros); the LM head gathers each rank's vocabulary logits. With one rank each
-is the plain layer, operation for operation (greedy outputs match transformers).
+is the plain layer, operation for operation (greedy outputs match transformers). DP attention
+(`dp_gathered_mlp`) splits only the MLP, over the data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -56,3 +57,18 @@ def vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, tp
     if tp.size == 1:
         return local
     return tp.all_gather_last_dim(local)[..., :vocab_size]
+
+
+def dp_gathered_mlp(mlp: nn.Module, x: torch.Tensor, counts: list[int], group: TPGroup) -> torch.Tensor:
+    """DP attention's MLP: every data-parallel rank's tokens through the MLP split over the
+    ranks (`mlp` holds this rank's intermediate features; its down projection sums over them),
+    this rank's rows back. `counts` is every rank's token count this iteration (the sync row's),
+    x this rank's [counts[rank], hidden]; an idle rank gives none and still takes part."""
+    if counts[group.rank] != x.shape[0]:
+        raise ValueError(f"DP rank {group.rank} has {x.shape[0]} tokens but the sync row says {counts[group.rank]}")
+    width = max(counts)
+    padded = x.new_zeros((width, x.shape[-1]))
+    padded[: x.shape[0]] = x
+    out = mlp(group.all_gather_rows(padded))  # rows of other ranks, and padding, are theirs/ignored
+    start = group.rank * width
+    return out[start : start + x.shape[0]]

@@ -85,7 +85,7 @@ def _targets(model: DecoderLM) -> dict[str, _Target]:
     shard, cfg = model.shard, model.config
     q_start, _ = shard.q_rows()
     kv_start, _ = shard.kv_rows()
-    mlp_start, _ = shard.mlp_rows()
+    mlp_start, _ = model.mlp_rows
     vocab_start, vocab_count = shard.vocab_rows_in_checkpoint()
     q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     starts = {"q_proj": (q_start, q_full), "k_proj": (kv_start, kv_full), "v_proj": (kv_start, kv_full),

@@ -30,8 +30,9 @@ def chunked_prefill_size(flag: int | None, device: str) -> int | None:
     return flag if flag > 0 else None
 
 
-def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
-    """Load the model onto its device and build a scheduler around `io`."""
+def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None = None):  # -> (Scheduler, info)
+    """Load the model onto its device (data-parallel replica `dp_rank`'s) and build a scheduler
+    around `io`. With DP attention the replicas meet in `dp_dir`, a directory they share."""
     from batonlm.device.factory import create_device
     from batonlm.device.spec import device_spec
     from batonlm.model_runner.model_config import ModelConfig
@@ -39,7 +40,7 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
     from batonlm.scheduler.speculative import SpecConfig
 
     cfg = ModelConfig.from_hf(args.model)
-    spec = device_spec(args, cfg)
+    spec = device_spec(args, cfg, dp_rank, dp_dir)
     device = create_device(spec)
     sched = Scheduler(
         io,
@@ -57,6 +58,7 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
             random_seed=args.random_seed,
             tokenizer_path=args.tokenizer or cfg.path,
             grammar_whitespace=args.grammar_whitespace,
+            dp_rank=dp_rank,
             speculative=None if args.speculative_algorithm == "none" else SpecConfig(
                 num_draft_tokens=args.speculative_num_draft_tokens,
                 ngram_min=args.speculative_ngram_min,
@@ -67,6 +69,15 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
             ),
         ),
     )
+    if args.enable_dp_attention:
+        from batonlm.scheduler.dp_sync import DPSync
+
+        try:
+            sched.dp_sync = DPSync(dp_rank, args.dp_size, f"file://{dp_dir}/dp-sync", args.dist_timeout)
+        except BaseException:
+            device.close()
+            raise
+        sched.require_mlp_sync = True
     info = SchedulerInfo(
         model_path=cfg.path,
         context_length=spec.context_length,
@@ -79,15 +90,18 @@ def build_scheduler(args: ServerArgs, io):  # -> (Scheduler, SchedulerInfo)
     return sched, info
 
 
-def run_scheduler_process(args: ServerArgs, request_endpoint: str, output_endpoint: str, ready: Connection) -> None:
-    configure_logging(args.log_level, process="scheduler")
+def run_scheduler_process(
+    args: ServerArgs, request_endpoint: str, output_endpoint: str, ready: Connection, dp_rank: int = 0,
+    dp_dir: str | None = None,
+) -> None:
+    configure_logging(args.log_level, process="scheduler" if args.dp_size == 1 else f"scheduler-dp{dp_rank}")
     # The main process handles Ctrl-C and tells us to shut down; don't die halfway on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from batonlm.scheduler.io import ZmqSchedulerIO
 
     io = ZmqSchedulerIO(request_endpoint, output_endpoint)
     try:
-        sched, info = build_scheduler(args, io)
+        sched, info = build_scheduler(args, io, dp_rank, dp_dir)
     except Exception as e:
         logger.debug("scheduler start-up failed", exc_info=True)
         # Our own checks raise ValueErrors whose message says it all; name anything else.
@@ -113,4 +127,6 @@ def run_scheduler_process(args: ServerArgs, request_endpoint: str, output_endpoi
         io.close()
         sys.exit(1)
     sched.device.close()
+    if sched.dp_sync is not None:
+        sched.dp_sync.close()
     io.close()

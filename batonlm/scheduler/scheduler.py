@@ -30,6 +30,7 @@ from batonlm.ipc.messages import (
 )
 from batonlm.request_checks import check_request
 from batonlm.scheduler.batch import ScheduleBatch
+from batonlm.scheduler.dp_sync import sync_iteration
 from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
@@ -43,6 +44,7 @@ from batonlm.scheduler.overlap_policy import (
 from batonlm.scheduler.planner import BatchPlanner, PlannerConfig
 from batonlm.scheduler.request import FINISH_ABORT, Request
 from batonlm.scheduler.speculative import SpecConfig, Speculator
+from batonlm.scheduler.stats import scheduler_stats
 from batonlm.scheduler.status_log import StatusLog
 from batonlm.scheduler.timing import LoopTiming
 
@@ -68,6 +70,7 @@ class SchedulerConfig:
     random_seed: int = 0
     tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
     grammar_whitespace: str = "bounded"
+    dp_rank: int = 0  # the data-parallel replica this scheduler is
     speculative: SpecConfig | None = None  # n-gram speculative decoding, when on
 
 
@@ -78,7 +81,11 @@ class Scheduler:
         self.config = config
         self.context_length = config.context_length
         self.disable_consecutive_prefill_overlap = env_flag(DISABLE_CONSECUTIVE_PREFILL_ENV)
-        self.require_mlp_sync = False  # set by data parallelism
+        # DP attention (dp_sync.py): the replicas agree every iteration; the overlap policy reads
+        # the flag they agreed on, and an idle loop does not block while another replica works.
+        self.dp_sync = None
+        self.require_mlp_sync = False
+        self.peers_busy = False
 
         spec = device.spec
         self.speculator = Speculator(config.speculative) if config.speculative is not None else None
@@ -126,27 +133,7 @@ class Scheduler:
         return not self.waiting and not self.running and not self.result_queue and not self.grammars.pending
 
     def stats(self) -> SchedulerStats:
-        mem = self.memory
-        return SchedulerStats(
-            num_running=sum(1 for r in self.running if not r.finished),
-            num_waiting=len(self.waiting),
-            kv_used=mem.in_use,
-            kv_capacity=mem.capacity,
-            kv_evictable=mem.evictable,
-            cached_prompt_tokens=mem.cached_tokens,
-            admitted_prompt_tokens=mem.admitted_tokens,
-            retractions=self.planner.num_retractions,
-            req_slots_used=mem.req_slots.num_used,
-            req_slots_total=mem.req_slots.capacity,
-            iterations=self.iteration,
-            prompt_tokens=self.prompt_tokens,
-            generated_tokens=self.generated_tokens,
-            scheduler_cpu_s=self.timing.cpu_s,
-            device_wait_s=self.timing.wait_s,
-            device_compute_s=self.device.compute_s,
-            batches=self.timing.batches,
-            **(self.speculator.stats.as_fields() if self.speculator is not None else {}),
-        )
+        return scheduler_stats(self)
 
     def _should_exit(self) -> bool:
         # Orphaned: nobody reads our outputs any more; stop now (running requests are aborted).
@@ -156,7 +143,7 @@ class Scheduler:
     def recv_requests(self) -> float:
         """Handle every message waiting; returns the seconds spent blocked waiting for one."""
         # Block (briefly) only when idle: never spin; look often while grammars compile.
-        if self.waiting or self.running or self.result_queue:
+        if self.waiting or self.running or self.result_queue or self.peers_busy:
             timeout = 0.0
         else:  # idle: no result wait would notice a device that is gone
             timeout = GRAMMAR_POLL_S if self.grammars.pending else IDLE_POLL_S
@@ -189,9 +176,10 @@ class Scheduler:
     def flush_cache(self) -> FlushCacheResult:
         """Empty the prefix cache; refused while requests run or wait."""
         if self.requests or self.result_queue:
-            return FlushCacheResult(False, f"{len(self.requests)} request(s) are running or waiting")
+            return FlushCacheResult(False, f"{len(self.requests)} request(s) are running or waiting",
+                                    self.config.dp_rank)
         self.memory.flush()
-        return FlushCacheResult(True, "")
+        return FlushCacheResult(True, "", self.config.dp_rank)
 
     def _add_request(self, msg: GenerateRequest) -> None:
         params = msg.sampling_params
@@ -353,25 +341,30 @@ class Scheduler:
 
     def event_loop_normal(self) -> None:
         """Serial: run batch N and process its results before building batch N+1."""
-        while not self._should_exit():
+        while self.dp_sync is not None or not self._should_exit():
             batch = self._timed_next_batch()
+            _, stop = sync_iteration(self, batch, serial=True)
             if batch is not None:
                 pending = self.run_batch(batch)
                 self.launch_delayed_sampling(batch)
                 self.process_batch_result(batch, pending)
             self._end_iteration(batch)
+            if stop:
+                break
         self._drain()
 
     def event_loop_overlap(self) -> None:
         """Launch batch N, then process batch N-1 while the device computes N."""
-        while not self._should_exit():
+        policy_last: ScheduleBatch | None = None  # the last batch as the overlap policy saw it
+        while self.dp_sync is not None or not self._should_exit():
             self._processed_early = must_process_before_planning(self.last_batch)
             if self._processed_early:
                 self.pop_and_process()
             batch = self._timed_next_batch()
+            policy_batch, stop = sync_iteration(self, batch)
             disable_overlap = is_disable_overlap_for_batch(
-                batch,
-                self.last_batch,
+                policy_batch,
+                policy_last,
                 disable_consecutive_prefill=self.disable_consecutive_prefill_overlap,
                 result_queued=bool(self.result_queue),
                 require_mlp_sync=self.require_mlp_sync,
@@ -387,6 +380,11 @@ class Scheduler:
             if batch is not None:
                 self.launch_delayed_sampling(batch)
             self._end_iteration(batch)
+            policy_last = policy_batch
+            if self.dp_sync is not None:
+                self.dp_sync.decided(disable_overlap)
+                if stop:
+                    break
         self._drain()
 
     def _drain(self) -> None:

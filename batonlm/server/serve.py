@@ -143,10 +143,14 @@ async def _serve(args: ServerArgs, sock: socket.socket, tokenizer) -> int:
     manager.on_scheduler_death = on_scheduler_death
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    scale = "".join((f", tp {args.tp_size}" if args.tp_size > 1 else "",
+                     f", {args.nnodes} nodes" if args.nnodes > 1 else "",
+                     f", dp {args.dp_size}" if args.dp_size > 1 else "",
+                     " with DP attention" if args.enable_dp_attention else ""))
     logger.info(
-        "batonlm ready on http://%s:%d (model %s, %s, %s, %d KV slots, %s loop)",
+        "batonlm ready on http://%s:%d (model %s, %s, %s, %d KV slots%s, %s loop%s)",
         shown, port, args.model_name, info.device, info.dtype, info.kv_capacity,
-        "overlap" if info.overlap else "normal",
+        " per replica" if args.dp_size > 1 else "", "overlap" if info.overlap else "normal", scale,
     )
     # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, with the handlers found
     # before it started: make those no-ops so a requested shutdown exits with code 0.

@@ -40,6 +40,7 @@ from batonlm.ipc.messages import (
 from batonlm.request_checks import check_request
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
+from batonlm.tokenizer_manager.dp_router import DPRouter
 from batonlm.tokenizer_manager.request_state import (
     FINISH_ABORT,
     ClientTooSlow,
@@ -69,9 +70,10 @@ class SchedulerProcess(Protocol):
     def stop(self, timeout_s: float = 10.0) -> None: ...
 
 
-# Starts the scheduler process given (args, ipc dir, request endpoint, output endpoint); the
-# entry points pass batonlm.launcher.start_scheduler, so this package never imports the scheduler.
-LaunchScheduler = Callable[[ServerArgs, str, str, str], SchedulerProcess]
+# Starts a scheduler process given (args, ipc dir, request endpoint, output endpoint, data-parallel
+# rank); the entry points pass batonlm.launcher.start_scheduler, so this package never imports
+# the scheduler.
+LaunchScheduler = Callable[[ServerArgs, str, str, str, int], SchedulerProcess]
 
 
 class TokenizerManager:
@@ -80,55 +82,81 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         self._launch = launch
         self.info: SchedulerInfo | None = None
-        self.handle: SchedulerProcess | None = None
+        # One scheduler per data-parallel replica (one without --dp), each with its own request
+        # socket; their outputs share one socket. `router` picks a request's replica.
+        self.handles: list[SchedulerProcess] = []
+        self.router = DPRouter(args.dp_size, args.load_balance_method)
+        self._owner: dict[str, int] = {}  # request id -> its replica
         self.states: dict[str, RequestState] = {}
         self.healthy = False
         self.draining = False
         self.on_scheduler_death: Callable[[], None] | None = None
         self.observer: RequestObserver | None = None
-        self._stats_waiters: list[asyncio.Future] = []
-        self._flush_waiters: list[asyncio.Future] = []
+        # Per replica: futures waiting for its SchedulerStats / FlushCacheResult, in order.
+        self._stats_waiters: list[list[asyncio.Future]] = [[] for _ in range(args.dp_size)]
+        self._flush_waiters: list[list[asyncio.Future]] = [[] for _ in range(args.dp_size)]
         self._ctx = zmq.asyncio.Context(1)
-        self._push: zmq.asyncio.Socket | None = None
+        self._pushes: list[zmq.asyncio.Socket] = []
         self._pull: zmq.asyncio.Socket | None = None
         self._output_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def handle(self) -> SchedulerProcess | None:
+        """The (first replica's) scheduler."""
+        return self.handles[0] if self.handles else None
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> SchedulerInfo:
-        """Bind the sockets, spawn the scheduler, and wait until it has loaded the model."""
+        """Bind the sockets, spawn the scheduler(s), and wait until they have loaded the model."""
         self._loop = asyncio.get_running_loop()
-        ipc_dir, req_ep, out_ep = new_endpoints()
+        ipc_dir, _, out_ep = new_endpoints()
+        req_eps = [f"ipc://{ipc_dir}/requests-{i}" for i in range(self.args.dp_size)]
         try:
-            self._push = self._ctx.socket(zmq.PUSH)
-            self._push.setsockopt(zmq.LINGER, 0)
-            self._push.bind(req_ep)
+            for ep in req_eps:
+                push = self._ctx.socket(zmq.PUSH)
+                push.setsockopt(zmq.LINGER, 0)
+                push.bind(ep)
+                self._pushes.append(push)
             self._pull = self._ctx.socket(zmq.PULL)
             self._pull.bind(out_ep)
-            self.handle = await asyncio.to_thread(self._launch, self.args, ipc_dir, req_ep, out_ep)
+            started = await asyncio.gather(
+                *(asyncio.to_thread(self._launch, self.args, ipc_dir, ep, out_ep, i) for i, ep in enumerate(req_eps)),
+                return_exceptions=True,
+            )
+            failed = [r for r in started if isinstance(r, BaseException)]
+            self.handles = [r for r in started if not isinstance(r, BaseException)]
+            if failed:
+                for handle in self.handles:  # the replicas that did start go too
+                    handle.process.kill()
+                    await asyncio.to_thread(handle.stop)
+                self.handles = []
+                raise failed[0]
         except BaseException:
             self._close_sockets()
             shutil.rmtree(ipc_dir, ignore_errors=True)
             raise
-        self.info = self.handle.info
+        self.info = self.handles[0].info
         self.healthy = True
         self._output_task = asyncio.create_task(self._output_loop())
-        self._loop.add_reader(self.handle.process.sentinel, self._scheduler_exited)
+        for i, handle in enumerate(self.handles):
+            self._loop.add_reader(handle.process.sentinel, self._scheduler_exited, i)
         return self.info
 
     async def shutdown(self) -> None:
-        if self.handle is None:
+        if not self.handles:
             return
-        handle, self.handle = self.handle, None
-        self._loop.remove_reader(handle.process.sentinel)  # type: ignore[union-attr]
-        if handle.process.is_alive():
-            # A scheduler that is exiting already (SIGTERM to the whole process group) has no
-            # socket left: a PUSH send with no peer blocks for ever. stop() waits for it anyway.
-            try:
-                await asyncio.wait_for(self._send(ShutdownRequest()), SHUTDOWN_SEND_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                logger.info("the scheduler did not take the shutdown request; waiting for it to exit")
-        await asyncio.to_thread(handle.stop)
+        handles, self.handles = self.handles, []
+        for i, handle in enumerate(handles):
+            self._loop.remove_reader(handle.process.sentinel)  # type: ignore[union-attr]
+            if handle.process.is_alive():
+                # A scheduler that is exiting already (SIGTERM to the whole process group) has no
+                # socket left: a PUSH send with no peer blocks for ever. stop() waits for it anyway.
+                try:
+                    await asyncio.wait_for(self._send(ShutdownRequest(), i), SHUTDOWN_SEND_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    logger.info("the scheduler did not take the shutdown request; waiting for it to exit")
+        await asyncio.gather(*(asyncio.to_thread(h.stop) for h in handles))
         self.healthy = False
         self._fail_all(SchedulerGone("the server is shutting down"))
         if self._output_task is not None:
@@ -136,17 +164,21 @@ class TokenizerManager:
         self._close_sockets()
 
     def _close_sockets(self) -> None:
-        for sock in (self._push, self._pull):
+        for sock in (*self._pushes, self._pull):
             if sock is not None:
                 sock.close(0)
         self._ctx.term()
 
-    def _scheduler_exited(self) -> None:
-        assert self.handle is not None and self._loop is not None
-        self._loop.remove_reader(self.handle.process.sentinel)
-        self.handle.process.join(1.0)  # reap it, for the exit code
-        code = self.handle.process.exitcode
-        logger.error("the scheduler process exited unexpectedly (exit code %s)", code)
+    def _scheduler_exited(self, replica: int) -> None:
+        """A scheduler died: the server cannot serve (a replica's requests would hang)."""
+        assert self._loop is not None
+        handle = self.handles[replica]
+        for h in self.handles:
+            self._loop.remove_reader(h.process.sentinel)
+        handle.process.join(1.0)  # reap it, for the exit code
+        code = handle.process.exitcode
+        which = "the scheduler process" if len(self.handles) == 1 else f"the scheduler of replica {replica}"
+        logger.error("%s exited unexpectedly (exit code %s)", which, code)
         self.healthy = False
         self._fail_all(SchedulerGone(f"the scheduler process died (exit code {code})"))
         if self.on_scheduler_death is not None:
@@ -166,17 +198,17 @@ class TokenizerManager:
     def _fail_all(self, error: Exception) -> None:
         for state in self.states.values():
             state.fail(error)
-        for fut in self._stats_waiters + self._flush_waiters:
-            if not fut.done():
-                fut.set_exception(error)
-        self._stats_waiters.clear()
-        self._flush_waiters.clear()
+        for waiters in self._stats_waiters + self._flush_waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_exception(error)
+            waiters.clear()
 
     # ------------------------------------------------------------------ IO
-    async def _send(self, msg: Message) -> None:
+    async def _send(self, msg: Message, replica: int = 0) -> None:
         if not self.healthy:
             raise SchedulerGone("the scheduler is not running")
-        await self._push.send(codec.encode(msg))  # type: ignore[union-attr]
+        await self._pushes[replica].send(codec.encode(msg))
 
     async def _output_loop(self) -> None:
         while True:
@@ -195,7 +227,7 @@ class TokenizerManager:
                         state.fail(ClientTooSlow(f"the client fell more than {backlog} outputs behind its stream"))
                         self.abort_nowait(out.rid)
             elif isinstance(msg, SchedulerStats | FlushCacheResult):
-                waiters = self._stats_waiters if isinstance(msg, SchedulerStats) else self._flush_waiters
+                waiters = (self._stats_waiters if isinstance(msg, SchedulerStats) else self._flush_waiters)[msg.dp_rank]
                 if waiters:
                     fut = waiters.pop(0)
                     if not fut.done():
@@ -272,8 +304,9 @@ class TokenizerManager:
             error = RequestTimedOut(f"the request ran longer than the server's request timeout ({timeout:g} s)")
             state.timer = asyncio.get_running_loop().call_later(timeout, state.fail, error)
         self.states[rid] = state
+        replica = self._owner[rid] = self.router.choose(input_ids)
         try:
-            await self._send(GenerateRequest(rid, input_ids, params))
+            await self._send(GenerateRequest(rid, input_ids, params), replica)
             while not state.finished:
                 chunk, stopped_early = state.apply(await state.next(), self.observer)
                 if stopped_early:
@@ -281,6 +314,7 @@ class TokenizerManager:
                 yield chunk
         finally:
             self.states.pop(rid, None)
+            self.router.release(replica)
             if state.timer is not None:
                 state.timer.cancel()
             if not state.finished:
@@ -291,12 +325,14 @@ class TokenizerManager:
                 if self.healthy:
                     # No await: this also runs when the consumer's task is being cancelled.
                     self.abort_nowait(rid)
+            self._owner.pop(rid, None)
 
     def abort_nowait(self, rid: str) -> None:
         """Tell the scheduler to drop a request, without awaiting (safe in cancelled tasks)."""
-        if not self.healthy or self._push is None:
+        replica = self._owner.get(rid)
+        if not self.healthy or replica is None:
             return
-        sent = self._push.send(codec.encode(AbortRequest(rid)), flags=zmq.NOBLOCK)
+        sent = self._pushes[replica].send(codec.encode(AbortRequest(rid)), flags=zmq.NOBLOCK)
 
         def check(fut) -> None:
             if fut.cancelled() or fut.exception() is not None:
@@ -304,15 +340,38 @@ class TokenizerManager:
 
         sent.add_done_callback(check)
 
+    async def _ask_all(self, msg: Message, waiters: list[list[asyncio.Future]], timeout_s: float) -> list:
+        """Send `msg` to every replica; their answers, in replica order."""
+        futs = []
+        for i in range(len(self._pushes)):
+            fut: asyncio.Future = asyncio.get_running_loop().create_future()
+            waiters[i].append(fut)
+            futs.append(fut)
+            await self._send(msg, i)
+        return await asyncio.wait_for(asyncio.gather(*futs), timeout_s)
+
     async def flush_cache(self, timeout_s: float = 30.0) -> FlushCacheResult:
-        """Ask the scheduler to empty its prefix cache (it refuses while requests run)."""
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._flush_waiters.append(fut)
-        await self._send(FlushCacheRequest())
-        return await asyncio.wait_for(fut, timeout_s)
+        """Ask the scheduler(s) to empty their prefix cache (each refuses while requests run)."""
+        results = await self._ask_all(FlushCacheRequest(), self._flush_waiters, timeout_s)
+        refused = [r for r in results if not r.ok]
+        return refused[0] if refused else results[0]
 
     async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._stats_waiters.append(fut)
-        await self._send(StatsRequest())
-        return await asyncio.wait_for(fut, timeout_s)
+        """The scheduler's counters (with data parallelism, the replicas' summed)."""
+        return sum_stats(await self._ask_all(StatsRequest(), self._stats_waiters, timeout_s))
+
+
+def sum_stats(parts: list[SchedulerStats]) -> SchedulerStats:
+    """The replicas' counters added up (histograms bucket by bucket)."""
+    if len(parts) == 1:
+        return parts[0]
+    fields = {}
+    for name in SchedulerStats.__struct_fields__:
+        values = [getattr(p, name) for p in parts]
+        if isinstance(values[0], list):
+            width = max(len(v) for v in values)
+            fields[name] = [sum(v[i] for v in values if i < len(v)) for i in range(width)]
+        else:
+            fields[name] = sum(values)
+    fields["dp_rank"] = 0
+    return SchedulerStats(**fields)

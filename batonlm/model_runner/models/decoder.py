@@ -13,13 +13,18 @@ import torch
 from torch import nn
 
 from batonlm.distributed.group import TPGroup
-from batonlm.distributed.layout import TPLayout
+from batonlm.distributed.layout import TPLayout, split_evenly
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.families import DecoderOptions
-from batonlm.model_runner.parallel_layers import RowParallelLinear, VocabParallelEmbedding, vocab_logits
+from batonlm.model_runner.parallel_layers import (
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    dp_gathered_mlp,
+    vocab_logits,
+)
 
 
 def single_layout(cfg: ModelConfig) -> TPLayout:
@@ -61,24 +66,39 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, opts: DecoderOptions, layer: int, shard: TPLayout, tp: TPGroup) -> None:
+    def __init__(
+        self, cfg: ModelConfig, opts: DecoderOptions, layer: int, shard: TPLayout, tp: TPGroup,
+        mlp_rows: int, mlp_group: TPGroup,
+    ) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, opts, layer, shard, tp)
-        self.mlp = GatedMLP(cfg.hidden_size, shard.mlp_rows()[1], cfg.hidden_act, bias=opts.mlp_bias, tp=tp)
+        self.mlp = GatedMLP(cfg.hidden_size, mlp_rows, cfg.hidden_act, bias=opts.mlp_bias, tp=mlp_group)
+        # DP attention: the MLP is split over the data-parallel ranks, not over `tp`.
+        self.dp_mlp = mlp_group if mlp_group is not tp else None
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, attn: AttentionBackend, batch: ForwardBatch) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp_forward(self.post_attention_layernorm(x), batch.dp_tokens)
+
+    def mlp_forward(self, h: torch.Tensor, dp_tokens: list[int] | None) -> torch.Tensor:
+        if self.dp_mlp is None:
+            return self.mlp(h)
+        assert dp_tokens is not None, "DP attention: a forward needs every rank's token count"
+        return dp_gathered_mlp(self.mlp, h, dp_tokens, self.dp_mlp)
 
 
 class DecoderBody(nn.Module):
-    def __init__(self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout, tp: TPGroup) -> None:
+    def __init__(
+        self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout, tp: TPGroup, mlp_rows: int, mlp_group: TPGroup
+    ) -> None:
         super().__init__()
         start, rows = shard.vocab_rows()
         self.embed_tokens = VocabParallelEmbedding(rows, cfg.hidden_size, start, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, opts, i, shard, tp) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, opts, i, shard, tp, mlp_rows, mlp_group) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -96,13 +116,19 @@ class DecoderLM(nn.Module):
     )
 
     def __init__(
-        self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout | None = None, tp: TPGroup | None = None
+        self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout | None = None, tp: TPGroup | None = None,
+        mlp_group: TPGroup | None = None,
     ) -> None:
         super().__init__()
         self.config = cfg
         self.shard = shard or single_layout(cfg)
         self.tp = tp or TPGroup.single()
-        self.model = DecoderBody(cfg, opts, self.shard, self.tp)
+        # (start, count) of the intermediate features this rank holds: its tensor-parallel share,
+        # or with DP attention (`mlp_group`, the data-parallel ranks) its share among those.
+        self.mlp_group = mlp_group or self.tp
+        self.mlp_rows = self.shard.mlp_rows() if mlp_group is None else \
+            split_evenly(cfg.intermediate_size, mlp_group.size, mlp_group.rank)
+        self.model = DecoderBody(cfg, opts, self.shard, self.tp, self.mlp_rows[1], self.mlp_group)
         vocab_rows = self.shard.vocab_rows()[1]
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
@@ -113,8 +139,7 @@ class DecoderLM(nn.Module):
             kv = self.shard.kv_rows()[1]
             return (self.shard.q_rows()[1], kv, kv)
         if fused == "gate_up_proj":
-            rows = self.shard.mlp_rows()[1]
-            return (rows, rows)
+            return (self.mlp_rows[1], self.mlp_rows[1])
         raise KeyError(fused)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
@@ -123,6 +148,14 @@ class DecoderLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn, batch)
         return x
+
+    def idle_forward(self, dp_tokens: list[int]) -> None:
+        """DP attention, a rank with no tokens this iteration: its part of every layer's MLP for
+        the other ranks' tokens (the collectives they wait on)."""
+        weight = self.model.embed_tokens.weight
+        empty = weight.new_zeros((0, self.config.hidden_size))
+        for layer in self.model.layers:
+            layer.mlp_forward(empty, dp_tokens)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.model.norm(hidden)

@@ -1,0 +1,93 @@
+"""Data parallelism as a user runs it: `batonlm serve --dp 2` (two replicas, requests routed by
+prefix or in turns) and `--enable-dp-attention`, driven over HTTP with the openai client."""
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from live_helpers import wait_until
+
+from batonlm.bench.server_process import ServerProcess
+
+PROMPTS = ["Once upon a time", "The dog ran to the park and", "Lily wanted a red ball", "Tom had a big box"]
+# A prompt long enough for the prefix cache (and the router's 16-token blocks) to matter.
+SYSTEM = ("Once upon a time there was a tiny frog who lived in a pond. Every day he would jump from leaf to leaf "
+          "and sing a happy song. The other animals liked his song very much.")
+
+
+def _texts(base_url: str) -> list[str]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url + "/v1", api_key="none")
+    return [client.completions.create(model="stories260K", prompt=p, max_tokens=30, temperature=0).choices[0].text
+            for p in PROMPTS]
+
+
+def _cached(base_url: str, prompt: str) -> int:
+    body = {"model": "stories260K", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    usage = httpx.post(base_url + "/v1/completions", json=body, timeout=30).json()["usage"]
+    return usage["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.fixture(scope="module")
+def one_replica_texts():
+    s = ServerProcess()
+    try:
+        return _texts(s.base_url)
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("flags", [("--dp", "2"), ("--dp", "2", "--enable-dp-attention")],
+                         ids=["replicas", "dp-attention"])
+def test_two_replicas_serve_what_one_serves(one_replica_texts, flags):
+    s = ServerProcess(*flags)
+    try:
+        assert _texts(s.base_url) == one_replica_texts
+        assert "dp 2" in s.log()
+        # Concurrent requests spread over both replicas and all finish.
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(lambda _: _texts(s.base_url), range(4)))
+        assert all(t == one_replica_texts for t in texts)
+    finally:
+        assert s.stop() == 0
+
+
+def test_prefix_routing_keeps_a_shared_prompt_on_the_replica_that_cached_it():
+    s = ServerProcess("--dp", "2")  # --load-balance-method prefix is the default
+    try:
+        _cached(s.base_url, SYSTEM + " One day")
+        assert all(_cached(s.base_url, SYSTEM + f" Then {i}") > 16 for i in range(4))
+    finally:
+        s.stop()
+    s = ServerProcess("--dp", "2", "--load-balance-method", "round_robin")
+    try:
+        # Turns: the second request goes to the other replica, whose cache is empty.
+        assert [_cached(s.base_url, SYSTEM + f" Then {i}") > 16 for i in range(4)] == [False, False, True, True]
+    finally:
+        s.stop()
+
+
+def test_a_dead_replica_takes_the_server_down():
+    s = ServerProcess("--dp", "2", "--enable-dp-attention", "--dist-timeout", "3")
+    try:
+        descendants = s.descendants()
+        workers = [p for p in descendants if p not in _schedulers(s)]
+        t0 = time.monotonic()
+        os.kill(workers[-1], signal.SIGKILL)  # one replica's device worker
+        s.proc.wait(10)
+        assert s.proc.returncode not in (0, None) and time.monotonic() - t0 < 5.0, s.log()
+        wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")
+                                and "zombie" not in open(f"/proc/{p}/status").read()], timeout=5)
+    finally:
+        s.stop()
+
+
+def _schedulers(s: ServerProcess) -> list[int]:
+    from batonlm.bench.server_process import children
+
+    return children(s.proc.pid)
