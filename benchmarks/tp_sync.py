@@ -9,6 +9,8 @@ Part 1, micro (ranks in spawned processes, `--ranks` of them, medians over `--re
     the [B, vocab / ranks] logits (1 per forward).
 Part 2, end to end: greedy decode tokens/s of stories260K (or `--model`) on a scheduler with its
 device at 1, 2, 4 ranks, `--concurrency` requests at once, outputs checked equal to one rank's.
+Part 3, serving: `batonlm bench` (random 64 in / 64 out, `--serving-concurrency` at once) against
+a server with one rank, `--tp 2`, `--dp 2`, and `--dp 2 --enable-dp-attention`.
 On a CPU the ranks share the same cores: this measures the cost of the synchronisation, not a
 speed-up (a model that needs more than one device is what TP is for, on GPUs).
 
@@ -72,6 +74,8 @@ def micro_job(rank: int, size: int, addr: str, reps: int, out) -> None:
         fn = (lambda d=data: relay.send(d)) if rank == 0 else relay.recv
         res[f"relay B={rows} ({len(data)} B)"] = _timed(fn, reps, barrier) - empty
     res["heartbeat"] = _timed(relay.heartbeat if rank == 0 else relay.recv, reps, barrier) - empty
+    row = torch.zeros(5, dtype=torch.int64)  # DP attention's sync row (dp_sync.py)
+    res["DP sync row all-gather"] = _timed(lambda: tp.all_gather_cpu(row), reps, barrier) - empty
     for hidden in HIDDEN:
         for rows in ROWS:
             x = torch.randn(rows, hidden)
@@ -127,6 +131,40 @@ def decode_rate(model: str, tp: int, concurrency: int, new_tokens: int, rounds: 
     return statistics.median(rates), outputs
 
 
+SERVING = {"one rank": [], "--tp 2": ["--tp", "2"], "--dp 2": ["--dp", "2"],
+           "--dp 2 --enable-dp-attention": ["--dp", "2", "--enable-dp-attention"]}
+
+
+def serving(model: str, concurrency: int, prompts: int) -> list[dict]:
+    import subprocess
+    import sys
+    import tempfile
+
+    from batonlm.bench.server_process import ServerProcess
+
+    rows = []
+    for name, flags in SERVING.items():
+        server = ServerProcess(model, *flags)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                summary = None
+                for n in (concurrency, prompts):  # a warm-up round, then the measured one
+                    cmd = [sys.executable, "-m", "batonlm", "bench", "--base-url", server.base_url,
+                           "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+                           "--random-input-len", "64", "--random-output-len", "64", "--random-range-ratio", "1.0",
+                           "--seed", "0", "--disable-progress-bar", "--output-json", f"{tmp}/out.json"]
+                    subprocess.run(cmd, check=True, capture_output=True, timeout=1800)
+                    summary = json.loads(Path(f"{tmp}/out.json").read_text())["summary"]
+        finally:
+            server.stop()
+        assert summary["failed"] == 0, summary["errors"]
+        rows.append({"server": name, "tokens_per_s": summary["output_throughput"],
+                     "itl_median_ms": summary["itl_ms"]["median"], "ttft_median_ms": summary["ttft_ms"]["median"]})
+        print(f"  {name:30s} {summary['output_throughput']:8.1f} tok/s  ITL median {summary['itl_ms']['median']:7.2f} ms"
+              f"  TTFT median {summary['ttft_ms']['median']:7.1f} ms", flush=True)
+    return rows
+
+
 def main() -> None:
     from batonlm.config import EMBEDDED_MODEL
 
@@ -138,6 +176,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--serving-concurrency", type=int, default=16)
+    ap.add_argument("--serving-prompts", type=int, default=64)
+    ap.add_argument("--no-serving", action="store_true", help="skip part 3")
     ap.add_argument("--json", default=str(RESULTS / "tp_sync.json"))
     args = ap.parse_args()
 
@@ -160,8 +201,13 @@ def main() -> None:
                          "ratio_to_tp1_eager": rate / base, "step_ms": 1e3 * c / rate})
             print(f"  c={c:<3d} tp={tp} {step:8s} {rate:8.1f} tok/s  step {1e3 * c / rate:6.2f} ms  "
                   f"x{rate / base:.2f} of tp=1 eager", flush=True)
+    served = []
+    if not args.no_serving:
+        print(f"\nserving: batonlm bench, 64 in / 64 out, {args.serving_concurrency} at once, "
+              f"{args.serving_prompts} requests:")
+        served = serving(args.model, args.serving_concurrency, args.serving_prompts)
     out = {"machine": platform.processor() or platform.machine(), "model": args.model, "ranks": args.ranks,
-           "micro_seconds": res, "decode": rows}
+           "micro_seconds": res, "decode": rows, "serving": served}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))
 

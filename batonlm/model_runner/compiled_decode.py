@@ -68,6 +68,7 @@ class _DecodeInputs(NamedTuple):
     positions: torch.Tensor
     out_cache_loc: torch.Tensor
     attn_metadata: tuple[torch.Tensor, dict[int | None, torch.Tensor]]
+    dp_tokens: None = None  # never DP attention (its MLP gathers every rank's tokens: eager)
 
 
 class PaddedDecodeAttention(AttentionBackend):
