@@ -54,7 +54,7 @@ def _timed(fn, reps: int, barrier) -> float:
     return statistics.median(times)
 
 
-def micro_job(rank: int, size: int, addr: str, reps: int, out) -> None:
+def micro_job(rank: int, size: int, addr: str, reps: int, device: str, out) -> None:
     import torch
     import torch.distributed as dist
 
@@ -62,9 +62,15 @@ def micro_job(rank: int, size: int, addr: str, reps: int, out) -> None:
     from batonlm.distributed.relay import LaunchRelay
 
     torch.set_num_threads(1)
-    tp = TPGroup.init(rank, size, addr, 60.0, "cpu")
+    dev = f"cuda:{rank}" if device == "cuda" else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(dev)
+    tp = TPGroup.init(rank, size, addr, 60.0, dev)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     relay = LaunchRelay(tp)
-    barrier = dist.barrier
+    def barrier() -> None:
+        dist.barrier(group=tp.cpu_group)
+
     _timed(barrier, 20, lambda: None)  # warm the connections
     res = {}
     empty = _timed(lambda: None, reps, barrier)
@@ -78,23 +84,24 @@ def micro_job(rank: int, size: int, addr: str, reps: int, out) -> None:
     res["DP sync row all-gather"] = _timed(lambda: tp.all_gather_cpu(row), reps, barrier) - empty
     for hidden in HIDDEN:
         for rows in ROWS:
-            x = torch.randn(rows, hidden)
-            res[f"all-reduce [{rows}, {hidden}]"] = _timed(lambda x=x: tp.all_reduce(x), reps, barrier) - empty
+            x = torch.randn(rows, hidden, device=dev)
+            res[f"all-reduce [{rows}, {hidden}]"] = _timed(lambda x=x: (tp.all_reduce(x), sync()), reps, barrier) - empty
     for rows in ROWS:
-        x = torch.randn(rows, 32000 // size)
-        res[f"all-gather [{rows}, 32000/{size}]"] = _timed(lambda x=x: tp.all_gather_last_dim(x), reps, barrier) - empty
+        x = torch.randn(rows, 32000 // size, device=dev)
+        res[f"all-gather [{rows}, 32000/{size}]"] = _timed(
+            lambda x=x: (tp.all_gather_last_dim(x), sync()), reps, barrier) - empty
     if rank == 0:
         out.put(res)
     tp.destroy()
 
 
-def micro(ranks: int, reps: int) -> dict[str, float]:
+def micro(ranks: int, reps: int, device: str) -> dict[str, float]:
     from batonlm.device.spec import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     addr = f"127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=micro_job, args=(r, ranks, addr, reps, out)) for r in range(ranks)]
+    procs = [ctx.Process(target=micro_job, args=(r, ranks, addr, reps, device, out)) for r in range(ranks)]
     for p in procs:
         p.start()
     res = out.get(timeout=600)
@@ -103,7 +110,8 @@ def micro(ranks: int, reps: int) -> dict[str, float]:
     return res
 
 
-def decode_rate(model: str, tp: int, concurrency: int, new_tokens: int, rounds: int, compile: str) -> tuple[float, list]:
+def decode_rate(model: str, tp: int, concurrency: int, new_tokens: int, rounds: int, compile: str,
+                device: str) -> tuple[float, list]:
     from batonlm.config import ServerArgs
     from batonlm.ipc.messages import GenerateRequest
     from batonlm.sampling_params import SamplingParams
@@ -111,7 +119,8 @@ def decode_rate(model: str, tp: int, concurrency: int, new_tokens: int, rounds: 
     from batonlm.scheduler.process import build_scheduler
 
     io = LocalIO()
-    sched, _ = build_scheduler(ServerArgs(model=model, tp_size=tp, compile=compile), io)
+    sched, _ = build_scheduler(ServerArgs(model=model, tp_size=tp, device=device,
+                                             compile=compile if device == "cpu" else "auto"), io)
     io.bind(lambda: sched.iteration)
     rates, outputs = [], None
     try:
@@ -135,7 +144,7 @@ SERVING = {"one rank": [], "--tp 2": ["--tp", "2"], "--dp 2": ["--dp", "2"],
            "--dp 2 --enable-dp-attention": ["--dp", "2", "--enable-dp-attention"]}
 
 
-def serving(model: str, concurrency: int, prompts: int) -> list[dict]:
+def serving(model: str, concurrency: int, prompts: int, device: str) -> list[dict]:
     import subprocess
     import sys
     import tempfile
@@ -144,7 +153,7 @@ def serving(model: str, concurrency: int, prompts: int) -> list[dict]:
 
     rows = []
     for name, flags in SERVING.items():
-        server = ServerProcess(model, *flags)
+        server = ServerProcess(model, "--device", device, *flags)
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 summary = None
@@ -171,6 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=EMBEDDED_MODEL)
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
@@ -182,8 +192,9 @@ def main() -> None:
     ap.add_argument("--json", default=str(RESULTS / "tp_sync.json"))
     args = ap.parse_args()
 
-    res = micro(args.ranks, args.reps)
-    print(f"per-operation cost over {args.ranks} gloo ranks on this CPU (median of {args.reps}):")
+    res = micro(args.ranks, args.reps, args.device)
+    backend = "NCCL" if args.device == "cuda" else "gloo"
+    print(f"per-operation cost over {args.ranks} {backend} ranks (median of {args.reps}):")
     for name, s in res.items():
         print(f"  {name:32s} {s * 1e6:9.1f} us")
     rows = []
@@ -191,8 +202,9 @@ def main() -> None:
     for c in args.concurrency:
         base, want = None, None
         # One rank eager first (ranks > 1 run the decode step eagerly), then compiled where it pays.
-        for tp, compile in [(1, "off"), (1, "auto")] + [(t, "off") for t in args.tp if t > 1]:
-            rate, outputs = decode_rate(args.model, tp, c, args.new_tokens, args.rounds, compile)
+        one = [(1, "off"), (1, "auto")] if args.device == "cpu" else [(1, "auto")]
+        for tp, compile in one + [(t, "off") for t in args.tp if t > 1]:
+            rate, outputs = decode_rate(args.model, tp, c, args.new_tokens, args.rounds, compile, args.device)
             if want is None:
                 base, want = rate, outputs
             assert outputs == want, f"tp {tp} changed the greedy output"
@@ -205,8 +217,9 @@ def main() -> None:
     if not args.no_serving:
         print(f"\nserving: batonlm bench, 64 in / 64 out, {args.serving_concurrency} at once, "
               f"{args.serving_prompts} requests:")
-        served = serving(args.model, args.serving_concurrency, args.serving_prompts)
-    out = {"machine": platform.processor() or platform.machine(), "model": args.model, "ranks": args.ranks,
+        served = serving(args.model, args.serving_concurrency, args.serving_prompts, args.device)
+    out = {"machine": platform.processor() or platform.machine(), "device": args.device, "model": args.model,
+           "ranks": args.ranks,
            "micro_seconds": res, "decode": rows, "serving": served}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))

@@ -160,3 +160,49 @@ def test_cuda_speculative_decoding_equals_plain_decoding(stories_path):
             assert h.sched.speculator.stats.steps > 0
     finally:
         h.close()
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_matches_one_gpu(tiny_models, tp):
+    """NCCL all-reduces and the logits' all-gather, captured in CUDA graphs: --tp gives the
+    one-GPU greedy tokens (fp32)."""
+    if _gpus() < tp:
+        pytest.skip(f"needs {tp} GPUs")
+    rng = random.Random(tp)
+    prompts = random_prompts(8, rng, lo=1, hi=150)
+    reqs = [(f"r{i}", p, {"temperature": 0.0, "max_new_tokens": 16}, i) for i, p in enumerate(prompts)]
+    results = []
+    for size in (1, tp):
+        h = SchedulerHarness(tiny_models["llama"], device="cuda", dtype="float32", tp_size=size,
+                             debug_tp_check_every=1 if size > 1 else 0)
+        try:
+            results.append(_run(h, reqs, overlap=True))
+        finally:
+            h.close()
+    assert results[0] == results[1]
+
+
+def test_dp_attention_matches_one_gpu(stories_path):
+    """--dp 2 --enable-dp-attention on two GPUs through the server: the one-GPU greedy text."""
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    import httpx
+
+    from batonlm.bench.server_process import ServerProcess
+
+    def texts(*flags):
+        s = ServerProcess("--device", "cuda", "--dtype", "float32", *flags)
+        try:
+            body = {"model": "stories260K", "max_tokens": 24, "temperature": 0}
+            return [httpx.post(s.base_url + "/v1/completions", json={**body, "prompt": p}, timeout=60).json()
+                    ["choices"][0]["text"] for p in ("Once upon a time", "Lily and Tom", "The sun")]
+        finally:
+            s.stop()
+
+    assert texts("--dp", "2", "--enable-dp-attention") == texts()
