@@ -222,6 +222,9 @@ class ServerArgs:
         _choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
         if self.dp_size > 1 and self.nnodes > 1:
             raise ConfigError("dp_size", "data parallelism runs on one node (give nnodes 1, or dp_size 1)")
+        if self.dp_size > 1 and self.dist_init_addr is not None:
+            raise ConfigError("dist_init_addr", "is for several nodes; with --dp each replica's ranks meet at a "
+                              "free local port of their own")
         if self.enable_dp_attention and self.dp_size < 2:
             raise ConfigError("enable_dp_attention", "needs at least two data-parallel replicas (--dp 2 or more)")
         if self.enable_dp_attention and self.tp_size > 1:
