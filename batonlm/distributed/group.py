@@ -62,6 +62,8 @@ class TPGroup:
         timeout = timedelta(seconds=timeout_s)
         cuda = device.startswith("cuda")
         method = init_addr if init_addr.startswith("file://") else f"tcp://{init_addr}"
+        if cuda:  # NCCL builds its communicators on the current device
+            torch.cuda.set_device(torch.device(device))
         dist.init_process_group("nccl" if cuda else "gloo", init_method=method, rank=rank, world_size=size,
                                 timeout=timeout)
         cpu_group = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
