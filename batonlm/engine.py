@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from batonlm.config import EMBEDDED_MODEL, ServerArgs
+from batonlm.config import EMBEDDED_MODEL, ConfigError, ServerArgs
 from batonlm.launcher import start_scheduler
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
@@ -32,6 +32,9 @@ class Engine:
 
     def __init__(self, model: str | None = None, **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs(model=model or EMBEDDED_MODEL, **server_args)
+        if self.args.node_rank > 0:
+            raise ConfigError("node_rank", "a node other than 0 only runs ranks: start it with `batonlm serve "
+                              "--node-rank K`; the Engine is node 0")
         self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="batonlm-engine-loop", daemon=True)

@@ -151,7 +151,7 @@ def dp_decision_job(rank: int, size: int, addr: str, decisions: list[bool], out)
     try:
         from batonlm.scheduler.dp_sync import DPDivergenceError, DPSync
 
-        sync = DPSync(rank, size, f"tcp://{addr}", 60.0)
+        sync = DPSync(rank, size, addr, 60.0)
         sync.exchange(None, done=False, stop=False)  # no decision yet: nothing to compare
         sync.decided(decisions[rank])
         try:

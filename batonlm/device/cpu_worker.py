@@ -14,7 +14,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 
 from batonlm import spawn
 from batonlm.device.base import (
@@ -50,6 +50,42 @@ class _WorkerPending(PendingResult):
         return self.device._collect(self.batch_id)
 
 
+def wait_ready(conns: dict[int, Connection], procs: dict[int, mp.process.BaseProcess], progress) -> None:
+    """Wait until every rank reports ready (`progress` gets their start-up steps, e.g. compiling
+    the decode step); raise DeviceError naming the first rank that fails, exits, or stays silent
+    for WORKER_START_TIMEOUT_S. Every rank is watched at once: one that dies while the others wait
+    for it to join their group is reported as soon as it exits."""
+    pending = dict(conns)
+    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+
+    def name(rank: int) -> str:
+        return "the CPU device worker" if len(procs) == 1 and rank == 0 else f"tensor-parallel rank {rank}"
+
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeviceError(f"{name(min(pending))} was silent for {WORKER_START_TIMEOUT_S:.0f} s while starting")
+        ready = wait([*pending.values(), *(procs[r].sentinel for r in pending)], timeout=min(left, 1.0))
+        for rank, conn in list(pending.items()):
+            if conn in ready:
+                try:
+                    msg = codec.decode(conn.recv_bytes())
+                except (EOFError, OSError):
+                    msg = None
+                if isinstance(msg, WorkerProgress):
+                    progress(msg.message)
+                    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+                    continue
+                if isinstance(msg, WorkerReady):
+                    del pending[rank]
+                    continue
+                detail = getattr(msg, "message", None) or f"exit code {procs[rank].exitcode}"
+                raise DeviceError(f"{name(rank)} failed to start: {detail}")
+            if procs[rank].sentinel in ready:
+                procs[rank].join(1.0)
+                raise DeviceError(f"{name(rank)} exited while starting (exit code {procs[rank].exitcode})")
+
+
 class CpuWorkerDevice(DeviceStream):
     """The device as worker processes: one on the CPU; with tensor parallelism one per rank of
     this node (on the CPU or one GPU each), rank 0 talking to the scheduler and relaying every
@@ -77,34 +113,15 @@ class CpuWorkerDevice(DeviceStream):
                 self._startup[rank] = parent
         self._proc = self._procs[0]
         try:
-            self._wait_ready()
+            wait_ready({0: self._conn, **self._startup}, self._procs, logger.info)
         except DeviceError:
             self.close()
             raise
+        for conn in self._startup.values():
+            conn.close()
         if spec.tp_size > 1:
             logger.info("tensor-parallel ranks of this node ready: %s (rendezvous %s)",
                         ", ".join(f"rank {r} pid {p.pid}" for r, p in self._procs.items()), spec.dist_init_addr)
-
-    def _wait_ready(self) -> None:
-        """Progress lines (compiling the decode step), then every local rank ready or failed."""
-        while True:
-            if not self._conn.poll(WORKER_START_TIMEOUT_S):
-                raise DeviceError(f"CPU device worker was silent for {WORKER_START_TIMEOUT_S:.0f} s while starting")
-            msg = self._recv()
-            if not isinstance(msg, WorkerProgress):
-                break
-            logger.info("%s", msg.message)
-        if not isinstance(msg, WorkerReady):
-            raise DeviceError(f"the device worker failed to start: {getattr(msg, 'message', msg)}")
-        for rank, conn in self._startup.items():
-            try:
-                msg = codec.decode(conn.recv_bytes()) if conn.poll(WORKER_START_TIMEOUT_S) else None
-            except (EOFError, OSError):
-                msg = None
-            if not isinstance(msg, WorkerReady):
-                detail = getattr(msg, "message", f"exit code {self._procs[rank].exitcode}")
-                raise DeviceError(f"tensor-parallel rank {rank} failed to start: {detail}")
-            conn.close()
 
     def check_health(self) -> None:
         """Raise DeviceError if a rank process of this node has exited."""
@@ -180,6 +197,20 @@ class CpuWorkerDevice(DeviceStream):
         self._conn.close()
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this worker when the process that started it (the scheduler, or a node's
+    supervisor) dies, whatever it is doing — a rank stuck in a collective (NCCL may never time
+    out) would otherwise outlive its server."""
+    try:
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    except (OSError, AttributeError):  # not Linux/glibc: the pipe's EOF still ends an idle worker
+        pass
+
+
 def _keep_freed_memory() -> None:
     """glibc returns large freed blocks to the OS (mmap/trim), so every forward page-faults its
     multi-megabyte temporaries in again; measured on a 32M-parameter model at batch 64 that
@@ -205,6 +236,7 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
     # Ctrl-C reaches the whole process group: the scheduler shuts this worker down (or the pipe
     # closes), so a SIGINT must not kill it halfway.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     _keep_freed_memory()
     # See factory.cpu_worker_threads: one thread for tiny models, all cores for larger ones.
     torch.set_num_threads(spec.cpu_threads)

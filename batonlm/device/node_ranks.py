@@ -19,11 +19,10 @@ from multiprocessing.connection import Connection, wait
 
 from batonlm import spawn
 from batonlm.config import ServerArgs
-from batonlm.device.cpu_worker import WORKER_START_TIMEOUT_S, worker_main
+from batonlm.device.base import DeviceError
+from batonlm.device.cpu_worker import wait_ready, worker_main
 from batonlm.device.spec import device_spec
 from batonlm.distributed.relay import HEARTBEAT_S
-from batonlm.ipc import codec
-from batonlm.ipc.device_messages import WorkerReady
 from batonlm.model_runner.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -41,15 +40,18 @@ def run_node(args: ServerArgs) -> int:
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, _f: stop.update(signal=s))
-    for rank in spec.local_ranks:
+    for rank in spec.local_ranks:  # all of them first: none is ready before every rank has met
         parent, child = ctx.Pipe(duplex=True)
         procs[rank] = ctx.Process(target=worker_main, args=(child, spec, rank), name=f"batonlm-tp{rank}")
         spawn.start(procs[rank])
         child.close()
         conns[rank] = parent
-        if not _ready(rank, parent, procs[rank]):
-            _kill(procs)
-            return 1
+    try:
+        wait_ready(conns, procs, logger.info)
+    except DeviceError as e:
+        logger.error("node %d: %s", args.node_rank, e)
+        _kill(procs)
+        return 1
     logger.info("node %d: tensor-parallel ranks of this node ready: %s (rendezvous %s)", args.node_rank,
                 ", ".join(f"rank {r} pid {p.pid}" for r, p in procs.items()), spec.dist_init_addr)
     # A rank is alive while it beats; stopped or hung, it falls silent (rank 0 relays at least
@@ -91,18 +93,6 @@ def run_node(args: ServerArgs) -> int:
     logger.error("node %d: tensor-parallel ranks ended (exit codes %s); taking the node down", args.node_rank,
                  ", ".join(f"rank {r}: {'running' if c is None else c}" for r, c in codes.items()))
     return 1
-
-
-def _ready(rank: int, conn, proc) -> bool:
-    try:
-        msg = codec.decode(conn.recv_bytes()) if conn.poll(WORKER_START_TIMEOUT_S) else None
-    except (EOFError, OSError):
-        msg = None
-    if isinstance(msg, WorkerReady):
-        return True
-    logger.error("tensor-parallel rank %d failed to start: %s", rank,
-                 getattr(msg, "message", f"exit code {proc.exitcode}"))
-    return False
 
 
 def _kill(procs: dict[int, mp.process.BaseProcess]) -> None:

@@ -86,8 +86,12 @@ def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device:
     # Never more than every running request at full context needs.
     ceiling = args.max_running_requests * ctx
     if device.startswith("cuda"):
+        # Per GPU: this rank's share of the weights and of the KV heads (every GPU of a
+        # tensor-parallel group holds the same share, give or take a row).
+        tp, mlp_split = args.tp_size, args.dp_size if args.enable_dp_attention else args.tp_size
+        per_token = KVPool.bytes_per_token(cfg.num_layers, max(1, cfg.num_kv_heads // tp), cfg.head_dim, dtype)
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        weights = sum(_param_count(cfg)) * torch.empty((), dtype=dtype).element_size()
+        weights = sum(_param_count(cfg, tp, mlp_split)) * torch.empty((), dtype=dtype).element_size()
         budget = free - weights - int((1 - args.mem_fraction_static) * total)
         if budget <= per_token * ctx:
             raise DeviceConfigError(
@@ -98,9 +102,12 @@ def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device:
     return max(min(ceiling, CPU_KV_BUDGET_BYTES // per_token), ctx)
 
 
-def _param_count(cfg: ModelConfig) -> list[int]:
-    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+def _param_count(cfg: ModelConfig, tp: int = 1, mlp_split: int = 1) -> list[int]:
+    """Parameters one rank holds: (embedding, layers, LM head), with `tp` ranks splitting heads
+    and vocabulary (KV heads replicated past their count) and `mlp_split` the MLP."""
+    h = cfg.hidden_size
+    i, v = -(-cfg.intermediate_size // mlp_split), -(-cfg.vocab_size // tp)
+    q, kv = cfg.num_heads * cfg.head_dim // tp, max(1, cfg.num_kv_heads // tp) * cfg.head_dim
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
     return [v * h, cfg.num_layers * per_layer, 0 if cfg.tie_word_embeddings else v * h]
 
@@ -210,7 +217,8 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
     local = tuple(args.local_tp_ranks)
     if device == "cuda" and args.dp_size > 1:  # replica k: GPUs k * tp .. (k + 1) * tp - 1
         device = f"cuda:{dp_rank * args.tp_size}"
-    threads = args.cpu_worker_threads or max(1, cpu_worker_threads(cfg) // len(local))
+    # The cores are shared by this node's ranks of every replica.
+    threads = args.cpu_worker_threads or max(1, cpu_worker_threads(cfg) // (len(local) * args.dp_size))
     return DeviceSpec(
         model_path=cfg.path,
         dtype=dtype_name,

@@ -47,8 +47,9 @@ def join_group(spec: DeviceSpec, rank: int) -> tuple[TPGroup, LaunchRelay, Devic
     data = relay.recv()
     assert data is not None
     root = json.loads(data)
+    # Paths and threads are this node's own (a model directory may sit elsewhere on each node).
     root.update(local_ranks=spec.local_ranks, cpu_threads=spec.cpu_threads, model_path=spec.model_path,
-                compile_cache_dir=spec.compile_cache_dir)
+                draft_model_path=spec.draft_model_path, compile_cache_dir=spec.compile_cache_dir)
     root["local_ranks"] = tuple(root["local_ranks"])
     return tp, relay, DeviceSpec(**root)
 

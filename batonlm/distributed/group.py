@@ -26,6 +26,24 @@ class CollectiveCounts:
         return dataclasses.replace(self)
 
 
+# How long ranks wait for each other to arrive (nodes start at their own pace; loading a model
+# takes minutes). Once met, a collective waits at most the group's timeout (--dist-timeout).
+RENDEZVOUS_TIMEOUT_S = 600.0
+
+
+def rendezvous(init_addr: str, rank: int, size: int):
+    """The store the ranks meet in: a TCP store rank 0 serves at host:port, or a file store at a
+    `file://` path every rank sees."""
+    import torch.distributed as dist
+
+    if init_addr.startswith("file://"):
+        store = dist.FileStore(init_addr.removeprefix("file://"), size)
+        store.set_timeout(timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+        return store
+    host, _, port = init_addr.rpartition(":")
+    return dist.TCPStore(host, int(port), size, is_master=rank == 0, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+
+
 class TPGroupError(RuntimeError):
     """A collective failed: a rank is gone (its connections closed) or stopped (timed out)."""
 
@@ -61,11 +79,10 @@ class TPGroup:
 
         timeout = timedelta(seconds=timeout_s)
         cuda = device.startswith("cuda")
-        method = init_addr if init_addr.startswith("file://") else f"tcp://{init_addr}"
         if cuda:  # NCCL builds its communicators on the current device
             torch.cuda.set_device(torch.device(device))
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=method, rank=rank, world_size=size,
-                                timeout=timeout)
+        dist.init_process_group("nccl" if cuda else "gloo", store=rendezvous(init_addr, rank, size), rank=rank,
+                                world_size=size, timeout=timeout)
         cpu_group = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
         return cls(rank, size, dist.group.WORLD, cpu_group, gather_into_tensor=cuda)
 

@@ -70,7 +70,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
         ),
     )
     if args.enable_dp_attention:
-        from batonlm.scheduler.dp_sync import DPSync
+        from batonlm.scheduler.dp_sync import DP_IDLE_POLL_S, DPSync
 
         try:
             sched.dp_sync = DPSync(dp_rank, args.dp_size, f"file://{dp_dir}/dp-sync", args.dist_timeout)
@@ -78,6 +78,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
             device.close()
             raise
         sched.require_mlp_sync = True
+        sched.idle_poll_s = DP_IDLE_POLL_S
     info = SchedulerInfo(
         model_path=cfg.path,
         context_length=spec.context_length,

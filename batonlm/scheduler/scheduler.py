@@ -84,6 +84,7 @@ class Scheduler:
         # DP attention (dp_sync.py): the replicas agree every iteration; the overlap policy reads
         # the flag they agreed on, and an idle loop does not block while another replica works.
         self.dp_sync = None
+        self.idle_poll_s = IDLE_POLL_S  # DP attention: shorter (a replica's request waits on the others' polls)
         self.require_mlp_sync = False
         self.peers_busy = False
 
@@ -146,7 +147,7 @@ class Scheduler:
         if self.waiting or self.running or self.result_queue or self.peers_busy:
             timeout = 0.0
         else:  # idle: no result wait would notice a device that is gone
-            timeout = GRAMMAR_POLL_S if self.grammars.pending else IDLE_POLL_S
+            timeout = GRAMMAR_POLL_S if self.grammars.pending else self.idle_poll_s
             self.device.check_health()
         t0 = time.perf_counter()
         messages = self.io.recv(timeout)

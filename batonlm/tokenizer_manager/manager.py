@@ -15,6 +15,7 @@ import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import zmq
@@ -120,10 +121,14 @@ class TokenizerManager:
                 self._pushes.append(push)
             self._pull = self._ctx.socket(zmq.PULL)
             self._pull.bind(out_ep)
-            started = await asyncio.gather(
-                *(asyncio.to_thread(self._launch, self.args, ipc_dir, ep, out_ep, i) for i, ep in enumerate(req_eps)),
-                return_exceptions=True,
-            )
+            # A thread per replica: DP attention's replicas meet while they start, so all of them
+            # must start at once (the default pool may have fewer threads than replicas).
+            with ThreadPoolExecutor(len(req_eps), thread_name_prefix="batonlm-start") as pool:
+                started = await asyncio.gather(
+                    *(self._loop.run_in_executor(pool, self._launch, self.args, ipc_dir, ep, out_ep, i)
+                      for i, ep in enumerate(req_eps)),
+                    return_exceptions=True,
+                )
             failed = [r for r in started if isinstance(r, BaseException)]
             self.handles = [r for r in started if not isinstance(r, BaseException)]
             if failed:
@@ -147,8 +152,10 @@ class TokenizerManager:
         if not self.handles:
             return
         handles, self.handles = self.handles, []
-        for i, handle in enumerate(handles):
+        for handle in handles:  # before any await: a replica exiting now is no failure
             self._loop.remove_reader(handle.process.sentinel)  # type: ignore[union-attr]
+
+        async def tell(i: int, handle: SchedulerProcess) -> None:
             if handle.process.is_alive():
                 # A scheduler that is exiting already (SIGTERM to the whole process group) has no
                 # socket left: a PUSH send with no peer blocks for ever. stop() waits for it anyway.
@@ -156,7 +163,9 @@ class TokenizerManager:
                     await asyncio.wait_for(self._send(ShutdownRequest(), i), SHUTDOWN_SEND_TIMEOUT_S)
                 except asyncio.TimeoutError:
                     logger.info("the scheduler did not take the shutdown request; waiting for it to exit")
-        await asyncio.gather(*(asyncio.to_thread(h.stop) for h in handles))
+            await asyncio.to_thread(handle.stop)
+
+        await asyncio.gather(*(tell(i, h) for i, h in enumerate(handles)))
         self.healthy = False
         self._fail_all(SchedulerGone("the server is shutting down"))
         if self._output_task is not None:
@@ -276,10 +285,11 @@ class TokenizerManager:
         if self.draining:
             raise SchedulerGone("the server is shutting down")
         queued = self.args.max_queued_requests
-        if queued is not None and len(self.states) + num_requests > self.args.max_running_requests + queued:
+        running = self.args.max_running_requests * self.args.dp_size  # per replica
+        if queued is not None and len(self.states) + num_requests > running + queued:
             raise QueueFull(
                 f"the server is full ({len(self.states)} requests in flight, at most "
-                f"{self.args.max_running_requests} running and {queued} queued); retry later"
+                f"{running} running and {queued} queued); retry later"
             )
 
     async def generate(
@@ -354,7 +364,11 @@ class TokenizerManager:
         """Ask the scheduler(s) to empty their prefix cache (each refuses while requests run)."""
         results = await self._ask_all(FlushCacheRequest(), self._flush_waiters, timeout_s)
         refused = [r for r in results if not r.ok]
-        return refused[0] if refused else results[0]
+        if not refused or len(results) == 1:
+            return results[0]
+        flushed = [r.dp_rank for r in results if r.ok]
+        return FlushCacheResult(False, f"replica {refused[0].dp_rank}: {refused[0].message}"
+                                + (f" (replicas {flushed} flushed theirs)" if flushed else ""))
 
     async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
         """The scheduler's counters (with data parallelism, the replicas' summed)."""

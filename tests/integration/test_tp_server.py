@@ -123,8 +123,8 @@ def test_a_dead_or_hung_rank_takes_the_server_down(sig, rank, busy):
         s.stop()
 
 
-def _node(rank: int, addr: str, port: int | None, log) -> subprocess.Popen:
-    args = [sys.executable, "-m", "batonlm", "serve", "--tp", "2", "--nnodes", "2", "--node-rank", str(rank),
+def _node(rank: int, addr: str, port: int | None, log, tp: int = 2) -> subprocess.Popen:
+    args = [sys.executable, "-m", "batonlm", "serve", "--tp", str(tp), "--nnodes", "2", "--node-rank", str(rank),
             "--dist-init-addr", addr, "--dist-timeout", "3"]
     return subprocess.Popen(args + (["--port", str(port)] if port else []), stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -141,16 +141,20 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("ending", ["sigterm-node0", "kill-node1-rank", "stop-node1-rank"])
-def test_two_local_nodes_serve_through_node_0(tmp_path, one_rank_texts, ending):
+@pytest.mark.parametrize(("ending", "tp"), [("sigterm-node0", 2), ("sigterm-node0", 4), ("kill-node1-rank", 2),
+                                           ("stop-node1-rank", 2)],
+                         ids=["sigterm-node0", "two-ranks-per-node", "kill-node1-rank", "stop-node1-rank"])
+def test_two_local_nodes_serve_through_node_0(tmp_path, one_rank_texts, ending, tp):
     addr = f"127.0.0.1:{free_port()}"
     log1 = open(tmp_path / "node1.log", "w")
-    node1 = _node(1, addr, None, log1)  # started first: it waits for node 0
+    node1 = _node(1, addr, None, log1, tp)  # started first: it waits for node 0
     s = None
     try:
-        s = ServerProcess("--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr,
+        s = ServerProcess("--tp", str(tp), "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr,
                           "--dist-timeout", "3")
-        wait_until(lambda: "rank 1 pid" in (tmp_path / "node1.log").read_text(), timeout=10)
+        first_remote = tp // 2
+        wait_until(lambda: f"rank {first_remote} pid" in (tmp_path / "node1.log").read_text(), timeout=10)
+        assert len(_rank_pids((tmp_path / "node1.log").read_text())) == tp // 2
         node1_ranks = _descendants(node1.pid)
         assert _completions(s.base_url) == one_rank_texts
         assert node1.poll() is None

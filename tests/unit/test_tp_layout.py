@@ -94,3 +94,15 @@ def test_each_rank_reads_only_its_shard_and_the_shards_make_the_model(stories_pa
         start, count = m.shard.kv_rows()
         k = dict(m.named_parameters())[layer + "self_attn.qkv_proj.weight"][q_rows : q_rows + count]
         assert torch.equal(k, k_full[start : start + count])
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 8])
+def test_gpu_memory_sizing_counts_a_ranks_share_of_the_weights(stories_path, size):
+    from batonlm.device.spec import _param_count
+
+    cfg = ModelConfig.from_hf(stories_path)
+    counted = sum(_param_count(cfg, size, size))
+    model, _ = load_model(cfg, torch.float32, "cpu", shard=tp_layout(cfg, 0, size))
+    held = sum(p.numel() for p in model.parameters())
+    # Rank 0 takes the larger share of an uneven MLP split; only the final norm is not counted.
+    assert 0 <= held - counted <= cfg.hidden_size
