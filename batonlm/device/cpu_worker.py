@@ -255,6 +255,9 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
                                      spec.rank_device(rank))
         progress = (lambda m: conn.send_bytes(codec.encode(WorkerProgress(m)))) if rank == 0 else None
         executor = build_executor(spec, progress, tp, mlp_group)
+        for group in (tp, mlp_group):  # loading takes each rank its own time: no heartbeat before all have
+            if group is not None:
+                group.wait_all("loaded")
     except Exception as e:  # report, then exit: the scheduler turns this into a start-up error
         logger.debug("device worker start-up failed", exc_info=True)
         conn.send_bytes(codec.encode(WorkerFailed(-1, f"{type(e).__name__}: {e}")))

@@ -58,9 +58,12 @@ def _collective(fn):
 
 
 class TPGroup:
-    def __init__(self, rank: int, size: int, device_group=None, cpu_group=None, gather_into_tensor: bool = False):
+    def __init__(
+        self, rank: int, size: int, device_group=None, cpu_group=None, gather_into_tensor: bool = False, store=None
+    ):
         self.rank = rank
         self.size = size
+        self.store = store
         self.device_group = device_group
         self.cpu_group = cpu_group
         # NCCL gathers into one tensor (capturable in a CUDA graph); gloo takes a list.
@@ -81,10 +84,24 @@ class TPGroup:
         cuda = device.startswith("cuda")
         if cuda:  # NCCL builds its communicators on the current device
             torch.cuda.set_device(torch.device(device))
-        dist.init_process_group("nccl" if cuda else "gloo", store=rendezvous(init_addr, rank, size), rank=rank,
-                                world_size=size, timeout=timeout)
+        store = rendezvous(init_addr, rank, size)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=size, timeout=timeout)
         cpu_group = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
-        return cls(rank, size, dist.group.WORLD, cpu_group, gather_into_tensor=cuda)
+        return cls(rank, size, dist.group.WORLD, cpu_group, gather_into_tensor=cuda, store=store)
+
+    def wait_all(self, key: str) -> None:
+        """Wait (up to RENDEZVOUS_TIMEOUT_S, not the collectives' timeout) until every rank has
+        called this with `key`: after loading the model, whose time differs from rank to rank."""
+        if self.size == 1:
+            return
+        import time
+
+        self.store.add(key, 1)
+        deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+        while self.store.add(key, 0) < self.size:
+            if time.monotonic() > deadline:
+                raise TPGroupError(f"tensor-parallel ranks did not all reach {key!r} within {RENDEZVOUS_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
 
     @property
     def is_root(self) -> bool:

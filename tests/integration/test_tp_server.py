@@ -96,8 +96,8 @@ class _Stream(threading.Thread):
 @pytest.mark.parametrize(("sig", "rank", "busy"), [
     (signal.SIGKILL, 1, True), (signal.SIGKILL, 0, True), (signal.SIGKILL, 1, False), (signal.SIGKILL, 0, False),
     (signal.SIGSTOP, 1, True), (signal.SIGSTOP, 0, False),
-], ids=["kill-rank1-decoding", "kill-rank0-decoding", "kill-rank1-idle", "kill-rank0-idle",
-        "stop-rank1-decoding", "stop-rank0-idle"])
+], ids=["kill-rank1-decoding", "kill-rank0-decoding", "kill-rank1-idle (the heartbeat notices)",
+        "kill-rank0-idle (the scheduler notices)", "stop-rank1-decoding", "stop-rank0-idle"])
 def test_a_dead_or_hung_rank_takes_the_server_down(sig, rank, busy):
     timeout = 3.0
     s = ServerProcess("--tp", "2", "--dist-timeout", str(timeout))
@@ -141,9 +141,8 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize(("ending", "tp"), [("sigterm-node0", 2), ("sigterm-node0", 4), ("kill-node1-rank", 2),
-                                           ("stop-node1-rank", 2)],
-                         ids=["sigterm-node0", "two-ranks-per-node", "kill-node1-rank", "stop-node1-rank"])
+@pytest.mark.parametrize(("ending", "tp"), [("sigterm-node0", 4), ("kill-node1-rank", 2), ("stop-node1-rank", 2)],
+                         ids=["two-ranks-per-node-sigterm-node0", "kill-node1-rank", "stop-node1-rank"])
 def test_two_local_nodes_serve_through_node_0(tmp_path, one_rank_texts, ending, tp):
     addr = f"127.0.0.1:{free_port()}"
     log1 = open(tmp_path / "node1.log", "w")
