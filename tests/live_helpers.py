@@ -67,3 +67,20 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+SCALE_OUT_PROMPTS = ["Once upon a time", "The dog ran to the park and", "Lily wanted a red ball", "Tom had a big box"]
+
+
+def greedy_completions(base_url: str) -> list[str]:
+    """The greedy 30-token completions of SCALE_OUT_PROMPTS through the openai client (the first
+    also streamed, and checked equal): what the scale-out tests compare servers by."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url + "/v1", api_key="none")
+    texts = [client.completions.create(model="stories260K", prompt=p, max_tokens=30, temperature=0).choices[0].text
+             for p in SCALE_OUT_PROMPTS]
+    streamed = "".join(e.choices[0].text for e in client.completions.create(
+        model="stories260K", prompt=SCALE_OUT_PROMPTS[0], max_tokens=30, temperature=0, stream=True))
+    assert streamed == texts[0]
+    return texts

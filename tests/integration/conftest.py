@@ -17,3 +17,11 @@ def client(server):
     import openai
 
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def one_rank_texts(server):
+    """What one rank serves (the session server): the scale-out tests' reference."""
+    from live_helpers import greedy_completions
+
+    return greedy_completions(server.base_url)

@@ -36,12 +36,15 @@ def _single_process_tokens(model, schedule):
         h.close()
 
 
-@pytest.mark.parametrize(("overlap", "consecutive_prefill_rule"), [(True, False), (True, True), (False, False)],
+@pytest.mark.parametrize(("overlap", "consecutive_prefill_rule", "seeds"),
+                         [(True, False, (1, 2, 3)), (True, True, (4,)), (False, False, (5,))],
                          ids=["overlap", "overlap-consecutive-prefill-rule", "normal"])
-def test_two_replicas_with_dp_attention_match_one_process(stories_path, tmp_path, overlap, consecutive_prefill_rule):
+def test_two_replicas_with_dp_attention_match_one_process(
+    stories_path, tmp_path, overlap, consecutive_prefill_rule, seeds
+):
     env = {"BATONLM_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1" if consecutive_prefill_rule else "0"}
     pairings = [0] * 9
-    for seed in (1, 2, 3):
+    for seed in seeds:
         schedule = _schedule(seed)
         want = _single_process_tokens(stories_path, schedule)
         dp_dir = tmp_path / f"seed{seed}"
@@ -56,9 +59,10 @@ def test_two_replicas_with_dp_attention_match_one_process(stories_path, tmp_path
             assert checked >= iters - 1  # every iteration's overlap decision was compared
         assert len(iterations) == 1, "the replicas ran different numbers of iterations"
         assert got == want, f"seed {seed}"
-    cells = {f"{KINDS[m]}/{KINDS[o]}": pairings[m * 3 + o] for m in range(3) for o in range(3)}
-    missing = [k for k, v in cells.items() if v == 0 and k != "idle/idle"]
-    assert not missing, f"pairings never seen: {missing} ({cells})"
+    if len(seeds) > 1:  # the three schedules together meet every pairing
+        cells = {f"{KINDS[m]}/{KINDS[o]}": pairings[m * 3 + o] for m in range(3) for o in range(3)}
+        missing = [k for k, v in cells.items() if v == 0 and k != "idle/idle"]
+        assert not missing, f"pairings never seen: {missing} ({cells})"
 
 
 def test_different_overlap_decisions_stop_every_rank():

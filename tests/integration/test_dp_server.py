@@ -7,22 +7,13 @@ import time
 
 import httpx
 import pytest
-from live_helpers import wait_until
+from live_helpers import greedy_completions, wait_until
 
 from batonlm.bench.server_process import ServerProcess
 
-PROMPTS = ["Once upon a time", "The dog ran to the park and", "Lily wanted a red ball", "Tom had a big box"]
 # A prompt long enough for the prefix cache (and the router's 16-token blocks) to matter.
 SYSTEM = ("Once upon a time there was a tiny frog who lived in a pond. Every day he would jump from leaf to leaf "
           "and sing a happy song. The other animals liked his song very much.")
-
-
-def _texts(base_url: str) -> list[str]:
-    from openai import OpenAI
-
-    client = OpenAI(base_url=base_url + "/v1", api_key="none")
-    return [client.completions.create(model="stories260K", prompt=p, max_tokens=30, temperature=0).choices[0].text
-            for p in PROMPTS]
 
 
 def _cached(base_url: str, prompt: str) -> int:
@@ -31,43 +22,30 @@ def _cached(base_url: str, prompt: str) -> int:
     return usage["prompt_tokens_details"]["cached_tokens"]
 
 
-@pytest.fixture(scope="module")
-def one_replica_texts():
-    s = ServerProcess()
-    try:
-        return _texts(s.base_url)
-    finally:
-        s.stop()
-
-
 @pytest.mark.parametrize("flags", [("--dp", "2"), ("--dp", "2", "--enable-dp-attention")],
                          ids=["replicas", "dp-attention"])
-def test_two_replicas_serve_what_one_serves(one_replica_texts, flags):
+def test_two_replicas_serve_what_one_serves(one_rank_texts, flags):
     s = ServerProcess(*flags)
     try:
-        assert _texts(s.base_url) == one_replica_texts
+        assert greedy_completions(s.base_url) == one_rank_texts
         assert "dp 2" in s.log()
         # Concurrent requests spread over both replicas and all finish.
         import concurrent.futures as cf
 
         with cf.ThreadPoolExecutor(8) as pool:
-            texts = list(pool.map(lambda _: _texts(s.base_url), range(4)))
-        assert all(t == one_replica_texts for t in texts)
+            texts = list(pool.map(lambda _: greedy_completions(s.base_url), range(4)))
+        assert all(t == one_rank_texts for t in texts)
     finally:
         assert s.stop() == 0
 
 
 def test_prefix_routing_keeps_a_shared_prompt_on_the_replica_that_cached_it():
+    """(Round robin would send the second request to the other replica, whose cache is empty:
+    tests/unit/test_dp_router.py covers the methods' choices.)"""
     s = ServerProcess("--dp", "2")  # --load-balance-method prefix is the default
     try:
         _cached(s.base_url, SYSTEM + " One day")
         assert all(_cached(s.base_url, SYSTEM + f" Then {i}") > 16 for i in range(4))
-    finally:
-        s.stop()
-    s = ServerProcess("--dp", "2", "--load-balance-method", "round_robin")
-    try:
-        # Turns: the second request goes to the other replica, whose cache is empty.
-        assert [_cached(s.base_url, SYSTEM + f" Then {i}") > 16 for i in range(4)] == [False, False, True, True]
     finally:
         s.stop()
 

@@ -11,34 +11,12 @@ import time
 
 import httpx
 import pytest
-from live_helpers import wait_until
+from live_helpers import greedy_completions, wait_until
 
 from batonlm.bench.server_process import ServerProcess, free_port
 
-PROMPTS = ["Once upon a time", "The dog ran to the park and", "Lily wanted a red ball"]
 LONG = {"model": "stories260K", "prompt": "Once", "max_tokens": 480, "temperature": 0, "ignore_eos": True,
         "stream": True}
-
-
-def _completions(base_url: str) -> list[str]:
-    from openai import OpenAI
-
-    client = OpenAI(base_url=base_url + "/v1", api_key="none")
-    texts = [client.completions.create(model="stories260K", prompt=p, max_tokens=40, temperature=0).choices[0].text
-             for p in PROMPTS]
-    streamed = "".join(e.choices[0].text for e in client.completions.create(
-        model="stories260K", prompt=PROMPTS[0], max_tokens=40, temperature=0, stream=True))
-    assert streamed == texts[0]
-    return texts
-
-
-@pytest.fixture(scope="module")
-def one_rank_texts():
-    s = ServerProcess()
-    try:
-        return _completions(s.base_url)
-    finally:
-        s.stop()
 
 
 def _rank_pids(log: str) -> dict[int, int]:
@@ -61,7 +39,7 @@ def test_two_ranks_serve_what_one_rank_serves(one_rank_texts):
     try:
         descendants = s.descendants()
         assert len(_rank_pids(s.log())) == 2
-        assert _completions(s.base_url) == one_rank_texts
+        assert greedy_completions(s.base_url) == one_rank_texts
     finally:
         assert s.stop() == 0
     wait_until(lambda: _gone(descendants), timeout=5)
@@ -155,7 +133,7 @@ def test_two_local_nodes_serve_through_node_0(tmp_path, one_rank_texts, ending, 
         wait_until(lambda: f"rank {first_remote} pid" in (tmp_path / "node1.log").read_text(), timeout=10)
         assert len(_rank_pids((tmp_path / "node1.log").read_text())) == tp // 2
         node1_ranks = _descendants(node1.pid)
-        assert _completions(s.base_url) == one_rank_texts
+        assert greedy_completions(s.base_url) == one_rank_texts
         assert node1.poll() is None
         descendants = s.descendants() + node1_ranks
         if ending == "sigterm-node0":
