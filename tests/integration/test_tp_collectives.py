@@ -8,7 +8,7 @@ from tp_jobs import agreement_job, forward_job, relay_job, run_ranks
 from batonlm.model_runner.model_config import ModelConfig
 
 
-@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("size", [2])  # (4 ranks: the same counts; the token tests run 4)
 def test_a_forward_issues_the_designed_collectives_and_matches_one_rank(stories_path, size):
     cfg = ModelConfig.from_hf(stories_path)
     single = run_ranks(forward_job, 1, stories_path)[0]
