@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 
 @dataclass
@@ -34,8 +35,6 @@ RENDEZVOUS_TIMEOUT_S = 600.0
 def rendezvous(init_addr: str, rank: int, size: int):
     """The store the ranks meet in: a TCP store rank 0 serves at host:port, or a file store at a
     `file://` path every rank sees."""
-    import torch.distributed as dist
-
     if init_addr.startswith("file://"):
         store = dist.FileStore(init_addr.removeprefix("file://"), size)
         store.set_timeout(timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
@@ -78,8 +77,6 @@ class TPGroup:
     def init(cls, rank: int, size: int, init_addr: str, timeout_s: float, device: str) -> TPGroup:
         """Join the group of `size` ranks rendezvousing at `init_addr`: host:port (rank 0
         listens there), or a `file://` path on a file system every rank sees."""
-        import torch.distributed as dist
-
         timeout = timedelta(seconds=timeout_s)
         cuda = device.startswith("cuda")
         if cuda:  # NCCL builds its communicators on the current device
@@ -111,15 +108,11 @@ class TPGroup:
         """Sum of `x` over the ranks, in place."""
         if self.size == 1:
             return x
-        import torch.distributed as dist
-
         self.counts.all_reduce += 1
         _collective(lambda: dist.all_reduce(x, group=self.device_group))
         return x
 
     def _gather(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        import torch.distributed as dist
-
         self.counts.all_gather += 1
         x = x.contiguous()
         if self._gather_into_tensor:
@@ -140,30 +133,22 @@ class TPGroup:
 
     def broadcast_cpu(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's CPU tensor to every rank (in place), over the CPU group."""
-        import torch.distributed as dist
-
         self.counts.broadcast += 1
         _collective(lambda: dist.broadcast(x, src=0, group=self.cpu_group))
         return x
 
     def all_gather_cpu(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's CPU tensor (same shape), over the CPU group."""
-        import torch.distributed as dist
-
         parts = [torch.empty_like(x) for _ in range(self.size)]
         _collective(lambda: dist.all_gather(parts, x, group=self.cpu_group))
         return parts
 
     def all_reduce_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
         _collective(lambda: dist.all_reduce(x, group=self.cpu_group))
         return x
 
     def destroy(self) -> None:
         if self.size == 1:
             return
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -18,8 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+import msgspec
 import torch
+import torch.distributed as dist
 
+from batonlm.distributed.group import rendezvous
+from batonlm.ipc.device_messages import IdleLaunch
 from batonlm.scheduler.batch import ScheduleBatch
 
 IDLE, EXTEND, DECODE = 0, 1, 2
@@ -57,10 +61,6 @@ def launch_tokens(batch: ScheduleBatch) -> int:
 
 class DPSync:
     def __init__(self, dp_rank: int, dp_size: int, init_method: str, timeout_s: float) -> None:
-        import torch.distributed as dist
-
-        from batonlm.distributed.group import rendezvous
-
         dist.init_process_group("gloo", store=rendezvous(init_method, dp_rank, dp_size), rank=dp_rank,
                                 world_size=dp_size, timeout=timedelta(seconds=timeout_s))
         self.rank = dp_rank
@@ -74,8 +74,6 @@ class DPSync:
     def exchange(self, batch: ScheduleBatch | None, done: bool, stop: bool) -> SyncResult:
         """All-gather this iteration's row: `done` (nothing left to do, nothing will come),
         `stop` (shut down now)."""
-        import torch.distributed as dist
-
         kind = batch_kind(batch)
         row = torch.tensor([launch_tokens(batch) if batch is not None else 0, kind, int(done), int(stop),
                             self.last_decision], dtype=torch.int64)
@@ -105,8 +103,6 @@ class DPSync:
         self.last_decision = int(disable_overlap)
 
     def close(self) -> None:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -118,10 +114,6 @@ def sync_iteration(sched, batch: ScheduleBatch | None, serial: bool = False) -> 
     DP attention `batch`; with it an idle batch in place of None, carrying the agreed flag) and
     whether the loops end after this iteration. `serial`: the normal loop, whose decision is
     always to process the result before the next batch."""
-    import msgspec
-
-    from batonlm.ipc.device_messages import IdleLaunch
-
     sync: DPSync | None = sched.dp_sync
     if sync is None:
         return batch, False
