@@ -2,7 +2,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help install run test lint bench docker
+.PHONY: help install run test lint docs bench docker
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -19,6 +19,9 @@ test:  ## run the test suite (what .ci/run runs)
 
 lint:  ## ruff
 	$(PYTHON) -m ruff check batonlm tests benchmarks
+
+docs:  ## rewrite docs/flags.md from the settings' declarations
+	$(PYTHON) -m batonlm.settings_docs
 
 bench:  ## normal vs overlap loop on stories260K (writes benchmarks/results/)
 	$(PYTHON) benchmarks/overlap.py

@@ -1,15 +1,23 @@
-"""Server arguments: one frozen dataclass, validated at construction, passed down explicitly."""
+"""Server arguments: one frozen dataclass, each field declared once with everything about it.
+
+A field's `setting(...)` (batonlm/settings.py) is its flag, its YAML key, its check and its row
+in docs/flags.md; `__post_init__` checks every field from those declarations, then the rules
+that relate fields to each other (`_check_relations`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS, TOOL_CALL_PARSERS
 from batonlm.sampling_params import MAX_TOP_LOGPROBS
+from batonlm.settings import Bound, ConfigError, check_fields, setting
+
+__all__ = ["ConfigError", "ServerArgs", "EMBEDDED_MODEL", "EMBEDDED_MODEL_NAME"]
 
 EMBEDDED_MODEL = str(Path(__file__).resolve().parent / "assets" / "stories260K")
 EMBEDDED_MODEL_NAME = "stories260K"
@@ -30,196 +38,197 @@ LOAD_BALANCE_METHODS = ("prefix", "shortest_queue", "round_robin")  # batonlm.to
 # The default of `compile` (the test suite sets it to "off": most tests start engines that do
 # not need a compiled step, and `BATONLM_COMPILE=on make test` runs them all compiled).
 COMPILE_ENV = "BATONLM_COMPILE"
+# Defaults a container sets through the environment (the image listens on 0.0.0.0), and the API
+# key, which the environment keeps out of `ps`.
+HOST_ENV, PORT_ENV, API_KEY_ENV = "BATONLM_HOST", "BATONLM_PORT", "BATONLM_API_KEY"
 
+# Prompt tokens computed per iteration when --chunked-prefill-size is not given: on a GPU
+# SGLang's default; on the CPU a balance between the stalls of running streams and a long
+# prompt's TTFT (benchmarks/memory_scheduling.py, chunked-prefill: behind a 4K-token prompt,
+# 128 cut the worst stall 19x against whole prompts and the prompt's TTFT by 40%).
+DEFAULT_CHUNK = {"cuda": 8192, "cpu": 128}
+# Decode batches above this run eagerly on the CPU: a batch that large amortises its dispatch
+# over its rows, and every bucket is one more graph to compile at start-up.
+CPU_COMPILE_MAX_BS = 64
+CUDA_GRAPH_MAX_BS = 256
 
-class ConfigError(ValueError):
-    """A server argument is invalid; `field` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+_MODEL, _DEVICE, _SCHED = "model", "device", "memory and scheduling"
+_LIMITS, _STRUCT, _SPEC = "request limits", "structured output and tools", "speculative decoding"
+_PAR, _HTTP, _OBS = "parallelism", "http", "observability"
 
 
 @dataclass(frozen=True)
 class ServerArgs:
-    # Model
-    model: str = EMBEDDED_MODEL
-    tokenizer: str | None = None
-    served_model_name: str | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    context_length: int | None = None
-    # HTTP
-    host: str = "127.0.0.1"
-    port: int = 30000
-    # Required as "Authorization: Bearer KEY" on /v1 and /generate. The CLI also reads it from
-    # $BATONLM_API_KEY or `api_key_file`, so that it need not show in `ps`.
-    api_key: str | None = None
-    api_key_file: str | None = None
-    # Limits on one request (a 413 or a 400 naming the field beyond them).
-    max_request_bytes: int = 4 * 1024 * 1024
-    max_prompts_per_request: int = 256
-    max_n: int = 16
-    max_stop_strings: int = 16
-    max_stop_string_length: int = 1024
-    max_stop_token_ids: int = 256
-    max_logit_bias: int = 1024
-    max_logprobs: int = MAX_TOP_LOGPROBS
-    # Limits on the server: open connections (503 beyond), seconds a client may take to send a
-    # request's head or body or leave a response unread (then 408 / closed), requests waiting
-    # for admission (429 beyond), seconds a request may run (None: unbounded), outputs a stream
-    # may fall behind its client (then aborted).
-    max_connections: int = 1024
-    client_timeout: float = 30.0
-    max_queued_requests: int | None = 2048
-    request_timeout: float | None = None
-    max_stream_backlog: int = 4096
-    # On SIGTERM: seconds in-flight requests get to finish before they are aborted with an error.
-    shutdown_timeout: float = 30.0
-    # Scheduling
-    disable_overlap: bool = False
-    max_running_requests: int = 128
-    # The KV capacity in tokens (SGLang's flag name); None: sized to the device's memory.
-    max_total_tokens: int | None = None
-    max_prefill_tokens: int = 16384
-    # Prompt tokens computed per iteration, in the same batch as the running decodes; None: the
-    # device's default; -1 (or 0): prompts are computed whole.
-    chunked_prefill_size: int | None = None
-    enable_mixed_batch: bool = False
-    disable_radix_cache: bool = False
-    schedule_policy: str = "fcfs"
-    random_seed: int = 0
-    # Backends
-    attention_backend: str = "auto"
-    sampler: str = "auto"
-    # CPU device: "process" (a worker process beside the scheduler) or "inline" (same process,
-    # synchronous; for debugging only: nothing overlaps).
-    cpu_device_worker: str = "process"
-    # Intra-op threads of the CPU device worker (None: all cores but the scheduler's one).
-    cpu_worker_threads: int | None = None
-    mem_fraction_static: float = 0.85
-    # The decode step. CPU: compiled with torch.compile for batch-size buckets ("auto": on for
-    # small models where a C++ compiler is there, see device/spec.compile_pays; a failed
-    # compile falls back to eager), its artefacts cached in
-    # `compile_cache_dir` (None: ~/.cache/batonlm/inductor). CUDA: captured as CUDA graphs for
-    # decode batches up to `cuda_graph_max_bs` (None: min(max_running_requests, 256)).
-    compile: str = field(default_factory=lambda: os.environ.get(COMPILE_ENV) or "auto")
-    compile_cache_dir: str | None = None
-    cuda_graph_max_bs: int | None = None
-    disable_cuda_graph: bool = False
-    # JSON schemas: whitespace between tokens at most 2 characters in a row (bounded), none
-    # (compact) or any (small models may loop on whitespace).
-    grammar_whitespace: str = "bounded"
-    # The format tool calls are parsed from with tool_choice auto (auto: from the model).
-    tool_call_parser: str = "auto"
-    # Models that think in <think>...</think>: none, qwen3, deepseek-r1 (batonlm.server.reasoning).
-    reasoning_parser: str = "none"
-    # Speculative decoding (batonlm/scheduler/speculative.py): "ngram" drafts up to
-    # `speculative_num_draft_tokens` tokens from a request's own prompt and output (n-grams of
-    # speculative_ngram_min..max tokens), off while more than `speculative_disable_batch_size`
-    # requests decode.
-    speculative_algorithm: str = "none"
-    speculative_num_draft_tokens: int = 4
-    speculative_ngram_min: int = 2
-    speculative_ngram_max: int = 4
-    speculative_disable_batch_size: int = 8
-    # "draft": the drafts come from this smaller model sharing the tokenizer (its own KV pool).
-    speculative_draft_model: str | None = None
-    # What a verification step costs in plain decode steps, the drafting gate's threshold
-    # (None: measured as the loop runs; 0: draft whenever there is a draft).
-    speculative_cost_ratio: float | None = None
-    # Tensor parallelism (docs/distributed.md): the model split over `tp_size` ranks (processes;
-    # on a GPU node one per GPU), over `nnodes` nodes. Node 0 serves HTTP and runs the scheduler
-    # and ranks 0..tp/nnodes-1; node k runs the next tp/nnodes ranks only. The ranks rendezvous
-    # at `dist_init_addr` (host:port on node 0; a free local port when one node). A rank silent
-    # for `dist_timeout` seconds ends the whole group, non-zero.
-    tp_size: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: str | None = None
-    dist_timeout: float = 120.0
-    # Data parallelism: `dp_size` replicas of the model, each its own scheduler (and `tp_size`
-    # ranks), requests routed by `load_balance_method` (batonlm/tokenizer_manager/dp_router.py).
-    # With `enable_dp_attention` the replicas run every iteration together (docs/distributed.md).
-    dp_size: int = 1
-    load_balance_method: str = "prefix"
-    enable_dp_attention: bool = False
-    # Every this many launches the ranks all-gather a hash of what they computed (batch, lengths,
-    # sampled ids) and stop with an error on any difference (0: off).
-    debug_tp_check_every: int = 0
-    # Debugging
-    debug_future_map: bool = False
-    log_level: str = "info"
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # ------------------------------------------------------------------ model
+    model: str = setting(
+        EMBEDDED_MODEL, group=_MODEL, positional=True, shown="the embedded stories260K",
+        help="a local Hugging Face model directory or a hub id")
+    tokenizer: str | None = setting(None, group=_MODEL, unset="MODEL's", metavar="DIR",
+                                    help="the tokenizer's directory or hub id")
+    served_model_name: str | None = setting(
+        None, group=_MODEL, unset="derived from MODEL", help="the model id clients send")
+    context_length: int | None = setting(
+        None, group=_MODEL, ge=1, unset="the model's", help="cap the model's context length (tokens)")
+    # ------------------------------------------------------------------ device and decode step
+    device: str = setting("auto", group=_DEVICE, choices=DEVICE_CHOICES, help="auto: cuda when there is a GPU")
+    dtype: str = setting("auto", group=_DEVICE, choices=DTYPE_CHOICES,
+                         help="auto: float32 on the CPU; on a GPU the checkpoint's half type (bfloat16 for fp32 ones)")
+    attention_backend: str = setting(
+        "auto", group=_DEVICE, choices=ATTENTION_BACKEND_CHOICES,
+        help="triton: kernels over the KV pool (auto on CUDA); torch: gather + SDPA (auto on the CPU)")
+    sampler: str = setting("auto", group=_DEVICE, choices=SAMPLER_CHOICES,
+                           help="sampling kernels: triton (auto on CUDA) or their torch references (auto on the CPU)")
+    cpu_device_worker: str = setting(
+        "process", group=_DEVICE, choices=("process", "inline"),
+        help="CPU: a worker process beside the scheduler, or inline in it (debugging only: nothing overlaps)")
+    cpu_worker_threads: int | None = setting(
+        None, group=_DEVICE, ge=1, unset="1 for tiny models, else all cores",
+        help="intra-op threads of the CPU device worker")
+    compile: str = setting(
+        "auto", group=_DEVICE, choices=COMPILE_CHOICES, env=COMPILE_ENV,
+        help=f"CPU: torch.compile the decode step per batch bucket (auto: on for small models where a C++ "
+             f"compiler is found; a failed compile falls back to eager; the default is ${COMPILE_ENV} when set)")
+    compile_cache_dir: str | None = setting(
+        None, group=_DEVICE, metavar="DIR", unset="~/.cache/batonlm/inductor",
+        help="where compiled artefacts are kept, so that a restart is fast")
+    cuda_graph_max_bs: int | None = setting(
+        None, group=_DEVICE, ge=1, unset=f"min(max-running-requests, {CUDA_GRAPH_MAX_BS})",
+        help="CUDA: the largest decode batch replayed from a CUDA graph")
+    disable_cuda_graph: bool = setting(False, group=_DEVICE, help="CUDA: run the decode step eagerly")
+    # ------------------------------------------------------------------ memory and scheduling
+    disable_overlap: bool = setting(False, group=_SCHED, help="use the normal (serial) event loop")
+    max_running_requests: int = setting(128, group=_SCHED, ge=1, help="requests decoded together")
+    max_total_tokens: int | None = setting(
+        None, group=_SCHED, ge=1, unset="sized to memory",
+        help="the KV cache's capacity in tokens (SGLang's name)")
+    max_prefill_tokens: int = setting(16384, group=_SCHED, ge=1, help="prompt tokens admitted into one batch")
+    chunked_prefill_size: int | None = setting(
+        None, group=_SCHED, ge=-1, unset=f"{DEFAULT_CHUNK['cuda']} on a GPU, {DEFAULT_CHUNK['cpu']} on the CPU",
+        help="prompt tokens computed per iteration, beside the running decodes (-1 or 0: prompts computed whole)")
+    enable_mixed_batch: bool = setting(
+        False, group=_SCHED, help="run whole prompts and decodes in one batch (always so with chunked prefill)")
+    disable_radix_cache: bool = setting(
+        False, group=_SCHED, help="do not keep computed prefixes for later requests (the prefix cache)")
+    schedule_policy: str = setting(
+        "fcfs", group=_SCHED, choices=SCHEDULE_POLICIES,
+        help="fcfs: arrival order; lpm: longest cached prefix first (with an age bound)")
+    random_seed: int = setting(0, group=_SCHED, help="the seed that seeds requests which give none")
+    mem_fraction_static: float = setting(
+        0.85, group=_SCHED, gt=0, lt=1, help="GPU: the share of its memory for weights and the KV cache")
+    # ------------------------------------------------------------------ request limits
+    max_prompts_per_request: int = setting(
+        256, group=_LIMITS, ge=1, bounds=Bound(("prompt",), "prompts", "prompts per request"),
+        help="prompts in one completions request")
+    max_n: int = setting(16, group=_LIMITS, ge=1, bounds=Bound(("n",), "value", "choices (n)"),
+                         help="choices per prompt (n)")
+    max_stop_strings: int = setting(16, group=_LIMITS, ge=1, bounds=Bound(("stop",), "count", "stop strings"),
+                                    help="stop strings per request")
+    max_stop_string_length: int = setting(
+        1024, group=_LIMITS, ge=1, unit="characters", bounds=Bound(("stop",), "each", "characters in a stop string"),
+        help="characters in one stop string")
+    max_stop_token_ids: int = setting(
+        256, group=_LIMITS, ge=1, bounds=Bound(("stop_token_ids",), "count", "stop token ids"),
+        help="stop token ids per request")
+    max_logit_bias: int = setting(
+        1024, group=_LIMITS, ge=1, unit="entries", bounds=Bound(("logit_bias",), "count", "logit_bias entries"),
+        help="logit_bias entries per request")
+    max_logprobs: int = setting(
+        MAX_TOP_LOGPROBS, group=_LIMITS, ge=0, le=MAX_TOP_LOGPROBS,
+        bounds=Bound(("top_logprobs", "logprobs", "prompt_logprobs", "top_logprobs_num"), "value", "top logprobs"),
+        help="top logprobs per token")
+    # ------------------------------------------------------------------ structured output and tools
+    grammar_whitespace: str = setting(
+        "bounded", group=_STRUCT, choices=GRAMMAR_WHITESPACE_CHOICES,
+        help="whitespace JSON-schema outputs may have between tokens: bounded (at most 2 in a row), "
+             "compact (none) or any (small models may loop on whitespace)")
+    tool_call_parser: str = setting(
+        "auto", group=_STRUCT, choices=TOOL_CALL_PARSER_CHOICES,
+        help="the format tool calls are parsed from with tool_choice auto (auto: from the model; hermes for Qwen "
+             "and others)")
+    reasoning_parser: str = setting(
+        "none", group=_STRUCT, choices=REASONING_PARSER_CHOICES,
+        help="split <think>...</think> into message.reasoning_content")
+    # ------------------------------------------------------------------ speculative decoding
+    speculative_algorithm: str = setting(
+        "none", group=_SPEC, choices=SPECULATIVE_ALGORITHMS,
+        help="ngram: drafts from the request's own prompt and output; draft: from a smaller model; either way "
+             "verified in one step")
+    speculative_draft_model: str | None = setting(
+        None, group=_SPEC, metavar="DIR",
+        help="draft: the smaller model (same tokenizer, its own KV pool) whose tokens the target verifies")
+    speculative_num_draft_tokens: int = setting(
+        4, group=_SPEC, ge=1, help="most draft tokens per request and step (adapted per request from its acceptance)")
+    speculative_ngram_min: int = setting(2, group=_SPEC, ge=1, help="shortest n-gram a draft is looked up by")
+    speculative_ngram_max: int = setting(4, group=_SPEC, ge=1, help="longest n-gram a draft is looked up by")
+    speculative_disable_batch_size: int = setting(
+        8, group=_SPEC, ge=1, help="no drafts while more requests than this decode")
+    speculative_cost_ratio: float | None = setting(
+        None, group=_SPEC, ge=0, unset="measured as the loop runs",
+        help="what a verification step costs in plain decode steps: drafts go out when they are expected to emit "
+             "more tokens (0: always draft)")
+    # ------------------------------------------------------------------ parallelism
+    tp_size: int = setting(1, group=_PAR, ge=1, flags=("--tp",),
+                           help="tensor-parallel ranks (one process each; on GPUs one GPU each)")
+    nnodes: int = setting(1, group=_PAR, ge=1, help="nodes the tensor-parallel ranks run on")
+    node_rank: int = setting(0, group=_PAR, ge=0, help="this node (0 serves HTTP; the others only run ranks)")
+    dist_init_addr: str | None = setting(
+        None, group=_PAR, metavar="HOST:PORT", unset="a free local port (one node)",
+        help="where the ranks meet: node 0's address and a free port, the same on every node")
+    dist_timeout: float = setting(120.0, group=_PAR, gt=0, unit="seconds",
+                                  help="a rank silent this long stops the whole group")
+    dp_size: int = setting(1, group=_PAR, ge=1, flags=("--dp",),
+                           help="data-parallel replicas of the model (each its own scheduler and --tp ranks)")
+    load_balance_method: str = setting(
+        "prefix", group=_PAR, choices=LOAD_BALANCE_METHODS,
+        help="how requests are routed to replicas (prefix: where their prompt's prefix went before)")
+    enable_dp_attention: bool = setting(
+        False, group=_PAR, help="the replicas run every iteration together, the MLP split over them (an idle "
+                                "one runs an idle batch)")
+    debug_tp_check_every: int = setting(
+        0, group=_PAR, ge=0, metavar="N",
+        help="every N launches compare what the ranks computed, stop on a difference (0: off)")
+    # ------------------------------------------------------------------ http
+    host: str = setting("127.0.0.1", group=_HTTP, env=HOST_ENV, help=f"the address to listen on (${HOST_ENV})")
+    port: int = setting(30000, group=_HTTP, ge=1, le=65535, env=PORT_ENV, help=f"the port to listen on (${PORT_ENV})")
+    api_key: str | None = setting(
+        None, group=_HTTP, env=API_KEY_ENV,
+        help=f"require 'Authorization: Bearer KEY' on /v1 and /generate (${API_KEY_ENV}, or --api-key-file, keep "
+             "it out of `ps`)")
+    api_key_file: str | None = setting(None, group=_HTTP, metavar="FILE", help="read the API key from FILE")
+    max_request_bytes: int = setting(4 * 1024 * 1024, group=_HTTP, ge=1, shown="4 MiB",
+                                     help="a larger request body is answered 413")
+    max_connections: int = setting(1024, group=_HTTP, ge=1, help="open connections; 503 beyond")
+    client_timeout: float = setting(
+        30.0, group=_HTTP, gt=0, unit="seconds",
+        help="time a client may take to send a request's head or body, or leave a response unread (408)")
+    max_queued_requests: int | None = setting(
+        2048, group=_HTTP, ge=1, unset="no limit",
+        help="requests waiting for admission beyond --max-running-requests; 429 with Retry-After beyond")
+    request_timeout: float | None = setting(
+        None, group=_HTTP, gt=0, unit="seconds", unset="no limit", help="time a request may run (408 beyond)")
+    max_stream_backlog: int = setting(
+        4096, group=_HTTP, ge=1, unit="outputs", help="outputs a stream may fall behind its client before it is aborted")
+    shutdown_timeout: float = setting(
+        30.0, group=_HTTP, gt=0, unit="seconds", help="on SIGTERM, time in-flight requests get to finish")
+    # ------------------------------------------------------------------ observability
+    log_level: str = setting("info", group=_OBS, choices=LOG_LEVELS, help="the log's threshold (every process)")
+    debug_future_map: bool = setting(
+        False, group=_OBS, help="check every FutureMap read against the token the host saw (slow)")
 
     def __post_init__(self) -> None:
-        if self.model is None:
-            object.__setattr__(self, "model", EMBEDDED_MODEL)
-        _choice("dtype", self.dtype, DTYPE_CHOICES)
-        _choice("device", self.device, DEVICE_CHOICES)
-        _choice("log_level", self.log_level, LOG_LEVELS)
-        _choice("cpu_device_worker", self.cpu_device_worker, ("process", "inline"))
-        _choice("attention_backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
-        _choice("sampler", self.sampler, SAMPLER_CHOICES)
-        _choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
-        _choice("compile", self.compile, COMPILE_CHOICES)
-        _choice("grammar_whitespace", self.grammar_whitespace, GRAMMAR_WHITESPACE_CHOICES)
-        _choice("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSER_CHOICES)
-        _choice("reasoning_parser", self.reasoning_parser, REASONING_PARSER_CHOICES)
-        if self.chunked_prefill_size is not None and not (
-            isinstance(self.chunked_prefill_size, int) and self.chunked_prefill_size >= -1
-        ):
-            raise ConfigError("chunked_prefill_size", f"must be a token count, or -1 (off), got {self.chunked_prefill_size!r}")
-        _choice("speculative_algorithm", self.speculative_algorithm, SPECULATIVE_ALGORITHMS)
-        for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_disable_batch_size"):
-            _positive(name, getattr(self, name))
-        if self.speculative_cost_ratio is not None and not (
-            isinstance(self.speculative_cost_ratio, (int, float)) and 0 <= self.speculative_cost_ratio < float("inf")
-        ):
-            raise ConfigError("speculative_cost_ratio", f"must be a number >= 0, got {self.speculative_cost_ratio!r}")
+        check_fields(self)
+        self._check_relations()
+
+    def _check_relations(self) -> None:
+        """The rules between fields (each field alone is checked from its declaration)."""
         if (self.speculative_algorithm == "draft") != (self.speculative_draft_model is not None):
             raise ConfigError("speculative_draft_model", "give a draft model with --speculative-algorithm draft, "
                               "and only then")
-        if not (isinstance(self.speculative_ngram_max, int) and self.speculative_ngram_max >= self.speculative_ngram_min):
+        if self.speculative_ngram_max < self.speculative_ngram_min:
             raise ConfigError("speculative_ngram_max", f"must be at least speculative_ngram_min "
                               f"({self.speculative_ngram_min}), got {self.speculative_ngram_max!r}")
-        _positive("max_running_requests", self.max_running_requests)
-        _positive("max_prefill_tokens", self.max_prefill_tokens)
-        for name in (
-            "max_request_bytes", "max_prompts_per_request", "max_n", "max_stop_strings", "max_stop_string_length",
-            "max_stop_token_ids", "max_logit_bias", "max_connections", "max_stream_backlog",
-        ):
-            _positive(name, getattr(self, name))
-        if not (isinstance(self.max_logprobs, int) and 0 <= self.max_logprobs <= MAX_TOP_LOGPROBS):
-            raise ConfigError("max_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.max_logprobs!r}")
         if self.api_key is not None and self.api_key_file is not None:
             raise ConfigError("api_key_file", "give the API key or a file holding it, not both")
-        if self.max_queued_requests is not None:
-            _positive("max_queued_requests", self.max_queued_requests)
-        for name in ("client_timeout", "shutdown_timeout", "request_timeout"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
-                raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
-        if self.max_total_tokens is not None:
-            _positive("max_total_tokens", self.max_total_tokens)
-        if self.context_length is not None:
-            _positive("context_length", self.context_length)
-        if self.cpu_worker_threads is not None:
-            _positive("cpu_worker_threads", self.cpu_worker_threads)
-        if self.cuda_graph_max_bs is not None:
-            _positive("cuda_graph_max_bs", self.cuda_graph_max_bs)
-        self._check_distributed()
-        if not 0 < self.port < 65536:
-            raise ConfigError("port", f"must be in 1..65535, got {self.port}")
-        if not 0 < self.mem_fraction_static < 1:
-            raise ConfigError("mem_fraction_static", f"must be in (0, 1), got {self.mem_fraction_static}")
-        if self.extra:
-            raise ConfigError(next(iter(self.extra)), "unknown server argument")
-
-    def _check_distributed(self) -> None:
-        _positive("tp_size", self.tp_size)
-        _positive("dp_size", self.dp_size)
-        _choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
         if self.dp_size > 1 and self.nnodes > 1:
             raise ConfigError("dp_size", "data parallelism runs on one node (give nnodes 1, or dp_size 1)")
         if self.dp_size > 1 and self.dist_init_addr is not None:
@@ -232,8 +241,7 @@ class ServerArgs:
                               "over the replicas instead)")
         if self.enable_dp_attention and self.speculative_algorithm != "none":
             raise ConfigError("enable_dp_attention", "does not combine with speculative decoding")
-        _positive("nnodes", self.nnodes)
-        if not (isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes):
+        if self.node_rank >= self.nnodes:
             raise ConfigError("node_rank", f"must be in 0..{self.nnodes - 1} (nnodes {self.nnodes}), got {self.node_rank!r}")
         if self.tp_size % self.nnodes:
             raise ConfigError("nnodes", f"the tensor parallel size ({self.tp_size}) must be a multiple of the node "
@@ -244,10 +252,6 @@ class ServerArgs:
             host, _, port = self.dist_init_addr.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError("dist_init_addr", f"must be host:port, got {self.dist_init_addr!r}")
-        if not (isinstance(self.dist_timeout, (int, float)) and 0 < self.dist_timeout < float("inf")):
-            raise ConfigError("dist_timeout", f"must be a positive number of seconds, got {self.dist_timeout!r}")
-        if not (isinstance(self.debug_tp_check_every, int) and self.debug_tp_check_every >= 0):
-            raise ConfigError("debug_tp_check_every", f"must be a launch count >= 0, got {self.debug_tp_check_every!r}")
 
     @property
     def local_tp_ranks(self) -> range:
@@ -258,7 +262,7 @@ class ServerArgs:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
         """Build from keyword arguments, naming any unknown one."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ConfigError(unknown[0], f"unknown server argument (known: {', '.join(sorted(known))})")
@@ -294,13 +298,3 @@ class ServerArgs:
 
     def replace(self, **changes: Any) -> ServerArgs:
         return dataclasses.replace(self, **changes)
-
-
-def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")
-
-
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(name, f"must be a positive integer, got {value!r}")

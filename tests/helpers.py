@@ -123,7 +123,7 @@ class SchedulerHarness:
         if kv_capacity is not None:  # the first slots of the device's pool only
             spec = self.sched.device.spec
             assert kv_capacity <= spec.kv_capacity
-            memory = KVMemory(kv_capacity, spec.num_req_slots, radix_cache=config.radix_cache)
+            memory = KVMemory(kv_capacity, spec.num_req_slots, radix_cache=not config.disable_radix_cache)
             self.sched.memory = self.sched.planner.memory = memory
 
     def assert_all_free(self) -> None:

@@ -251,7 +251,7 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
         if spec.dp_size > 1:  # DP attention: the MLP split over the data-parallel ranks' devices
             from batonlm.distributed.group import TPGroup
 
-            mlp_group = TPGroup.init(spec.dp_rank, spec.dp_size, spec.dp_init_method, spec.dist_timeout_s,
+            mlp_group = TPGroup.init(spec.dp_rank, spec.dp_size, spec.dp_init_method, spec.dist_timeout,
                                      spec.rank_device(rank))
         progress = (lambda m: conn.send_bytes(codec.encode(WorkerProgress(m)))) if rank == 0 else None
         executor = build_executor(spec, progress, tp, mlp_group)

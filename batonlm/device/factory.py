@@ -75,7 +75,7 @@ def create_device(spec: DeviceSpec) -> DeviceStream:
         from batonlm.device.cuda_stream import CudaDevice
 
         return CudaDevice(spec)
-    if spec.cpu_worker == "inline":
+    if spec.cpu_device_worker == "inline":
         from batonlm.device.inline import InlineDevice
 
         return InlineDevice(spec)

@@ -56,7 +56,7 @@ def run_node(args: ServerArgs) -> int:
                 ", ".join(f"rank {r} pid {p.pid}" for r, p in procs.items()), spec.dist_init_addr)
     # A rank is alive while it beats; stopped or hung, it falls silent (rank 0 relays at least
     # a heartbeat every HEARTBEAT_S, and a collective waits at most dist_timeout).
-    silent_limit = spec.dist_timeout_s + 2 * HEARTBEAT_S
+    silent_limit = spec.dist_timeout + 2 * HEARTBEAT_S
     last = dict.fromkeys(procs, time.monotonic())
     beating = {c: r for r, c in conns.items()}
     while stop["signal"] is None:

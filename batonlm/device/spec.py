@@ -10,17 +10,20 @@ from pathlib import Path
 
 import torch
 
-from batonlm.config import ServerArgs
+from batonlm.config import CPU_COMPILE_MAX_BS, CUDA_GRAPH_MAX_BS, ServerArgs
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import DTYPES, resolve_dtype
+from batonlm.settings import derive
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """What the device side needs to build its ModelRunner (sent to a worker at spawn)."""
+    """What the device side needs to build its ModelRunner (sent to a worker at spawn). Fields
+    named like a server argument are that argument (`device_spec` derives them); the rest are
+    resolved from the arguments and the model."""
 
     model_path: str
     dtype: str  # float32 | bfloat16 | float16 (resolved)
@@ -32,7 +35,7 @@ class DeviceSpec:
     sampler: str
     debug_future_map: bool = False
     cpu_threads: int = 1  # intra-op threads of the CPU device worker
-    cpu_worker: str = "process"  # CPU only: "process" (a worker process) or "inline" (debugging)
+    cpu_device_worker: str = "process"  # CPU only: "process" (a worker process) or "inline" (debugging)
     # The decode step (decode_graphs.py): CPU, compiled for batches up to compile_max_bs (0: eager);
     # CUDA, captured as graphs for batches up to cuda_graph_max_bs (0: eager).
     compile_max_bs: int = 0
@@ -44,7 +47,7 @@ class DeviceSpec:
     tp_size: int = 1
     local_ranks: tuple[int, ...] = (0,)
     dist_init_addr: str = ""
-    dist_timeout_s: float = 120.0
+    dist_timeout: float = 120.0  # seconds
     debug_tp_check_every: int = 0
     # DP attention: this replica is data-parallel rank `dp_rank` of `dp_size` whose devices run
     # every MLP together (a group meeting at `dp_init_method`); 1 without DP attention.
@@ -141,12 +144,6 @@ def default_sampler(device: str) -> str:
     return "triton" if device.startswith("cuda") and triton_sampler_available() else "torch"
 
 
-# Decode batches above this run eagerly on the CPU: a batch that large amortises its dispatch
-# over its rows, and every bucket is one more graph to compile at start-up.
-CPU_COMPILE_MAX_BS = 64
-CUDA_GRAPH_MAX_BS = 256
-
-
 def cxx_compiler() -> str | None:
     """The C++ compiler inductor would use on the CPU, if there is one."""
     import shutil
@@ -219,7 +216,9 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         device = f"cuda:{dp_rank * args.tp_size}"
     # The cores are shared by this node's ranks of every replica.
     threads = args.cpu_worker_threads or max(1, cpu_worker_threads(cfg) // (len(local) * args.dp_size))
-    return DeviceSpec(
+    return derive(
+        DeviceSpec,
+        args,
         model_path=cfg.path,
         dtype=dtype_name,
         device=device,
@@ -229,18 +228,13 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         context_length=ctx,
         attention_backend=attention,
         sampler=sampler,
-        debug_future_map=args.debug_future_map,
         cpu_threads=threads,
-        cpu_worker=args.cpu_device_worker,
         compile_max_bs=compile_max_bs,
         compile_cache_dir=args.compile_cache_dir or str(default_compile_cache_dir()),
         cuda_graph_max_bs=cuda_graph_max_bs,
         draft_model_path=args.speculative_draft_model,
-        tp_size=args.tp_size,
         local_ranks=local,
         dist_init_addr=args.dist_init_addr or (f"127.0.0.1:{free_port()}" if args.tp_size > 1 else ""),
-        dist_timeout_s=float(args.dist_timeout),
-        debug_tp_check_every=args.debug_tp_check_every,
         dp_size=args.dp_size if dp_attention else 1,
         dp_rank=dp_rank if dp_attention else 0,
         dp_init_method=f"file://{dp_dir}/dp-device" if dp_attention else "",

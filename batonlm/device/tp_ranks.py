@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 def join_group(spec: DeviceSpec, rank: int) -> tuple[TPGroup, LaunchRelay, DeviceSpec]:
     """Rendezvous with the other ranks; rank 0's DeviceSpec becomes every rank's (a node started
     on its own, with other memory, must still build the same KV pool), less what is per node."""
-    tp = TPGroup.init(rank, spec.tp_size, spec.dist_init_addr, spec.dist_timeout_s, spec.rank_device(rank))
+    tp = TPGroup.init(rank, spec.tp_size, spec.dist_init_addr, spec.dist_timeout, spec.rank_device(rank))
     relay = LaunchRelay(tp)
     if rank == 0:
         relay.send(json.dumps(dataclasses.asdict(spec)).encode())

@@ -57,7 +57,7 @@ class PlannerConfig:
     max_prefill_tokens: int
     chunked_prefill_size: int | None  # None: prompts are never cut
     mixed: bool  # extend and decode rows in one batch
-    policy: str = "fcfs"
+    schedule_policy: str = "fcfs"
     age_bound: int = 256  # iterations (lpm)
 
 
@@ -154,7 +154,7 @@ class BatchPlanner:
         if budget <= 0 or not waiting or any(r.prefilling for r in running):
             return
         reserved = sum(self._future_need(r) for r in running)
-        for req in admission_order(waiting, cfg.policy, mem.cache, cfg.age_bound):
+        for req in admission_order(waiting, cfg.schedule_policy, mem.cache, cfg.age_bound):
             if len(running) >= cfg.max_running_requests or mem.req_slots.num_free == 0 or budget <= 0:
                 break
             if req.req_slot is not None:  # retracted with a launch still in flight: next time

@@ -8,19 +8,12 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
-from batonlm.config import ServerArgs
+from batonlm.config import DEFAULT_CHUNK, ServerArgs
 from batonlm.ipc import codec
 from batonlm.ipc.messages import SchedulerFailed, SchedulerInfo
 from batonlm.logging_setup import configure_logging
 
 logger = logging.getLogger(__name__)
-
-
-# Tokens of a prompt computed per iteration when --chunked-prefill-size is not given: on a GPU
-# SGLang's default; on the CPU a balance between the stalls of running streams and a long
-# prompt's TTFT (benchmarks/memory_scheduling.py, chunked-prefill: behind a 4K-token prompt,
-# 128 cut the worst stall 19x against whole prompts and the prompt's TTFT by 40%).
-DEFAULT_CHUNK = {"cuda": 8192, "cpu": 128}
 
 
 def chunked_prefill_size(flag: int | None, device: str) -> int | None:
@@ -38,37 +31,26 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
     from batonlm.model_runner.model_config import ModelConfig
     from batonlm.scheduler.scheduler import Scheduler, SchedulerConfig
     from batonlm.scheduler.speculative import SpecConfig
+    from batonlm.settings import derive
 
     cfg = ModelConfig.from_hf(args.model)
     spec = device_spec(args, cfg, dp_rank, dp_dir)
     device = create_device(spec)
-    sched = Scheduler(
-        io,
-        device,
-        SchedulerConfig(
-            vocab_size=cfg.vocab_size,
-            context_length=spec.context_length,
-            eos_token_ids=cfg.eos_token_ids,
-            max_running_requests=args.max_running_requests,
-            max_prefill_tokens=args.max_prefill_tokens,
-            chunked_prefill_size=chunked_prefill_size(args.chunked_prefill_size, spec.device),
-            enable_mixed_batch=args.enable_mixed_batch,
-            radix_cache=not args.disable_radix_cache,
-            schedule_policy=args.schedule_policy,
-            random_seed=args.random_seed,
-            tokenizer_path=args.tokenizer or cfg.path,
-            grammar_whitespace=args.grammar_whitespace,
-            dp_rank=dp_rank,
-            speculative=None if args.speculative_algorithm == "none" else SpecConfig(
-                num_draft_tokens=args.speculative_num_draft_tokens,
-                ngram_min=args.speculative_ngram_min,
-                ngram_max=args.speculative_ngram_max,
-                disable_batch_size=args.speculative_disable_batch_size,
-                draft_model=args.speculative_algorithm == "draft",
-                cost_ratio=args.speculative_cost_ratio,
-            ),
-        ),
+    speculative = None
+    if args.speculative_algorithm != "none":
+        speculative = derive(SpecConfig, args, prefix="speculative_", draft_model=args.speculative_algorithm == "draft")
+    config = derive(
+        SchedulerConfig,
+        args,
+        vocab_size=cfg.vocab_size,
+        context_length=spec.context_length,
+        eos_token_ids=cfg.eos_token_ids,
+        chunked_prefill_size=chunked_prefill_size(args.chunked_prefill_size, spec.device),
+        tokenizer_path=args.tokenizer or cfg.path,
+        dp_rank=dp_rank,
+        speculative=speculative,
     )
+    sched = Scheduler(io, device, config)
     if args.enable_dp_attention:
         from batonlm.scheduler.dp_sync import DP_IDLE_POLL_S, DPSync
 

@@ -47,6 +47,7 @@ from batonlm.scheduler.speculative import SpecConfig, Speculator
 from batonlm.scheduler.stats import scheduler_stats
 from batonlm.scheduler.status_log import StatusLog
 from batonlm.scheduler.timing import LoopTiming
+from batonlm.settings import derive
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ GRAMMAR_POLL_S = 0.002
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """What the scheduler runs by: fields named like a server argument are that argument
+    (`build_scheduler` derives them), the rest come from the model and the device."""
+
     vocab_size: int
     context_length: int
     eos_token_ids: tuple[int, ...]
@@ -65,13 +69,13 @@ class SchedulerConfig:
     max_prefill_tokens: int
     chunked_prefill_size: int | None = None  # None: prompts are prefilled whole
     enable_mixed_batch: bool = False
-    radix_cache: bool = True
+    disable_radix_cache: bool = False
     schedule_policy: str = "fcfs"
     random_seed: int = 0
     tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
     grammar_whitespace: str = "bounded"
     dp_rank: int = 0  # the data-parallel replica this scheduler is
-    speculative: SpecConfig | None = None  # n-gram speculative decoding, when on
+    speculative: SpecConfig | None = None  # speculative decoding, when on
 
 
 class Scheduler:
@@ -90,18 +94,9 @@ class Scheduler:
 
         spec = device.spec
         self.speculator = Speculator(config.speculative) if config.speculative is not None else None
-        self.memory = KVMemory(spec.kv_capacity, spec.num_req_slots, radix_cache=config.radix_cache)
-        self.planner = BatchPlanner(
-            PlannerConfig(
-                max_running_requests=config.max_running_requests,
-                max_prefill_tokens=config.max_prefill_tokens,
-                chunked_prefill_size=config.chunked_prefill_size,
-                mixed=config.enable_mixed_batch or config.chunked_prefill_size is not None,
-                policy=config.schedule_policy,
-            ),
-            self.memory,
-            self.speculator,
-        )
+        self.memory = KVMemory(spec.kv_capacity, spec.num_req_slots, radix_cache=not config.disable_radix_cache)
+        mixed = config.enable_mixed_batch or config.chunked_prefill_size is not None
+        self.planner = BatchPlanner(derive(PlannerConfig, config, mixed=mixed), self.memory, self.speculator)
         # Ordered containers only: batch order must be the same in every run.
         self.waiting: deque[Request] = deque()
         self.grammars = GrammarQueue(  # constrained requests while their grammar compiles

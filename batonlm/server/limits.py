@@ -1,52 +1,78 @@
-"""Request-level limits from the server arguments, checked before anything is tokenized or sent
-to the scheduler (a 400 naming the field beyond them). Value ranges are not here: they are
-SamplingParams'; these are policy, and `batonlm serve --help` lists their flags."""
+"""Request limits: the server arguments that bound request fields (each declares the fields it
+bounds, `Bound`, in batonlm/config.py), checked before anything is tokenized or sent to the
+scheduler (a 400 naming the field beyond them). The OpenAPI description states the same bounds
+(`apply_limits`). Value ranges are not here: they are SamplingParams'; these are policy."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from batonlm.config import ServerArgs
 from batonlm.server.errors import bad_request
+from batonlm.settings import Bound, declared
 
 
-def _at_most(param: str, count: int, limit: int, what: str) -> None:
-    if count > limit:
-        raise bad_request(f"at most {limit} {what} are allowed, got {count}", param=param, code="limit_exceeded")
+@dataclass(frozen=True)
+class RequestLimit:
+    setting: str  # the ServerArgs field holding the limit
+    bound: Bound
 
 
-def check_choices(args: ServerArgs, num_prompts: int, n: int, prompt_param: str) -> None:
-    _at_most(prompt_param, num_prompts, args.max_prompts_per_request, "prompts per request")
-    _at_most("n", n, args.max_n, "choices (n)")
+@functools.cache
+def request_limits() -> tuple[RequestLimit, ...]:
+    return tuple(RequestLimit(d.name, d.setting.bounds) for d in declared(ServerArgs) if d.setting.bounds is not None)
 
 
-def check_sampling_limits(
-    args: ServerArgs,
-    *,
-    stops: list[str],
-    num_stop_token_ids: int,
-    num_logit_bias: int,
-    logprobs: int | None,
-    prefix: str = "",
-    logprobs_name: str = "logprobs",
-    prompt_logprobs: int | None = None,
-) -> None:
-    """Stop strings, stop token ids, logit bias entries and top logprobs; parameters are named
+def _measure(measure: str, value: Any) -> int | None:
+    """What a limit counts of a field's value (None: nothing it counts, e.g. chat's logprobs flag)."""
+    if measure == "value":
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if measure == "count":
+        return 1 if isinstance(value, str) else len(value)
+    if measure == "prompts":
+        return 1 if isinstance(value, str) or all(isinstance(p, int) for p in value) else len(value)
+    strings = [value] if isinstance(value, str) else [s for s in value if isinstance(s, str)]  # each
+    return max(map(len, strings), default=0)
+
+
+def check_limits(args: ServerArgs, fields: Mapping[str, Any], prefix: str = "") -> None:
+    """Every limit on the request `fields` (name -> value) has; parameters are named
     `prefix + field` (e.g. "sampling_params.stop")."""
-    _at_most(prefix + "stop", len(stops), args.max_stop_strings, "stop strings")
-    for i, s in enumerate(stops):
-        if not s:
-            raise bad_request("stop strings must not be empty", param=prefix + "stop")
-        if len(s) > args.max_stop_string_length:
-            raise bad_request(
-                f"stop string {i} has {len(s)} characters, at most {args.max_stop_string_length} are allowed",
-                param=prefix + "stop", code="limit_exceeded",
-            )
-    _at_most(prefix + "stop_token_ids", num_stop_token_ids, args.max_stop_token_ids, "stop token ids")
-    _at_most(prefix + "logit_bias", num_logit_bias, args.max_logit_bias, "logit_bias entries")
-    if logprobs is not None:
-        check_top_logprobs(args, prefix + logprobs_name, logprobs)
-    if prompt_logprobs is not None:
-        check_top_logprobs(args, prefix + "prompt_logprobs", prompt_logprobs)
+    for lim in request_limits():
+        for name in lim.bound.fields:
+            value = fields.get(name)
+            if value is None:
+                continue
+            count, limit = _measure(lim.bound.measure, value), getattr(args, lim.setting)
+            if count is not None and count > limit:
+                raise bad_request(f"at most {limit} {lim.bound.what} are allowed, got {count}", param=prefix + name,
+                                  code="limit_exceeded")
 
 
-def check_top_logprobs(args: ServerArgs, param: str, n: int) -> None:
-    _at_most(param, n, args.max_logprobs, "top logprobs")
+def apply_limits(props: dict[str, Any], args: ServerArgs) -> None:
+    """The limits as JSON-schema bounds of the properties (a request model's) they bound."""
+    for lim in request_limits():
+        limit = getattr(args, lim.setting)
+        for name in lim.bound.fields:
+            if name in props:
+                _bound_schema(props[name], lim.bound.measure, limit)
+
+
+def _bound_schema(schema: dict, measure: str, limit: int) -> None:
+    for v in [schema, *schema.get("anyOf", [])]:
+        kind = v.get("type")
+        if measure == "count" and kind == "array":
+            v["maxItems"] = limit
+        elif measure == "count" and kind == "object":
+            v["maxProperties"] = limit
+        elif measure == "prompts" and kind == "array" and v["items"].get("type") != "integer":
+            v["maxItems"] = limit
+        elif measure == "each" and kind == "string":
+            v["maxLength"] = limit
+        elif measure == "each" and kind == "array" and v["items"].get("type") == "string":
+            v["items"]["maxLength"] = limit
+        elif measure == "value" and kind == "integer":
+            v["maximum"] = limit

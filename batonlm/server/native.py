@@ -92,18 +92,16 @@ async def generate(request: Request):
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise bad_request("stop must be a string or a list of strings", param="sampling_params.stop")
+    if not all(stop):
+        raise bad_request("stop strings must not be empty", param="sampling_params.stop")
     try:
         params = SamplingParams.from_dict(raw)
     except InvalidSamplingParams as e:
         raise e.nested("sampling_params") from None
-    limits.check_sampling_limits(
-        state.args, stops=stop, num_stop_token_ids=len(params.stop_token_ids),
-        num_logit_bias=len(params.logit_bias), logprobs=params.logprobs, prefix="sampling_params.",
-        prompt_logprobs=params.prompt_logprobs,
-    )
+    limits.check_limits(state.args, {**msgspec.structs.asdict(params), "stop": stop}, prefix="sampling_params.")
+    limits.check_limits(state.args, {"top_logprobs_num": req.top_logprobs_num})
     if req.return_logprob:
         k = req.top_logprobs_num
-        limits.check_top_logprobs(state.args, "top_logprobs_num", k)
         scored = {"prompt_logprobs": k, "logprob_start_len": req.logprob_start_len} if req.logprob_start_len >= 0 else {}
         params = msgspec.structs.replace(params, logprobs=k, **scored)
     if params.constraint is not None:

@@ -22,7 +22,7 @@ async def chat_completions(request: Request):
     req = await state.read(request, ChatCompletionRequest)
     state.check_model(req.model)
     state.check_healthy()
-    common.check_limits(state, req, num_prompts=1, prompt_param="messages")
+    common.check_limits(state, req)
     constraint = await common.request_constraint(req)
     plan = await chat_tools.plan_tools(state, req)
     state.manager.admit(req.n)

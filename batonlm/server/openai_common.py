@@ -48,17 +48,9 @@ async def render_chat(
     return await asyncio.to_thread(render)
 
 
-def check_limits(state: ServerState, req: SamplingFields, *, num_prompts: int, prompt_param: str) -> None:
-    """The request-level limits that do not need the prompt's tokens."""
-    limits.check_choices(state.args, num_prompts, req.n, prompt_param)
-    limits.check_sampling_limits(
-        state.args,
-        stops=req.stop_strings,
-        num_stop_token_ids=len(req.stop_token_ids or []),
-        num_logit_bias=len(req.logit_bias or {}),
-        logprobs=req.num_logprobs,
-        logprobs_name=req.logprobs_field,
-    )
+def check_limits(state: ServerState, req: SamplingFields) -> None:
+    """The request limits (batonlm/server/limits.py) on the request's fields."""
+    limits.check_limits(state.args, dict(req))
 
 
 def sampling_params(

@@ -43,7 +43,7 @@ async def completions(request: Request):
     if req.max_tokens == 0 and not req.echo:
         raise bad_request("max_tokens 0 is allowed only with echo (to score the prompt)", param="max_tokens")
     num_prompts = _num_prompts(req.prompt)
-    common.check_limits(state, req, num_prompts=num_prompts, prompt_param="prompt")
+    common.check_limits(state, req)
     constraint = await common.request_constraint(req)
     state.manager.admit(num_prompts * req.n)
     prompts = await _prompts(state, req.prompt)

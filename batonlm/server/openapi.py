@@ -9,7 +9,6 @@ errors), so FastAPI cannot see them: the bodies are declared here from the same 
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import msgspec
 from fastapi import FastAPI
@@ -20,6 +19,7 @@ from pydantic.json_schema import models_json_schema
 from batonlm.config import ServerArgs
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import protocol, responses
+from batonlm.server.limits import apply_limits
 
 REF = "#/components/schemas/{model}"
 
@@ -75,44 +75,13 @@ def _native_sampling_params(args: ServerArgs) -> tuple[dict, dict]:
     name = ref["$ref"].rsplit("/", 1)[1]
     native = copy.deepcopy(components[name])
     native["title"] = "NativeSamplingParams"
-    native["properties"]["stop"] = {"anyOf": [
-        {"type": "string", "maxLength": args.max_stop_string_length},
-        {"type": "array", "items": {"type": "string", "maxLength": args.max_stop_string_length},
-         "maxItems": args.max_stop_strings},
-    ]}
-    _apply_sampling_limits(native["properties"], args, logprobs="logprobs")
+    native["properties"]["stop"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+    apply_limits(native["properties"], args)
     return {"$ref": REF.format(model="NativeSamplingParams")}, {"NativeSamplingParams": native}
 
 
-def _apply_sampling_limits(props: dict[str, Any], args: ServerArgs, logprobs: str) -> None:
-    """This server's limits as bounds of the fields that have them."""
-    if "stop_token_ids" in props:
-        _set_on_arrays(props["stop_token_ids"], maxItems=args.max_stop_token_ids)
-    if "logit_bias" in props:
-        _set_on_objects(props["logit_bias"], maxProperties=args.max_logit_bias)
-    for name in (logprobs, "prompt_logprobs"):
-        if name in props:
-            _set_on_numbers(props[name], maximum=args.max_logprobs)
-
-
-def _variants(schema: dict) -> list[dict]:
-    return [schema, *schema.get("anyOf", [])]
-
-
-def _set_on_arrays(schema: dict, **bounds: int) -> None:
-    for v in _variants(schema):
-        if v.get("type") == "array":
-            v.update(bounds)
-
-
-def _set_on_objects(schema: dict, **bounds: int) -> None:
-    for v in _variants(schema):
-        if v.get("type") == "object":
-            v.update(bounds)
-
-
 def _set_on_numbers(schema: dict, **bounds: int) -> None:
-    for v in _variants(schema):
+    for v in [schema, *schema.get("anyOf", [])]:
         if v.get("type") in ("integer", "number"):
             v.update(bounds)
 
@@ -139,27 +108,17 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
     native_props = components["NativeSamplingParams"]["properties"]
     for field in ("max_new_tokens", "min_new_tokens"):
         _set_on_numbers(native_props[field], maximum=context_length - 1)
-    _set_on_numbers(components["NativeGenerateRequest"]["properties"]["top_logprobs_num"], maximum=args.max_logprobs)
-    for name, logprobs in (("ChatCompletionRequest", "top_logprobs"), ("CompletionRequest", "logprobs")):
+    apply_limits(components["NativeGenerateRequest"]["properties"], args)
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
         props = components[name]["properties"]
         # Only the served model exists (another name is a 404).
         props["model"] = {"anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
         for field in ("max_tokens", "max_completion_tokens", "min_tokens"):
             _set_on_numbers(props[field], maximum=context_length - 1)
-        _set_on_numbers(props["n"], maximum=args.max_n)
-        for v in _variants(props["stop"]):
-            if v.get("type") == "string":
-                v["maxLength"] = args.max_stop_string_length
-            elif v.get("type") == "array":
-                v.update(maxItems=args.max_stop_strings)
-                v["items"]["maxLength"] = args.max_stop_string_length
-        _apply_sampling_limits(props, args, logprobs)
+        apply_limits(props, args)
     for name in ("TokenizeRequest", "DetokenizeRequest"):
         components[name]["properties"]["model"] = {
             "anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
-    for v in _variants(components["CompletionRequest"]["properties"]["prompt"]):
-        if v.get("type") == "array" and v["items"].get("type") != "integer":  # several prompts
-            v["maxItems"] = args.max_prompts_per_request
 
     paths = schema["paths"]
     for path, request_model, answer, streams in POST_ROUTES:

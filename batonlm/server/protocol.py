@@ -168,6 +168,13 @@ class SamplingFields(_Strict):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v is not None and not all([v] if isinstance(v, str) else v):
+            raise ValueError("stop strings must not be empty")
+        return v
+
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:

@@ -45,19 +45,19 @@ def workload(seed: int, long_prompt: bool, vocab: int = 512):
 # Without the long prompt, the longest request holds 36 + 40 - 1 slots: it only just fits.
 WHOLE, SMALL_POOL = None, 80
 CONFIGS = [
-    ("cache on, whole prompts, overlap", dict(radix_cache=True, chunked_prefill_size=WHOLE), None, True),
-    ("cache on, chunk 7, normal", dict(radix_cache=True, chunked_prefill_size=7), None, False),
-    ("cache on, chunk 64, overlap", dict(radix_cache=True, chunked_prefill_size=64), None, True),
-    ("cache off, chunk 7, overlap", dict(radix_cache=False, chunked_prefill_size=7), None, True),
-    ("lpm policy, chunk 7, overlap", dict(radix_cache=True, chunked_prefill_size=7, schedule_policy="lpm"), None, True),
-    ("retraction, cache on, chunk 7, overlap", dict(radix_cache=True, chunked_prefill_size=7), SMALL_POOL, True),
-    ("retraction, cache on, whole, normal", dict(radix_cache=True, chunked_prefill_size=WHOLE), SMALL_POOL, False),
-    ("retraction, cache off, chunk 64, overlap", dict(radix_cache=False, chunked_prefill_size=64), SMALL_POOL, True),
+    ("cache on, whole prompts, overlap", dict(disable_radix_cache=False, chunked_prefill_size=WHOLE), None, True),
+    ("cache on, chunk 7, normal", dict(disable_radix_cache=False, chunked_prefill_size=7), None, False),
+    ("cache on, chunk 64, overlap", dict(disable_radix_cache=False, chunked_prefill_size=64), None, True),
+    ("cache off, chunk 7, overlap", dict(disable_radix_cache=True, chunked_prefill_size=7), None, True),
+    ("lpm policy, chunk 7, overlap", dict(disable_radix_cache=False, chunked_prefill_size=7, schedule_policy="lpm"), None, True),
+    ("retraction, cache on, chunk 7, overlap", dict(disable_radix_cache=False, chunked_prefill_size=7), SMALL_POOL, True),
+    ("retraction, cache on, whole, normal", dict(disable_radix_cache=False, chunked_prefill_size=WHOLE), SMALL_POOL, False),
+    ("retraction, cache off, chunk 64, overlap", dict(disable_radix_cache=True, chunked_prefill_size=64), SMALL_POOL, True),
 ]
 # Chunks of one token cost an iteration per prompt token: run on one model.
 CHUNK_1 = [
-    ("cache on, chunk 1, overlap", dict(radix_cache=True, chunked_prefill_size=1), None, True),
-    ("small pool, cache on, chunk 1, normal", dict(radix_cache=True, chunked_prefill_size=1), SMALL_POOL, False),
+    ("cache on, chunk 1, overlap", dict(disable_radix_cache=False, chunked_prefill_size=1), None, True),
+    ("small pool, cache on, chunk 1, normal", dict(disable_radix_cache=False, chunked_prefill_size=1), SMALL_POOL, False),
 ]
 
 
@@ -77,7 +77,7 @@ def test_the_same_tokens_under_every_memory_scheme(request, model):
     retracted: dict[str, set[str]] = {}
     try:
         # The reference: no cache, whole prompts, the normal loop, a pool that fits everything.
-        h.reconfigure(radix_cache=False, chunked_prefill_size=None)
+        h.reconfigure(disable_radix_cache=True, chunked_prefill_size=None)
         references = {long: _run(h, reqs, overlap=False) for long, reqs in workloads.items()}
         for label, changes, capacity, overlap in CONFIGS + (CHUNK_1 if model == "stories" else []):
             reqs, expected = workloads[capacity is None], references[capacity is None]

@@ -125,7 +125,7 @@ def test_retracted_requests_send_their_prompt_logprobs_once(stories_path):
     refs = [_reference(stories_path, p, 0) for p in prompts]
     h = SchedulerHarness(stories_path, chunked_prefill_size=8)
     try:
-        h.reconfigure(kv_capacity=160, radix_cache=False)
+        h.reconfigure(kv_capacity=160, disable_radix_cache=True)
         for i, p in enumerate(prompts):
             h.submit(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=40, prompt_logprobs=0))
         records = h.run(overlap=True)
