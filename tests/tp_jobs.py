@@ -139,7 +139,7 @@ def dp_scheduler_job(rank: int, size: int, addr: str, model: str, dp_dir: str, s
             stats = sched.stats()
         finally:
             sched.device.close()
-            sched.dp_sync.close()
+            sched.agreement.close()
         out.put((rank, {rid: r.token_ids for rid, r in io.records.items()},
                  (stats.dp_pairings, stats.dp_decisions_checked, sched.iteration)))
     except Exception:

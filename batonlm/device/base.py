@@ -7,31 +7,23 @@ stream, or the scheduler itself) is chosen by `factory.create_device`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, IdleLaunch, SampledLogprobs, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, BatchResult, IdleLaunch, SampledLogprobs, SampleLaunch
 
 
 class DeviceError(RuntimeError):
     """The device failed to run a batch, or its worker is gone."""
 
 
-@dataclass(frozen=True)
-class BatchResult:
-    token_ids: list[int]
-    logprobs: SampledLogprobs | None = None
-    prompt_logprobs: SampledLogprobs | None = None  # of `BatchLaunch.prompt_logprob_at`
-    accepted: list[int] | None = None  # per `BatchLaunch.verify_groups`
-
-
-def host_result(out) -> BatchResult:
+def host_result(out, batch_id: int) -> BatchResult:
     """A device SampleOutput as plain Python lists (the only place results cross to the host)."""
 
     def lists(chosen, top_ids, top_lp) -> SampledLogprobs | None:
         return None if chosen is None else SampledLogprobs(chosen.tolist(), top_ids.tolist(), top_lp.tolist())
 
     return BatchResult(
+        batch_id,
         out.token_ids.tolist(),
         lists(out.logprobs, out.top_ids, out.top_logprobs),
         lists(out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs),

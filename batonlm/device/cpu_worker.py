@@ -18,7 +18,6 @@ from multiprocessing.connection import Connection, wait
 
 from batonlm import spawn
 from batonlm.device.base import (
-    BatchResult,
     DeviceError,
     DeviceStream,
     PendingResult,
@@ -27,7 +26,7 @@ from batonlm.device.spec import DeviceSpec
 from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
-    BatchSampled,
+    BatchResult,
     IdleLaunch,
     SampleLaunch,
     WorkerFailed,
@@ -169,10 +168,8 @@ class CpuWorkerDevice(DeviceStream):
             if isinstance(msg, WorkerFailed):
                 self._failed = True
                 raise DeviceError(f"batch {msg.batch_id} failed on the CPU device: {msg.message}")
-            assert isinstance(msg, BatchSampled)
-            self._results[msg.batch_id] = BatchResult(
-                msg.token_ids, msg.logprobs, msg.prompt_logprobs, msg.accepted
-            )
+            assert isinstance(msg, BatchResult)
+            self._results[msg.batch_id] = msg
             self.compute_s += msg.compute_s
         return self._results.pop(batch_id)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from batonlm.device.base import BatchResult, DeviceStream, PendingResult, host_result
+from batonlm.device.base import DeviceStream, PendingResult, host_result
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.factory import build_executor
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, BatchResult, SampleLaunch
 from batonlm.model_runner.sampler import SampleOutput
 
 
@@ -22,7 +22,7 @@ class _CudaPending(PendingResult):
     def wait(self) -> BatchResult:
         assert self.copy_done is not None and self.host is not None, "delayed sampling was never launched"
         self.copy_done.synchronize()
-        return host_result(self.host)
+        return host_result(self.host, self.batch_id)
 
 
 class CudaDevice(DeviceStream):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from batonlm.device.base import BatchResult, DeviceStream, PendingResult, host_result
+from batonlm.device.base import DeviceStream, PendingResult, host_result
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.factory import build_executor
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, BatchResult, SampleLaunch
 
 
 class _Ready(PendingResult):
@@ -27,13 +27,13 @@ class InlineDevice(DeviceStream):
 
     def launch(self, launch: BatchLaunch) -> PendingResult:
         out = self.executor.run(launch)
-        pending = _Ready(launch.batch_id, None if out is None else host_result(out))
+        pending = _Ready(launch.batch_id, None if out is None else host_result(out, launch.batch_id))
         if out is None:
             self._delayed[launch.batch_id] = pending
         return pending
 
     def launch_sampling(self, sample: SampleLaunch) -> None:
-        self._delayed.pop(sample.batch_id).result = host_result(self.executor.sample_delayed(sample))
+        self._delayed.pop(sample.batch_id).result = host_result(self.executor.sample_delayed(sample), sample.batch_id)
 
     def close(self) -> None:
         pass

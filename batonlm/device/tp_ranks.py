@@ -16,6 +16,8 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+import msgspec
+
 from batonlm.device.base import host_result
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.spec import DeviceSpec
@@ -25,7 +27,6 @@ from batonlm.distributed.relay import HEARTBEAT_S, LaunchRelay
 from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
-    BatchSampled,
     IdleLaunch,
     SampleLaunch,
     WorkerAlive,
@@ -68,7 +69,7 @@ def _execute(executor: BatchExecutor, msg: object, check: DivergenceCheck | None
         raise TypeError(f"unexpected message {type(msg).__name__}")
     if out is None:
         return None
-    res = host_result(out)
+    res = host_result(out, msg.batch_id)
     if check is not None:
         check.after(msg.batch_id, lengths, res.token_ids, res.accepted)
     return res
@@ -111,9 +112,7 @@ def serve_root(conn: Connection, executor: BatchExecutor, relay: LaunchRelay | N
             logger.error("batch %s failed on the device:\n%s", batch_id, traceback.format_exc())
             return _fail(conn, batch_id, f"{type(e).__name__}: {e}")
         if res is not None:
-            conn.send_bytes(codec.encode(BatchSampled(
-                batch_id, res.token_ids, time.perf_counter() - t0, res.logprobs, res.prompt_logprobs, res.accepted
-            )))
+            conn.send_bytes(codec.encode(msgspec.structs.replace(res, compute_s=time.perf_counter() - t0)))
 
 
 def _fail(conn: Connection, batch_id: int, message: str) -> bool:

@@ -8,7 +8,7 @@ import msgspec
 
 from batonlm.ipc.device_messages import (
     BatchLaunch,
-    BatchSampled,
+    BatchResult,
     IdleLaunch,
     SampleLaunch,
     WorkerAlive,
@@ -44,7 +44,7 @@ Message = Union[
     BatchLaunch,
     IdleLaunch,
     SampleLaunch,
-    BatchSampled,
+    BatchResult,
     WorkerAlive,
     WorkerFailed,
     WorkerProgress,

@@ -77,16 +77,19 @@ class SampleLaunch(msgspec.Struct, tag=True, frozen=True):
     bitmask: bytes = b""
 
 
-class BatchSampled(msgspec.Struct, tag=True, frozen=True):
+class BatchResult(msgspec.Struct, tag=True, frozen=True):
+    """A launch's sampled tokens, per launch row: the one record from the device to the
+    scheduler (sent over the CPU worker's pipe, or handed over in-process)."""
+
     batch_id: int
     token_ids: list[int]
-    # Seconds the worker spent computing this batch (forward + sampling), for profiling.
-    compute_s: float = 0.0
     logprobs: SampledLogprobs | None = None
     # One entry per `BatchLaunch.prompt_logprob_at`, in its order.
     prompt_logprobs: SampledLogprobs | None = None
     # Per verify group: the drafts accepted.
     accepted: list[int] | None = None
+    # Seconds the device spent computing this batch (forward + sampling), where it can tell.
+    compute_s: float = 0.0
 
 
 class SampledLogprobs(msgspec.Struct, array_like=True, frozen=True):

@@ -109,16 +109,29 @@ def keep_mask_reference(
     return (probs >= threshold) & (probs > 0)
 
 
-def sample_reference(logits: torch.Tensor, draw: DrawBatch) -> torch.Tensor:
-    """[B] int64 next tokens for float32 logits [B, V] (see the module docstring)."""
-    greedy = logits.argmax(dim=-1)
+def kept_probs(logits: torch.Tensor, draw: DrawBatch) -> torch.Tensor:
+    """[B, V] float32: the probabilities softmax(logits / temperature) of the tokens top-k, top-p
+    and min-p keep, 0 for the rest (not renormalised): the token-keep rule, stated once for the
+    sampler and for speculative verification. Greedy rows are at temperature 1 (their token is
+    the argmax whatever this says)."""
     is_greedy = draw.temperature <= 0
     temp = torch.where(is_greedy, torch.ones_like(draw.temperature), draw.temperature)
-    probs = torch.softmax(logits / temp[:, None], dim=-1)
+    probs = torch.softmax(logits.float() / temp[:, None], dim=-1)
     keep = keep_mask_reference(probs, draw.top_k, draw.top_p, draw.min_p)
-    race = -torch.log(counter_uniform(draw.keys, logits.shape[-1]))
-    scores = torch.where(keep, probs / race, torch.full_like(probs, -1.0))
-    return torch.where(is_greedy, greedy, scores.argmax(dim=-1))
+    return torch.where(keep, probs, torch.zeros_like(probs))
+
+
+def race_draw(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[B] the exponential race over `probs` (tokens with probability 0 never win): each row's
+    token for its counter key, the same whatever batch the row is in."""
+    race = -torch.log(counter_uniform(keys, probs.shape[-1]))
+    return torch.where(probs > 0, probs / race, torch.full_like(probs, -1.0)).argmax(dim=-1)
+
+
+def sample_reference(logits: torch.Tensor, draw: DrawBatch) -> torch.Tensor:
+    """[B] int64 next tokens for float32 logits [B, V] (see the module docstring)."""
+    sampled = race_draw(kept_probs(logits, draw), draw.keys)
+    return torch.where(draw.temperature <= 0, logits.argmax(dim=-1), sampled)
 
 
 def argmax_reference(logits: torch.Tensor) -> torch.Tensor:

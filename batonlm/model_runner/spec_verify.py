@@ -51,27 +51,20 @@ def salted(keys: torch.Tensor, salt: int) -> torch.Tensor:
     return ref.mix32(keys ^ salt)
 
 
+# Draws from a distribution (a draft's, a rejection's residual) race as the sampler's draws do.
+race = ref.race_draw
+
+
 def request_probs(logits: torch.Tensor, draw: DrawBatch | None) -> torch.Tensor:
-    """[R, V] the distribution a plain step samples from: softmax(logits / T) over what top-k,
-    top-p and min-p keep, renormalised; greedy rows one-hot on the argmax."""
+    """[R, V] the distribution a plain step samples from: what the sampler keeps
+    (`kept_probs`), renormalised; greedy rows one-hot on the argmax."""
     greedy_ids = logits.argmax(dim=-1)
     one_hot = torch.zeros_like(logits, dtype=torch.float32).scatter_(1, greedy_ids[:, None], 1.0)
     if draw is None:
         return one_hot
-    greedy = draw.temperature <= 0
-    temp = torch.where(greedy, torch.ones_like(draw.temperature), draw.temperature)
-    probs = torch.softmax(logits.float() / temp[:, None], dim=-1)
-    keep = ref.keep_mask_reference(probs, draw.top_k, draw.top_p, draw.min_p)
-    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    probs = ref.kept_probs(logits, draw)
     probs = probs / probs.sum(dim=-1, keepdim=True)
-    return torch.where(greedy[:, None], one_hot, probs)
-
-
-def race(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Sample each row of `probs` with the counter RNG's exponential race (what the sampler
-    does: the same keys give the same token)."""
-    e = -torch.log(ref.counter_uniform(keys, probs.shape[-1]))
-    return torch.where(probs > 0, probs / e, torch.full_like(probs, -1.0)).argmax(dim=-1)
+    return torch.where((draw.temperature <= 0)[:, None], one_hot, probs)
 
 
 def rejection_verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, keys: torch.Tensor

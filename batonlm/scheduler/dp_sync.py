@@ -18,12 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-import msgspec
 import torch
 import torch.distributed as dist
 
 from batonlm.distributed.group import rendezvous
-from batonlm.ipc.device_messages import IdleLaunch
 from batonlm.scheduler.batch import ScheduleBatch
 
 IDLE, EXTEND, DECODE = 0, 1, 2
@@ -105,26 +103,3 @@ class DPSync:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def sync_iteration(sched, batch: ScheduleBatch | None, serial: bool = False) -> tuple[ScheduleBatch | None, bool]:
-    """One iteration's agreement for scheduler `sched` (its `dp_sync`), after planning `batch`:
-    the batch's launch gets every rank's token count, or, when others have work and this rank
-    none, its device gets an idle launch. Returns the batch the overlap policy reads (without
-    DP attention `batch`; with it an idle batch in place of None, carrying the agreed flag) and
-    whether the loops end after this iteration. `serial`: the normal loop, whose decision is
-    always to process the result before the next batch."""
-    sync: DPSync | None = sched.dp_sync
-    if sync is None:
-        return batch, False
-    res = sync.exchange(batch, done=sched.io.closed and sched.is_idle, stop=sched._shutdown or sched.io.orphaned)
-    sched.peers_busy = res.any_work
-    if serial:
-        sync.decided(True)
-    if batch is not None:
-        batch.global_is_extend = res.global_is_extend
-        batch.launch = msgspec.structs.replace(batch.launch, dp_tokens=res.dp_tokens)
-        return batch, res.exit
-    if res.any_work:
-        sched.device.launch_idle(IdleLaunch(res.dp_tokens))
-    return ScheduleBatch(batch_id=-1, global_is_extend=res.global_is_extend), res.exit

@@ -48,6 +48,18 @@ class KVMemory:
         """Slots running requests need: their own and the cached prefixes they read."""
         return self.held + self.protected
 
+    def stats_fields(self) -> dict[str, int]:
+        """Its counters, as `SchedulerStats` names them."""
+        return {
+            "kv_used": self.in_use,
+            "kv_capacity": self.capacity,
+            "kv_evictable": self.evictable,
+            "cached_prompt_tokens": self.cached_tokens,
+            "admitted_prompt_tokens": self.admitted_tokens,
+            "req_slots_used": self.req_slots.num_used,
+            "req_slots_total": self.req_slots.capacity,
+        }
+
     def check_invariant(self) -> None:
         total = self.kv.num_free + self.evictable + self.protected + self.held
         assert total == self.capacity, (

@@ -52,15 +52,15 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
     )
     sched = Scheduler(io, device, config)
     if args.enable_dp_attention:
-        from batonlm.scheduler.dp_sync import DP_IDLE_POLL_S, DPSync
+        from batonlm.scheduler.agreement import DPAttention
+        from batonlm.scheduler.dp_sync import DPSync
 
         try:
-            sched.dp_sync = DPSync(dp_rank, args.dp_size, f"file://{dp_dir}/dp-sync", args.dist_timeout)
+            sched.agreement = DPAttention(DPSync(dp_rank, args.dp_size, f"file://{dp_dir}/dp-sync", args.dist_timeout),
+                                          device)
         except BaseException:
             device.close()
             raise
-        sched.require_mlp_sync = True
-        sched.idle_poll_s = DP_IDLE_POLL_S
     info = SchedulerInfo(
         model_path=cfg.path,
         context_length=spec.context_length,
@@ -110,6 +110,5 @@ def run_scheduler_process(
         io.close()
         sys.exit(1)
     sched.device.close()
-    if sched.dp_sync is not None:
-        sched.dp_sync.close()
+    sched.agreement.close()
     io.close()

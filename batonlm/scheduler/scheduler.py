@@ -29,8 +29,8 @@ from batonlm.ipc.messages import (
     TokenOutput,
 )
 from batonlm.request_checks import check_request
+from batonlm.scheduler.agreement import Agreement
 from batonlm.scheduler.batch import ScheduleBatch
-from batonlm.scheduler.dp_sync import sync_iteration
 from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
@@ -44,16 +44,13 @@ from batonlm.scheduler.overlap_policy import (
 from batonlm.scheduler.planner import BatchPlanner, PlannerConfig
 from batonlm.scheduler.request import FINISH_ABORT, Request
 from batonlm.scheduler.speculative import SpecConfig, Speculator
-from batonlm.scheduler.stats import scheduler_stats
 from batonlm.scheduler.status_log import StatusLog
 from batonlm.scheduler.timing import LoopTiming
 from batonlm.settings import derive
 
 logger = logging.getLogger(__name__)
 
-# How long an idle loop blocks on its input before looking again.
-IDLE_POLL_S = 0.05
-# ... and while only grammar compiles are pending (a request should start as soon as it can).
+# How long an idle loop blocks on its input while grammar compiles are pending (a request should start as soon as it can).
 GRAMMAR_POLL_S = 0.002
 
 
@@ -85,12 +82,8 @@ class Scheduler:
         self.config = config
         self.context_length = config.context_length
         self.disable_consecutive_prefill_overlap = env_flag(DISABLE_CONSECUTIVE_PREFILL_ENV)
-        # DP attention (dp_sync.py): the replicas agree every iteration; the overlap policy reads
-        # the flag they agreed on, and an idle loop does not block while another replica works.
-        self.dp_sync = None
-        self.idle_poll_s = IDLE_POLL_S  # DP attention: shorter (a replica's request waits on the others' polls)
-        self.require_mlp_sync = False
-        self.peers_busy = False
+        # What this scheduler agrees on with other data-parallel replicas (DP attention sets its own).
+        self.agreement = Agreement()
 
         spec = device.spec
         self.speculator = Speculator(config.speculative) if config.speculative is not None else None
@@ -106,6 +99,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.result_queue: deque[tuple[ScheduleBatch, PendingResult]] = deque()
+        # What the last iteration ran (an empty batch when a DP-attention replica idled).
         self.last_batch: ScheduleBatch | None = None
         self._outputs: list[TokenOutput] = []
         self._next_batch_id = 0
@@ -129,7 +123,23 @@ class Scheduler:
         return not self.waiting and not self.running and not self.result_queue and not self.grammars.pending
 
     def stats(self) -> SchedulerStats:
-        return scheduler_stats(self)
+        """The counters `/metrics` and `Engine.stats()` read."""
+        return SchedulerStats(
+            num_running=sum(1 for r in self.running if not r.finished),
+            num_waiting=len(self.waiting),
+            retractions=self.planner.num_retractions,
+            iterations=self.iteration,
+            prompt_tokens=self.prompt_tokens,
+            generated_tokens=self.generated_tokens,
+            scheduler_cpu_s=self.timing.cpu_s,
+            device_wait_s=self.timing.wait_s,
+            device_compute_s=self.device.compute_s,
+            batches=self.timing.batches,
+            dp_rank=self.config.dp_rank,
+            **self.memory.stats_fields(),
+            **self.agreement.stats_fields(),
+            **(self.speculator.stats.as_fields() if self.speculator is not None else {}),
+        )
 
     def _should_exit(self) -> bool:
         # Orphaned: nobody reads our outputs any more; stop now (running requests are aborted).
@@ -139,10 +149,10 @@ class Scheduler:
     def recv_requests(self) -> float:
         """Handle every message waiting; returns the seconds spent blocked waiting for one."""
         # Block (briefly) only when idle: never spin; look often while grammars compile.
-        if self.waiting or self.running or self.result_queue or self.peers_busy:
+        if self.waiting or self.running or self.result_queue or self.agreement.peers_busy:
             timeout = 0.0
         else:  # idle: no result wait would notice a device that is gone
-            timeout = GRAMMAR_POLL_S if self.grammars.pending else self.idle_poll_s
+            timeout = GRAMMAR_POLL_S if self.grammars.pending else self.agreement.idle_poll_s
             self.device.check_health()
         t0 = time.perf_counter()
         messages = self.io.recv(timeout)
@@ -247,8 +257,8 @@ class Scheduler:
         self.timing.launch_s += time.perf_counter() - t0
         return pending
 
-    def launch_delayed_sampling(self, batch: ScheduleBatch) -> None:
-        if batch.delay_sampling:
+    def launch_delayed_sampling(self, batch: ScheduleBatch | None) -> None:
+        if batch and batch.delay_sampling:
             self.device.launch_sampling(
                 SampleLaunch(batch.batch_id, {batch.launch_rows[r]: ids for r, ids in self.sampling_masks(batch).items()},
                              **self.grammars.masks(batch))
@@ -312,76 +322,84 @@ class Scheduler:
             self._outputs = []
 
     # ------------------------------------------------------------------ loops
-    def _timed_next_batch(self) -> ScheduleBatch | None:
+    def event_loop_normal(self) -> None:
+        """Serial: run batch N and process its results before building batch N+1."""
+        while self.agreement.keep_running(self._should_exit()):
+            batch = self.next_batch()
+            self.agreement.decided(disable_overlap=True)
+            if batch:
+                pending = self.run_batch(batch)
+                self.launch_delayed_sampling(batch)
+                self.process_batch_result(batch, pending)
+            self.end_iteration(batch)
+        self._drain()
+
+    def event_loop_overlap(self) -> None:
+        """Launch batch N, then process batch N-1 while the device computes N."""
+        while self.agreement.keep_running(self._should_exit()):
+            self.process_before_planning()
+            batch = self.next_batch()
+            overlap = self.decide_overlap(batch)
+            if not overlap:
+                self.pop_and_process()
+            if batch:
+                self.result_queue.append((batch, self.run_batch(batch)))
+            if overlap:
+                self.process_previous(batch)  # batch N-1's result, while the device computes N
+            self.launch_delayed_sampling(batch)
+            self.end_iteration(batch)
+        self._drain()
+
+    def next_batch(self) -> ScheduleBatch | None:
+        """Receive requests, plan the next batch, agree on it with the other replicas (DP
+        attention). A falsy batch: nothing to run."""
         t0 = time.perf_counter()
         idle = self.recv_requests()
         batch = self.get_next_batch_to_run()
         self.timing.schedule_s += time.perf_counter() - t0 - idle
         self.timing.idle_s += idle
-        return batch
+        done = self.io.closed and self.is_idle
+        return self.agreement.agree(batch, done=done, stop=self._shutdown or self.io.orphaned)
 
-    def _end_iteration(self, batch: ScheduleBatch | None) -> None:
+    def process_before_planning(self) -> None:
+        """Speculative decoding: how many drafts the last batch's verifications accepted decides
+        the positions of the next rows, so its result is processed before planning."""
+        self._processed_early = must_process_before_planning(self.last_batch)
+        if self._processed_early:
+            self.pop_and_process()
+
+    def decide_overlap(self, batch: ScheduleBatch | None) -> bool:
+        """Whether the previous result is processed while `batch` runs (overlap_policy.py)."""
+        disable = is_disable_overlap_for_batch(
+            batch,
+            self.last_batch,
+            disable_consecutive_prefill=self.disable_consecutive_prefill_overlap,
+            result_queued=bool(self.result_queue),
+            require_mlp_sync=self.agreement.require_mlp_sync,
+        )
+        self.agreement.decided(disable)
+        return not disable
+
+    def process_previous(self, batch: ScheduleBatch | None) -> None:
+        """Process the result queued before `batch` (none when it was processed early)."""
+        if len(self.result_queue) > (1 if batch else 0):
+            self.pop_and_process()
+
+    def end_iteration(self, batch: ScheduleBatch | None) -> None:
         t0 = time.perf_counter()
         self.flush_outputs()
         self.timing.process_s += time.perf_counter() - t0
         # A decode iteration's time: one that waited on a verification's result (it was processed
         # before planning), or an overlapped one (the drafting policy's cost ratio).
-        if self.speculator is not None and batch is not None and batch.decode and not batch.extend:
+        if self.speculator is not None and batch and batch.decode and not batch.extend:
             self.speculator.observe(self._processed_early, t0 - self._iteration_end)
         self._iteration_end = t0
         self.last_batch = batch
         self.iteration += 1
-        if batch is not None:
+        if batch:
             self.timing.batches += 1
-        self.status_log.maybe_log(self)
-
-    def event_loop_normal(self) -> None:
-        """Serial: run batch N and process its results before building batch N+1."""
-        while self.dp_sync is not None or not self._should_exit():
-            batch = self._timed_next_batch()
-            _, stop = sync_iteration(self, batch, serial=True)
-            if batch is not None:
-                pending = self.run_batch(batch)
-                self.launch_delayed_sampling(batch)
-                self.process_batch_result(batch, pending)
-            self._end_iteration(batch)
-            if stop:
-                break
-        self._drain()
-
-    def event_loop_overlap(self) -> None:
-        """Launch batch N, then process batch N-1 while the device computes N."""
-        policy_last: ScheduleBatch | None = None  # the last batch as the overlap policy saw it
-        while self.dp_sync is not None or not self._should_exit():
-            self._processed_early = must_process_before_planning(self.last_batch)
-            if self._processed_early:
-                self.pop_and_process()
-            batch = self._timed_next_batch()
-            policy_batch, stop = sync_iteration(self, batch)
-            disable_overlap = is_disable_overlap_for_batch(
-                policy_batch,
-                policy_last,
-                disable_consecutive_prefill=self.disable_consecutive_prefill_overlap,
-                result_queued=bool(self.result_queue),
-                require_mlp_sync=self.require_mlp_sync,
-            )
-            if disable_overlap:
-                self.pop_and_process()
-            if batch is not None:
-                self.result_queue.append((batch, self.run_batch(batch)))
-            # The previous batch's result, while this one runs (never this one's: a result the
-            # loop processed early, for drafts, leaves only this batch queued).
-            if not disable_overlap and len(self.result_queue) > (batch is not None):
-                self.pop_and_process()
-            if batch is not None:
-                self.launch_delayed_sampling(batch)
-            self._end_iteration(batch)
-            policy_last = policy_batch
-            if self.dp_sync is not None:
-                self.dp_sync.decided(disable_overlap)
-                if stop:
-                    break
-        self._drain()
+        if self.status_log.due() and not self.is_idle:
+            self.status_log.log(self.stats())
 
     def _drain(self) -> None:
         """On exit: finish processing what is in flight, abort what is left, report it."""

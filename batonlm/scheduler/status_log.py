@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import time
 
+from batonlm.ipc.messages import SchedulerStats
+
 logger = logging.getLogger("batonlm.scheduler.scheduler")
 
 STATUS_LOG_INTERVAL_S = 10.0
@@ -16,20 +18,20 @@ class StatusLog:
         self._last = time.monotonic()
         self._tokens_at_last = 0
 
-    def maybe_log(self, sched) -> None:
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= STATUS_LOG_INTERVAL_S
+
+    def log(self, stats: SchedulerStats) -> None:
         now = time.monotonic()
-        if now - self._last < STATUS_LOG_INTERVAL_S or sched.is_idle:
-            return
         elapsed, self._last = now - self._last, now
-        mem = sched.memory
         spec = ""
-        if sched.speculator is not None and sched.speculator.stats.steps:
-            st = sched.speculator.stats
-            spec = f", {st.accepted / st.steps:.2f} drafts accepted per verification ({st.steps} steps)"
+        if stats.spec_verify_steps:
+            spec = (f", {stats.spec_accepted_tokens / stats.spec_verify_steps:.2f} drafts accepted per verification "
+                    f"({stats.spec_verify_steps} steps)")
         logger.info(
             "running %d, queued %d, KV %d/%d in use (%.0f%%), %d cached, %.1f tokens/s%s",
-            len(sched.running), len(sched.waiting), mem.in_use, mem.capacity,
-            100.0 * mem.in_use / max(1, mem.capacity), mem.evictable,
-            (sched.generated_tokens - self._tokens_at_last) / elapsed, spec,
+            stats.num_running, stats.num_waiting, stats.kv_used, stats.kv_capacity,
+            100.0 * stats.kv_used / max(1, stats.kv_capacity), stats.kv_evictable,
+            (stats.generated_tokens - self._tokens_at_last) / elapsed, spec,
         )
-        self._tokens_at_last = sched.generated_tokens
+        self._tokens_at_last = stats.generated_tokens
