@@ -1,20 +1,22 @@
-"""Health, models, metrics, and the native POST /generate."""
+"""Health, models, metrics, and the native POST /generate (on the request pipeline)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import msgspec
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.server import limits, logprobs
 from batonlm.server import openai_common as common
-from batonlm.server.errors import bad_request, model_not_found, to_api_error
+from batonlm.server.errors import bad_request, model_not_found
+from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream
 from batonlm.server.protocol import NativeGenerateRequest
-from batonlm.server.sse import DONE, sse
-from batonlm.server.state import ServerState, server_state, until_disconnected
+from batonlm.server.state import ServerState, server_state
+from batonlm.tokenizer_manager.request_state import GenerationChunk
 
 router = APIRouter()
 
@@ -76,62 +78,21 @@ async def flush_cache(request: Request):
     return {"status": "ok"}
 
 
-@router.post("/generate")
-async def generate(request: Request):
-    """SGLang-style: `text` or `input_ids`, `sampling_params` (SGLang names, plus `stop`
-    strings), `stream`, and the logprob fields (`return_logprob`, `logprob_start_len`: -1 no
-    prompt logprobs, `top_logprobs_num`, `return_text_in_logprobs`). Returns `text`,
-    `output_ids` and `meta_info` (with `input/output_token_logprobs` [logprob, id, text] and
-    `input/output_top_logprobs` when asked; streamed, each event has its own tokens')."""
-    state = server_state(request)
-    req = await state.read(request, NativeGenerateRequest)
-    state.check_healthy()
-    raw = dict(req.sampling_params or {})
-    stop = raw.pop("stop", None) or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise bad_request("stop must be a string or a list of strings", param="sampling_params.stop")
-    if not all(stop):
-        raise bad_request("stop strings must not be empty", param="sampling_params.stop")
-    try:
-        params = SamplingParams.from_dict(raw)
-    except InvalidSamplingParams as e:
-        raise e.nested("sampling_params") from None
-    limits.check_limits(state.args, {**msgspec.structs.asdict(params), "stop": stop}, prefix="sampling_params.")
-    limits.check_limits(state.args, {"top_logprobs_num": req.top_logprobs_num})
-    if req.return_logprob:
-        k = req.top_logprobs_num
-        scored = {"prompt_logprobs": k, "logprob_start_len": req.logprob_start_len} if req.logprob_start_len >= 0 else {}
-        params = msgspec.structs.replace(params, logprobs=k, **scored)
-    if params.constraint is not None:
-        kind, text = params.constraint
-        await common.check_constraint_param(kind, text, f"sampling_params.{kind}")
-    state.manager.admit(1)
-    ids = await state.manager.tokenize_async(req.text) if req.text is not None else list(req.input_ids or [])
-    if req.return_logprob and req.logprob_start_len > len(ids):
-        raise bad_request(f"logprob_start_len must be at most the prompt's length ({len(ids)} tokens), got "
-                          f"{req.logprob_start_len}", param="logprob_start_len")
-    try:
-        state.manager.validate_prompt(ids, params, "text" if req.text is not None else "input_ids")
-    except InvalidSamplingParams as e:
-        raise e.nested("sampling_params") from None
-    rid = req.rid or common.request_id("gen")
-    jobs = [(ids, params)]
+@dataclass
+class GenerateJob(Job[NativeGenerateRequest]):
+    params: SamplingParams | None = None  # the request's one sampling record
+    k_in: int | None = None  # top alternatives of the input / output logprob lists meta_info carries
+    k_out: int | None = None
 
-    # The logprob lists meta_info carries (with top alternatives when k > 0): output ones when
-    # asked; input ones when asked, and with return_logprob always (empty for logprob_start_len -1).
-    k_out = params.logprobs
-    k_in = params.prompt_logprobs if params.prompt_logprobs is not None or not req.return_logprob else k_out
-
-    def meta(finish: str | None, completion_tokens: int, cached_tokens: int | None, output_lp=None,
-             prompt_lp=None, spec=None) -> dict:
-        out = {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": completion_tokens,
-               "cached_tokens": cached_tokens}
+    def meta(self, state: ServerState, finish: str | None, completion_tokens: int, cached_tokens: int | None,
+             output_lp=None, prompt_lp=None, spec=None) -> dict:
+        req = self.req
+        out = {"id": self.rid, "finish_reason": finish, "prompt_tokens": self.prompt_tokens,
+               "completion_tokens": completion_tokens, "cached_tokens": cached_tokens}
         if spec is not None:  # speculative decoding: SGLang's names
             out["spec_verify_ct"], out["spec_accepted_drafts"] = spec
             out["spec_accept_length"] = (spec[0] + spec[1]) / spec[0]
-        for name, items, k in (("input", prompt_lp, k_in), ("output", output_lp, k_out)):
+        for name, items, k in (("input", prompt_lp, self.k_in), ("output", output_lp, self.k_out)):
             if k is not None:
                 tokens, tops = logprobs.generate_logprobs(state, items or [], req.return_text_in_logprobs)
                 out[f"{name}_token_logprobs"] = tokens
@@ -139,27 +100,104 @@ async def generate(request: Request):
                     out[f"{name}_top_logprobs"] = tops
         return out
 
-    if req.stream:
-        async def stream():
-            try:
-                cached = None
-                async for _, c in common.stream_choices(state, jobs, stop, rid):
-                    cached = c.cached_tokens if c.cached_tokens is not None else cached
-                    prompt_lp = None if c.prompt_logprobs is None else logprobs.prompt_token_logprobs(ids, params, c)
-                    yield sse({"text": c.text, "output_ids": c.token_ids,
-                               "meta_info": meta(c.finish_reason, c.completion_tokens, cached, c.logprobs, prompt_lp,
-                                                 c.spec)})
-            except Exception as e:
-                yield sse(to_api_error(e).body())
-            yield DONE
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
-    t0 = time.perf_counter()
-    (result,) = await until_disconnected(request, common.collect_choices(state, jobs, stop, rid))
-    return {
-        "text": result.text,
-        "output_ids": result.token_ids,
-        "meta_info": {**meta(result.finish_reason, result.completion_tokens, result.cached_tokens, result.logprobs,
-                             result.prompt_logprobs, result.spec),
-                      "e2e_latency": time.perf_counter() - t0},
-    }
+class GenerateStream(Stream[NativeGenerateRequest]):
+    job: GenerateJob
+
+    def __init__(self, state: ServerState, job: GenerateJob) -> None:
+        super().__init__(state, job)
+        self.cached: int | None = None
+
+    def events(self, i: int, c: GenerationChunk) -> list[dict]:
+        self.cached = c.cached_tokens if c.cached_tokens is not None else self.cached
+        ids, params = self.job.choices[0]
+        prompt_lp = None if c.prompt_logprobs is None else logprobs.prompt_token_logprobs(ids, params, c)
+        return [{"text": c.text, "output_ids": c.token_ids,
+                 "meta_info": self.job.meta(self.state, c.finish_reason, c.completion_tokens, self.cached, c.logprobs,
+                                            prompt_lp, c.spec)}]
+
+
+class GenerateRoute(Route[NativeGenerateRequest]):
+    """SGLang-style: `text` or `input_ids`, `sampling_params` (SGLang names, plus `stop`
+    strings), `stream`, and the logprob fields (`return_logprob`, `logprob_start_len`: -1 no
+    prompt logprobs, `top_logprobs_num`, `return_text_in_logprobs`). Returns `text`,
+    `output_ids` and `meta_info` (with `input/output_token_logprobs` [logprob, id, text] and
+    `input/output_top_logprobs` when asked; streamed, each event has its own tokens')."""
+
+    request_model = NativeGenerateRequest
+    id_prefix = "gen"
+    prompt_param = "text"
+    stream_type = GenerateStream
+    job_type = GenerateJob
+
+    def request_id(self, req: NativeGenerateRequest) -> str:
+        return req.rid or super().request_id(req)
+
+    def check(self, state: ServerState, job: GenerateJob) -> None:  # type: ignore[override]
+        req = job.req
+        raw = dict(req.sampling_params or {})
+        stop = raw.pop("stop", None) or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise bad_request("stop must be a string or a list of strings", param="sampling_params.stop")
+        if not all(stop):
+            raise bad_request("stop strings must not be empty", param="sampling_params.stop")
+        try:
+            params = SamplingParams.from_dict(raw)
+        except InvalidSamplingParams as e:
+            raise e.nested("sampling_params") from None
+        limits.check_limits(state.args, {**msgspec.structs.asdict(params), "stop": stop}, prefix="sampling_params.")
+        limits.check_limits(state.args, {"top_logprobs_num": req.top_logprobs_num})
+        if req.return_logprob:
+            k = req.top_logprobs_num
+            scored = {"prompt_logprobs": k, "logprob_start_len": req.logprob_start_len} if req.logprob_start_len >= 0 else {}
+            params = msgspec.structs.replace(params, logprobs=k, **scored)
+        job.stop, job.params = stop, params
+        # The logprob lists meta_info carries (with top alternatives when k > 0): output ones when
+        # asked; input ones when asked, and with return_logprob always (empty for logprob_start_len -1).
+        job.k_out = params.logprobs
+        job.k_in = params.prompt_logprobs if params.prompt_logprobs is not None or not req.return_logprob else job.k_out
+
+    async def constrain(self, state: ServerState, job: GenerateJob) -> None:  # type: ignore[override]
+        assert job.params is not None
+        if job.params.constraint is not None:
+            kind, text = job.params.constraint
+            await common.check_constraint_param(kind, text, f"sampling_params.{kind}")
+
+    async def prompts(self, state: ServerState, job: GenerateJob) -> list[list[int]]:  # type: ignore[override]
+        req = job.req
+        ids = await state.manager.tokenize_async(req.text) if req.text is not None else list(req.input_ids or [])
+        if req.return_logprob and req.logprob_start_len > len(ids):
+            raise bad_request(f"logprob_start_len must be at most the prompt's length ({len(ids)} tokens), got "
+                              f"{req.logprob_start_len}", param="logprob_start_len")
+        return [ids]
+
+    def sampling_params(self, state: ServerState, job: GenerateJob, prompt_ids: list[int]) -> list[SamplingParams]:  # type: ignore[override]
+        assert job.params is not None
+        return [job.params]
+
+    def validate(self, state: ServerState, job: GenerateJob, prompt_ids: list[int],  # type: ignore[override]
+                 params: SamplingParams) -> None:
+        try:
+            state.manager.validate_prompt(prompt_ids, params, "text" if job.req.text is not None else "input_ids")
+        except InvalidSamplingParams as e:
+            raise e.nested("sampling_params") from None
+
+    def answer(self, state: ServerState, job: GenerateJob, results: list[ChoiceResult]) -> dict:  # type: ignore[override]
+        (result,) = results
+        return {
+            "text": result.text,
+            "output_ids": result.token_ids,
+            "meta_info": {**job.meta(state, result.finish_reason, result.completion_tokens, result.cached_tokens,
+                                     result.logprobs, result.prompt_logprobs, result.spec),
+                          "e2e_latency": time.perf_counter() - job.started},
+        }
+
+
+ROUTE = GenerateRoute()
+
+
+@router.post("/generate")
+async def generate(request: Request):
+    return await ROUTE.handle(request)

@@ -1,92 +1,66 @@
-"""POST /v1/chat/completions."""
+"""POST /v1/chat/completions on the request pipeline: messages through the chat template, tools
+(chat_tools.py), reasoning (reasoning.py), and OpenAI's chat answer and chunks."""
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 from batonlm.server import chat_tools, logprobs
-from batonlm.server import openai_common as common
+from batonlm.server.openai_common import OpenAIRoute, OpenAIStream, render_chat
+from batonlm.server.pipeline import ChoiceResult, Job
 from batonlm.server.protocol import ChatCompletionRequest
 from batonlm.server.reasoning import ReasoningStream, split_reasoning
-from batonlm.server.state import ServerState, server_state, until_disconnected
+from batonlm.server.state import ServerState
+from batonlm.tokenizer_manager.request_state import GenerationChunk
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request):
-    state = server_state(request)
-    req = await state.read(request, ChatCompletionRequest)
-    state.check_model(req.model)
-    state.check_healthy()
-    common.check_limits(state, req)
-    constraint = await common.request_constraint(req)
-    plan = await chat_tools.plan_tools(state, req)
-    state.manager.admit(req.n)
-    messages = [m.template_dict() for m in req.messages]
-    input_ids = await common.render_chat(state, messages, tools=plan.template_tools)
-    params = common.sampling_params(state, req, len(input_ids), req.num_logprobs, "messages",
-                                   plan.constraint or constraint)
-    state.manager.validate_prompt(input_ids, params[0], "messages")
-    jobs = [(input_ids, p) for p in params]
-    rid = common.request_id("chatcmpl")
-    created = int(time.time())
-    if req.stream:
-        return StreamingResponse(
-            _stream(state, req, plan, jobs, rid, created, len(input_ids)), media_type="text/event-stream"
-        )
-    results = await until_disconnected(request, common.collect_choices(state, jobs, req.stop_strings, rid))
-    kind = state.args.reasoning_parser
-    split = [split_reasoning(kind, r.text) if kind != "none" else (None, r.text) for r in results]
-    parsed = [plan.parse(text) for _, text in split]
-    return JSONResponse({
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": state.model_name,
-        "choices": [
-            {
-                "index": i,
-                "message": chat_tools.message(content, calls, reasoning),
-                "logprobs": logprobs.chat_logprobs(state, r.logprobs) if req.logprobs else None,
-                "finish_reason": chat_tools.finish_reason(r.finish_reason, calls),
-            }
-            for i, (r, (content, calls), (reasoning, _)) in enumerate(zip(results, parsed, split))
-        ],
-        "usage": common.usage(len(input_ids), sum(r.completion_tokens for r in results),
-                              [r.cached_tokens for r in results], req.n),
-    })
+@dataclass
+class ChatJob(Job[ChatCompletionRequest]):
+    plan: chat_tools.ToolPlan | None = None
 
 
-def _stream(state: ServerState, req: ChatCompletionRequest, plan: chat_tools.ToolPlan, jobs, rid: str, created: int,
-            prompt_tokens: int):
-    streams = [plan.streamer() for _ in jobs]
-    kind = state.args.reasoning_parser
-    thinking = [ReasoningStream(kind) if kind != "none" else None for _ in jobs]
+class ChatStream(OpenAIStream[ChatCompletionRequest]):
+    object_name = "chat.completion.chunk"
+    job: ChatJob
 
-    def split(i: int, text: str, last: bool) -> tuple[str, str]:
-        if thinking[i] is None:
+    def __init__(self, state: ServerState, job: ChatJob) -> None:
+        super().__init__(state, job)
+        assert job.plan is not None
+        self.calls = [job.plan.streamer() for _ in job.choices]
+        kind = state.args.reasoning_parser
+        self.thinking = [ReasoningStream(kind) if kind != "none" else None for _ in job.choices]
+
+    def opening(self) -> list[dict]:
+        return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}]) for i in range(len(self.job.choices))]
+
+    def _split(self, i: int, text: str, last: bool) -> tuple[str, str]:
+        """(reasoning, content) of a text delta."""
+        thinking = self.thinking[i]
+        if thinking is None:
             return "", text
-        r, t = thinking[i].feed(text)
+        reasoning, content = thinking.feed(text)
         if last:
-            r2, t2 = thinking[i].finish()
-            r, t = r + r2, t + t2
-        return r, t
+            r2, c2 = thinking.finish()
+            reasoning, content = reasoning + r2, content + c2
+        return reasoning, content
 
-    def to_choices(i: int, c) -> list[dict]:
+    def choice_deltas(self, i: int, c: GenerationChunk) -> list[dict]:
+        req = self.job.req
         out = []
-        reasoning, text = split(i, c.text, c.finish_reason is not None)
-        text = streams[i].feed(text)
+        reasoning, text = self._split(i, c.text, c.finish_reason is not None)
+        text = self.calls[i].feed(text)
         if reasoning:
             out.append({"index": i, "delta": {"reasoning_content": reasoning}, "logprobs": None, "finish_reason": None})
         if text or (req.logprobs and c.logprobs):
-            lp = logprobs.chat_logprobs(state, c.logprobs or []) if req.logprobs else None
+            lp = logprobs.chat_logprobs(self.state, c.logprobs or []) if req.logprobs else None
             out.append({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None})
         if c.finish_reason is not None:
-            rest, calls = streams[i].finish()
+            rest, calls = self.calls[i].finish()
             if rest:
                 out.append({"index": i, "delta": {"content": rest}, "logprobs": None, "finish_reason": None})
             if calls:
@@ -96,9 +70,44 @@ def _stream(state: ServerState, req: ChatCompletionRequest, plan: chat_tools.Too
                         "finish_reason": chat_tools.finish_reason(c.finish_reason, calls)})
         return out
 
-    opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-               for i in range(len(jobs))]
-    return common.sse_body(
-        state, jobs, req.stop_strings, rid, obj="chat.completion.chunk", created=created, include_usage=req.include_usage,
-        prompt_tokens=prompt_tokens, choices_per_prompt=req.n, opening=opening, to_choices=to_choices,
-    )
+
+class ChatRoute(OpenAIRoute[ChatCompletionRequest]):
+    request_model = ChatCompletionRequest
+    id_prefix = "chatcmpl"
+    prompt_param = "messages"
+    object_name = "chat.completion"
+    stream_type = ChatStream
+    job_type = ChatJob
+
+    async def constrain(self, state: ServerState, job: ChatJob) -> None:  # type: ignore[override]
+        await super().constrain(state, job)
+        job.plan = await chat_tools.plan_tools(state, job.req)
+        job.constraint = job.plan.constraint or job.constraint  # forced tool calls: their schema
+
+    async def prompts(self, state: ServerState, job: ChatJob) -> list[list[int]]:  # type: ignore[override]
+        assert job.plan is not None
+        messages = [m.template_dict() for m in job.req.messages]
+        return [await render_chat(state, messages, tools=job.plan.template_tools)]
+
+    def choices(self, state: ServerState, job: ChatJob, results: list[ChoiceResult]) -> list[dict]:  # type: ignore[override]
+        assert job.plan is not None
+        kind = state.args.reasoning_parser
+        split = [split_reasoning(kind, r.text) if kind != "none" else (None, r.text) for r in results]
+        parsed = [job.plan.parse(text) for _, text in split]
+        return [
+            {
+                "index": i,
+                "message": chat_tools.message(content, calls, reasoning),
+                "logprobs": logprobs.chat_logprobs(state, r.logprobs) if job.req.logprobs else None,
+                "finish_reason": chat_tools.finish_reason(r.finish_reason, calls),
+            }
+            for i, (r, (content, calls), (reasoning, _)) in enumerate(zip(results, parsed, split))
+        ]
+
+
+ROUTE = ChatRoute()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    return await ROUTE.handle(request)

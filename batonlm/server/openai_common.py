@@ -1,30 +1,26 @@
-"""Pieces shared by the chat and text completion endpoints."""
+"""What the chat and text completion routes share: their place on the request pipeline
+(`OpenAIRoute`, `OpenAIStream`: OpenAI's answer and chunk shapes, usage), the sampling record
+from OpenAI's fields, the constraint from response_format / regex / ebnf, chat rendering."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
 from batonlm.constrained.grammar import JSON_OBJECT_SCHEMA, InvalidConstraint, check_constraint
-from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import limits
-from batonlm.server.errors import bad_request, to_api_error
-from batonlm.server.logprobs import prompt_token_logprobs
+from batonlm.server.errors import bad_request
+from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream, usage
 from batonlm.server.protocol import SamplingFields
-from batonlm.server.sse import DONE, sse
 from batonlm.server.state import ServerState
 from batonlm.tokenizer_manager.chat_template import apply_chat_template
-from batonlm.tokenizer_manager.request_state import GenerationChunk, TokenLogprob
+from batonlm.tokenizer_manager.request_state import GenerationChunk
 
-
-def request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+F = TypeVar("F", bound=SamplingFields)
 
 
 # Conversations longer than this (in characters) are rendered and tokenized in a thread.
@@ -48,14 +44,14 @@ async def render_chat(
     return await asyncio.to_thread(render)
 
 
-def check_limits(state: ServerState, req: SamplingFields) -> None:
-    """The request limits (batonlm/server/limits.py) on the request's fields."""
-    limits.check_limits(state.args, dict(req))
+# SamplingParams fields an OpenAI request names otherwise or gives in another form; the others
+# are taken from the request's field of the same name.
+_NOT_BY_NAME = {"max_new_tokens", "min_new_tokens", "logprobs", "logit_bias", "prompt_logprobs", "logprob_start_len",
+                "json_schema", "regex", "ebnf"}
 
 
 def sampling_params(
-    state: ServerState, req: SamplingFields, prompt_len: int, num_logprobs: int | None, param: str,
-    constraint: dict[str, str],
+    state: ServerState, req: SamplingFields, prompt_len: int, param: str, constraint: dict[str, str]
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (choice i of a seeded request uses seed + i), with the
     request's constraint (`request_constraint`, or the one a tool_choice forcing calls made)."""
@@ -81,22 +77,15 @@ def sampling_params(
     max_new = wanted if wanted is not None else ctx - prompt_len
     if req.min_tokens > max_new:
         raise bad_request(f"min_tokens ({req.min_tokens}) exceeds max_tokens ({max_new})", param="min_tokens")
+    same = {name: value for name in SamplingParams.__struct_fields__
+            if name not in _NOT_BY_NAME and (value := getattr(req, name, None)) is not None}
     # The request model has checked every value against SamplingParams' ranges already.
     base = SamplingParams(
+        **same,
         max_new_tokens=max_new,
         min_new_tokens=req.min_tokens,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        seed=req.seed,
-        stop_token_ids=list(req.stop_token_ids or []),
-        ignore_eos=req.ignore_eos,
-        frequency_penalty=req.frequency_penalty,
-        presence_penalty=req.presence_penalty,
-        repetition_penalty=req.repetition_penalty,
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
-        logprobs=num_logprobs,
+        logprobs=req.num_logprobs,
         **constraint,
     )
     if req.seed is None:
@@ -146,136 +135,66 @@ def _wrap_int64(x: int) -> int:
     return (x + 2**63) % 2**64 - 2**63
 
 
-@dataclass
-class ChoiceResult:
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob] | None = None  # with prompt logprobs asked
-    spec: tuple[int, int] | None = None  # (verification steps, drafts accepted)
-    finish_reason: str | None = None
-    completion_tokens: int = 0
-    error: str | None = None
-    cached_tokens: int = 0
+class OpenAIRoute(Route[F]):
+    """Chat and text completions on the pipeline: stop strings, limits and the constraint from
+    OpenAI's fields, OpenAI's answer around the route's choices."""
+
+    object_name: ClassVar[str]  # the answer's `object`
+
+    def check(self, state: ServerState, job: Job[F]) -> None:
+        job.stop, job.n = job.req.stop_strings, job.req.n
+        limits.check_limits(state.args, dict(job.req))
+
+    async def constrain(self, state: ServerState, job: Job[F]) -> None:
+        job.constraint = await request_constraint(job.req)
+
+    def sampling_params(self, state: ServerState, job: Job[F], prompt_ids: list[int]) -> list[SamplingParams]:
+        return sampling_params(state, job.req, len(prompt_ids), self.prompt_param, job.constraint)
+
+    def answer(self, state: ServerState, job: Job[F], results: list[ChoiceResult]) -> dict:
+        return {
+            "id": job.rid,
+            "object": self.object_name,
+            "created": job.created,
+            "model": state.model_name,
+            "choices": self.choices(state, job, results),
+            "usage": usage(job.prompt_tokens, sum(r.completion_tokens for r in results),
+                           [r.cached_tokens for r in results], job.n),
+        }
+
+    def choices(self, state: ServerState, job: Job[F], results: list[ChoiceResult]) -> list[dict]:
+        raise NotImplementedError
 
 
-async def stream_choices(
-    state: ServerState, jobs: list[tuple[list[int], SamplingParams]], stop: list[str], rid: str
-) -> AsyncIterator[tuple[int, GenerationChunk]]:
-    """Run every choice at once; yield (choice index, chunk) as they come. Cancelling the
-    consumer cancels every choice (each aborts its request).
+class OpenAIStream(Stream[F]):
+    """A streamed chat or text completion: each choice payload in OpenAI's chunk, and the usage
+    chunk at the end when `stream_options.include_usage` asks for it."""
 
-    At most a few chunks per choice wait here for the consumer: one that does not consume (a
-    stream whose client does not read) leaves the rest waiting in each request's own queue,
-    where `max_stream_backlog` bounds them."""
-    queue: asyncio.Queue = asyncio.Queue()
-    room = asyncio.Semaphore(2 * len(jobs))  # chunks (not ends or errors) allowed in the queue
-    done = object()
+    object_name: ClassVar[str]
+    counts_completion: bool = True  # False: a prompt-only request (no completion tokens)
 
-    async def run(i: int, ids: list[int], params: SamplingParams) -> None:
-        try:
-            async for chunk in state.manager.generate(ids, params, rid=f"{rid}-{i}", stop=stop):
-                await room.acquire()
-                queue.put_nowait((i, chunk))
-        except Exception as e:  # reported to the consumer below
-            queue.put_nowait((i, e))
-        finally:
-            queue.put_nowait((i, done))
+    def __init__(self, state: ServerState, job: Job[F]) -> None:
+        super().__init__(state, job)
+        self.completion_tokens = [0] * len(job.choices)
+        self.cached = [0] * len(job.choices)
+        self.usage_field: dict[str, Any] = {"usage": None} if job.req.include_usage else {}
 
-    tasks = [asyncio.create_task(run(i, ids, p)) for i, (ids, p) in enumerate(jobs)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            i, item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                room.release()
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
+    def chunk(self, choices: list[dict], **extra: Any) -> dict:
+        job = self.job
+        return {"id": job.rid, "object": self.object_name, "created": job.created, "model": self.state.model_name,
+                "choices": choices, **self.usage_field, **extra}
 
-
-async def sse_body(
-    state: ServerState,
-    jobs: list[tuple[list[int], SamplingParams]],
-    stop: list[str],
-    rid: str,
-    *,
-    obj: str,
-    created: int,
-    include_usage: bool,
-    prompt_tokens: int,
-    choices_per_prompt: int,
-    opening: list[dict],
-    to_choices: Callable[[int, GenerationChunk], list[dict]],
-    count_completion: bool = True,
-) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed completion: `opening` choices, then what `to_choices` makes
-    of each chunk, one event per choice, an optional usage event (`count_completion` False: a
-    prompt-only request, no completion tokens), and [DONE]. An error after the response started
-    becomes an error event."""
-    usage_field = {"usage": None} if include_usage else {}
-    cached = [0] * len(jobs)
-
-    def event(choices: list[dict], **extra) -> bytes:
-        return sse({"id": rid, "object": obj, "created": created, "model": state.model_name, "choices": choices,
-                    **usage_field, **extra})
-
-    for choice in opening:
-        yield event([choice])
-    completion_tokens = [0] * len(jobs)
-    try:
-        async for i, chunk in stream_choices(state, jobs, stop, rid):
-            completion_tokens[i] = chunk.completion_tokens if count_completion else 0
-            if chunk.cached_tokens is not None:
-                cached[i] = chunk.cached_tokens
-            for choice in to_choices(i, chunk):
-                yield event([choice])
-    except Exception as e:
-        yield sse(to_api_error(e).body())
-        yield DONE
-        return
-    if include_usage:
-        yield event([], usage=usage(prompt_tokens, sum(completion_tokens), cached, choices_per_prompt))
-    yield DONE
-
-
-async def collect_choices(
-    state: ServerState, jobs: list[tuple[list[int], SamplingParams]], stop: list[str], rid: str
-) -> list[ChoiceResult]:
-    results = [ChoiceResult() for _ in jobs]
-    async for i, chunk in stream_choices(state, jobs, stop, rid):
-        r = results[i]
-        r.text += chunk.text
-        r.token_ids += chunk.token_ids
-        r.completion_tokens = chunk.completion_tokens
+    def events(self, i: int, chunk: GenerationChunk) -> list[dict]:
+        self.completion_tokens[i] = chunk.completion_tokens if self.counts_completion else 0
         if chunk.cached_tokens is not None:
-            r.cached_tokens = chunk.cached_tokens
-        if chunk.logprobs:
-            r.logprobs += chunk.logprobs
-        if chunk.prompt_logprobs is not None:
-            r.prompt_logprobs = prompt_token_logprobs(*jobs[i], chunk)
-        if chunk.spec is not None:
-            r.spec = chunk.spec
-        if chunk.finish_reason is not None:
-            r.finish_reason = chunk.finish_reason
-            r.error = chunk.error
-    for r in results:
-        if r.error:
-            raise RequestRejected(r.error)
-    return results
+            self.cached[i] = chunk.cached_tokens
+        return [self.chunk([choice]) for choice in self.choice_deltas(i, chunk)]
 
+    def choice_deltas(self, i: int, chunk: GenerationChunk) -> list[dict]:
+        raise NotImplementedError
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: list[int], n: int) -> dict:
-    """OpenAI's usage; `cached_tokens` per choice, of which every n-th (the first choice of
-    each prompt) counts: a prompt's tokens are counted once however many choices it has."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": sum(cached_tokens[::n])},
-    }
+    def closing(self) -> list[dict]:
+        if not self.job.req.include_usage:
+            return []
+        job = self.job
+        return [self.chunk([], usage=usage(job.prompt_tokens, sum(self.completion_tokens), self.cached, job.n))]

@@ -1,0 +1,264 @@
+"""The request pipeline every generation route runs on.
+
+A route (chat completions, completions, /generate, and the API dialects to come) is a `Route`:
+its request model, how its request becomes choices (a prompt's token ids and a SamplingParams
+each), and how results are shaped, streamed (`Stream`) or whole (`answer`). `Route.handle`
+runs the steps they share, in this order:
+
+  read the body (size, deadline, JSON, the request model) -> the model name and the server's
+  health -> the route's checks and the request limits -> its constraint -> admission (429 when
+  full) -> its prompts' token ids -> a SamplingParams per choice -> each prompt validated
+  (context, vocabulary, KV capacity) -> the events streamed, or the results collected.
+
+A request with one choice streams straight from its TokenizerManager request; only several
+choices are merged through a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from batonlm.request_checks import RequestRejected
+from batonlm.sampling_params import SamplingParams
+from batonlm.server import limits
+from batonlm.server.errors import to_api_error
+from batonlm.server.logprobs import prompt_token_logprobs
+from batonlm.server.sse import DONE, sse
+from batonlm.server.state import ServerState, server_state, until_disconnected
+from batonlm.tokenizer_manager.request_state import GenerationChunk, TokenLogprob
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Job(Generic[R]):
+    """A prepared request: its choices and what shaping its answer needs. Routes that need more
+    (a tool plan, echoes) subclass it."""
+
+    req: R
+    rid: str
+    created: int
+    choices: list[tuple[list[int], SamplingParams]] = field(default_factory=list)  # (prompt ids, params)
+    stop: list[str] = field(default_factory=list)  # stop strings, for every choice
+    constraint: dict[str, str] = field(default_factory=dict)  # a SamplingParams constraint field
+    prompt_tokens: int = 0  # of the distinct prompts
+    n: int = 1  # choices per prompt
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def stream(self) -> bool:
+        return bool(getattr(self.req, "stream", False))
+
+
+@dataclass
+class ChoiceResult:
+    """One choice's chunks, collected."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None  # with prompt logprobs asked
+    spec: tuple[int, int] | None = None  # (verification steps, drafts accepted)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    error: str | None = None
+    cached_tokens: int = 0
+
+
+class Stream(Generic[R]):
+    """How one streamed request's chunks become event payloads (a route's subclass keeps the
+    per-choice state its shaping needs)."""
+
+    def __init__(self, state: ServerState, job: Job[R]) -> None:
+        self.state, self.job = state, job
+
+    def opening(self) -> list[dict]:
+        return []
+
+    def events(self, i: int, chunk: GenerationChunk) -> list[dict]:
+        raise NotImplementedError
+
+    def closing(self) -> list[dict]:
+        return []
+
+
+class Route(Generic[R]):
+    """One API dialect on the pipeline; subclasses fill in the hooks below `handle`."""
+
+    request_model: ClassVar[type[BaseModel]]
+    id_prefix: ClassVar[str]
+    prompt_param: ClassVar[str]  # the field named when a prompt is too long or invalid
+    stream_type: ClassVar[type[Stream]]
+    job_type: ClassVar[type[Job]] = Job
+
+    async def handle(self, request: Request) -> Any:
+        state = server_state(request)
+        req = await state.read(request, self.request_model)
+        state.check_model(getattr(req, "model", None))
+        state.check_healthy()
+        job = await self.prepare(state, req)  # type: ignore[arg-type]
+        if job.stream:
+            return StreamingResponse(self.sse(state, job), media_type="text/event-stream")
+        results = await until_disconnected(request, collect_choices(state, job))
+        return JSONResponse(self.answer(state, job, results))
+
+    async def prepare(self, state: ServerState, req: R) -> Job[R]:
+        job = self.job_type(req, self.request_id(req), int(time.time()))
+        self.check(state, job)
+        await self.constrain(state, job)
+        state.manager.admit(self.num_choices(job))
+        prompts = await self.prompts(state, job)
+        for ids in prompts:
+            params = self.sampling_params(state, job, ids)
+            self.validate(state, job, ids, params[0])
+            job.choices += [(ids, p) for p in params]
+        job.prompt_tokens = sum(len(ids) for ids in prompts)
+        return job
+
+    # ------------------------------------------------------------------ hooks
+    def request_id(self, req: R) -> str:
+        return request_id(self.id_prefix)
+
+    def check(self, state: ServerState, job: Job[R]) -> None:
+        """The route's own checks of its request, and the request limits; sets `job.stop`."""
+        limits.check_limits(state.args, dict(job.req))
+
+    async def constrain(self, state: ServerState, job: Job[R]) -> None:
+        """Check the request's constraint and set `job.constraint` (none by default)."""
+
+    def num_choices(self, job: Job[R]) -> int:
+        """How many requests admission counts."""
+        return job.n
+
+    async def prompts(self, state: ServerState, job: Job[R]) -> list[list[int]]:
+        """The token ids of each prompt."""
+        raise NotImplementedError
+
+    def sampling_params(self, state: ServerState, job: Job[R], prompt_ids: list[int]) -> list[SamplingParams]:
+        """One SamplingParams per choice of a prompt."""
+        raise NotImplementedError
+
+    def validate(self, state: ServerState, job: Job[R], prompt_ids: list[int], params: SamplingParams) -> None:
+        """Reject what the scheduler would (context, vocabulary, KV capacity), naming the prompt."""
+        state.manager.validate_prompt(prompt_ids, params, self.prompt_param)
+
+    def answer(self, state: ServerState, job: Job[R], results: list[ChoiceResult]) -> dict:
+        """The whole (non-streamed) answer."""
+        raise NotImplementedError
+
+    def error_event(self, error: Exception) -> dict:
+        return to_api_error(error).body()
+
+    # ------------------------------------------------------------------ streaming
+    async def sse(self, state: ServerState, job: Job[R]) -> AsyncIterator[bytes]:
+        """The SSE body: the stream's opening events, each chunk's, its closing ones, [DONE]. An
+        error after the response started becomes an error event."""
+        stream = self.stream_type(state, job)
+        for payload in stream.opening():
+            yield sse(payload)
+        try:
+            async for i, chunk in stream_choices(state, job):
+                for payload in stream.events(i, chunk):
+                    yield sse(payload)
+        except Exception as e:
+            yield sse(self.error_event(e))
+            yield DONE
+            return
+        for payload in stream.closing():
+            yield sse(payload)
+        yield DONE
+
+
+async def stream_choices(state: ServerState, job: Job) -> AsyncIterator[tuple[int, GenerationChunk]]:
+    """Run every choice at once; yield (choice index, chunk) as they come. Cancelling the
+    consumer cancels every choice (each aborts its request).
+
+    One choice streams straight from its request. Several are merged through a queue, where at
+    most a few chunks per choice wait for the consumer: one that does not consume (a stream
+    whose client does not read) leaves the rest waiting in each request's own queue, where
+    `max_stream_backlog` bounds them."""
+    if len(job.choices) == 1:
+        ((ids, params),) = job.choices
+        # Closed with the consumer, at once (not when the collector finds it): that aborts it.
+        async with contextlib.aclosing(state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop)) as gen:
+            async for chunk in gen:
+                yield 0, chunk
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    room = asyncio.Semaphore(2 * len(job.choices))  # chunks (not ends or errors) allowed in the queue
+    done = object()
+
+    async def run(i: int, ids: list[int], params: SamplingParams) -> None:
+        try:
+            async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop):
+                await room.acquire()
+                queue.put_nowait((i, chunk))
+        except Exception as e:  # reported to the consumer below
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, done))
+
+    tasks = [asyncio.create_task(run(i, ids, p)) for i, (ids, p) in enumerate(job.choices)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                room.release()
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def collect_choices(state: ServerState, job: Job) -> list[ChoiceResult]:
+    results = [ChoiceResult() for _ in job.choices]
+    async for i, chunk in stream_choices(state, job):
+        r = results[i]
+        r.text += chunk.text
+        r.token_ids += chunk.token_ids
+        r.completion_tokens = chunk.completion_tokens
+        if chunk.cached_tokens is not None:
+            r.cached_tokens = chunk.cached_tokens
+        if chunk.logprobs:
+            r.logprobs += chunk.logprobs
+        if chunk.prompt_logprobs is not None:
+            r.prompt_logprobs = prompt_token_logprobs(*job.choices[i], chunk)
+        if chunk.spec is not None:
+            r.spec = chunk.spec
+        if chunk.finish_reason is not None:
+            r.finish_reason = chunk.finish_reason
+            r.error = chunk.error
+    for r in results:
+        if r.error:
+            raise RequestRejected(r.error)
+    return results
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: list[int], n: int) -> dict:
+    """OpenAI's usage; `cached_tokens` per choice, of which every n-th (the first choice of
+    each prompt) counts: a prompt's tokens are counted once however many choices it has."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(cached_tokens[::n])},
+    }
