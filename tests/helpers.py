@@ -65,9 +65,21 @@ def hf_model_class(family: str):
     return getattr(transformers, tiny_raw(family)["architectures"][0])
 
 
+def randomize_biases_and_norms(model: torch.nn.Module) -> None:
+    """transformers starts biases at 0 and norm weights at 1, where a bias added twice or a norm
+    weight left out changes nothing: draw them (from torch's RNG, seeded by the caller)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+            elif name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+
+
 def build_tiny_model(family: str, path: Path) -> None:
     torch.manual_seed(1234)
     model = hf_model_class(family)(tiny_config(family)).to(torch.float32)
+    randomize_biases_and_norms(model)
     model.save_pretrained(path, safe_serialization=True)
     # Greedy generation with the same EOS everywhere.
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS, "bos_token_id": 1}))

@@ -13,6 +13,7 @@ from helpers import (
     hf_greedy,
     hf_model_class,
     random_prompts,
+    randomize_biases_and_norms,
     tiny_config,
 )
 
@@ -95,7 +96,9 @@ def test_uneven_mlp_split_padded_vocabulary_and_one_kv_head(tmp_path):
     cfg.intermediate_size, cfg.vocab_size, cfg.num_key_value_heads = 90, 515, 1
     cfg.tie_word_embeddings, cfg.attention_bias = False, True
     torch.manual_seed(7)
-    hf_model_class("llama")(cfg).to(torch.float32).save_pretrained(tmp_path, safe_serialization=True)
+    model = hf_model_class("llama")(cfg).to(torch.float32)
+    randomize_biases_and_norms(model)  # o_proj's bias: added once, not once per rank
+    model.save_pretrained(tmp_path, safe_serialization=True)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "bos_token_id": 1}))
     copy_tokenizer(tmp_path)
     layouts = [tp_layout(ModelConfig.from_hf(tmp_path), r, 4) for r in range(4)]
