@@ -10,14 +10,15 @@ from typing import Any
 
 from batonlm.registry import LazyRegistry
 
-# Hugging Face `architectures[0]` -> a function of the raw config returning DecoderOptions.
+# Hugging Face `architectures[0]` -> its model class, a subclass of
+# batonlm.model_runner.models.base.CausalLM (ModelConfig.from_hf rejects any other name).
 MODEL_ARCHITECTURES: LazyRegistry[Any] = LazyRegistry(
     "model architecture",
     {
-        "LlamaForCausalLM": "batonlm.model_runner.models.families:llama",
-        "MistralForCausalLM": "batonlm.model_runner.models.families:mistral",
-        "Qwen2ForCausalLM": "batonlm.model_runner.models.families:qwen2",
-        "Qwen3ForCausalLM": "batonlm.model_runner.models.families:qwen3",
+        "LlamaForCausalLM": "batonlm.model_runner.models.families:LlamaForCausalLM",
+        "MistralForCausalLM": "batonlm.model_runner.models.families:MistralForCausalLM",
+        "Qwen2ForCausalLM": "batonlm.model_runner.models.families:Qwen2ForCausalLM",
+        "Qwen3ForCausalLM": "batonlm.model_runner.models.families:Qwen3ForCausalLM",
     },
 )
 

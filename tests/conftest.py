@@ -34,16 +34,13 @@ def stories_path() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
-    """Tiny random-weight models of each supported family, saved with save_pretrained (fp32).
-
-    Each exercises a family option: explicit head_dim and llama3 rope scaling (Llama), qkv bias
-    (Qwen2), q/k RMSNorm (Qwen3), a sliding window shorter than the prompts (Mistral).
-    """
-    from helpers import build_tiny_model, copy_tokenizer
+    """Tiny random-weight models of every test family (configs/test-models/*.json), saved with
+    save_pretrained (fp32). Each exercises a family option (configs/test-models/README.md)."""
+    from helpers import TEST_FAMILIES, build_tiny_model, copy_tokenizer
 
     root = tmp_path_factory.mktemp("tiny_models")
     out = {}
-    for family in ("llama", "qwen2", "qwen3", "mistral"):
+    for family in TEST_FAMILIES:
         path = root / family
         build_tiny_model(family, path)
         copy_tokenizer(path)

@@ -33,32 +33,53 @@ def copy_tokenizer(dst: Path) -> None:
 
 
 TEST_MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "test-models"
+# Every tiny test model, by family: a config file there adds one to every test of all families.
+TEST_FAMILIES: tuple[str, ...] = tuple(sorted(p.stem for p in TEST_MODEL_CONFIGS.glob("*.json")))
+
+
+def tiny_raw(family: str) -> dict[str, Any]:
+    """configs/test-models/<family>.json as written."""
+    return json.loads((TEST_MODEL_CONFIGS / f"{family}.json").read_text())
+
+
+def family_with(key: str) -> str:
+    """The first test family whose config sets `key` (e.g. "sliding_window"), for tests of the
+    property rather than of a family."""
+    return next(f for f in TEST_FAMILIES if tiny_raw(f).get(key))
 
 
 def tiny_config(family: str):
     """The transformers config of a tiny test model (configs/test-models/<family>.json)."""
     from transformers import AutoConfig
 
-    raw = json.loads((TEST_MODEL_CONFIGS / f"{family}.json").read_text())
+    raw = tiny_raw(family)
     model_type = raw.pop("model_type")
     raw.pop("architectures")
     return AutoConfig.for_model(model_type, **raw)
 
 
 def hf_model_class(family: str):
-    import transformers as tf
+    """The transformers class of a test family: its config's architecture."""
+    import transformers
 
-    return {
-        "llama": tf.LlamaForCausalLM,
-        "qwen2": tf.Qwen2ForCausalLM,
-        "qwen3": tf.Qwen3ForCausalLM,
-        "mistral": tf.MistralForCausalLM,
-    }[family]
+    return getattr(transformers, tiny_raw(family)["architectures"][0])
+
+
+def randomize_biases_and_norms(model: torch.nn.Module) -> None:
+    """transformers starts biases at 0 and norm weights at 1, where a bias added twice or a norm
+    weight left out changes nothing: draw them (from torch's RNG, seeded by the caller)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+            elif name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
 
 
 def build_tiny_model(family: str, path: Path) -> None:
     torch.manual_seed(1234)
     model = hf_model_class(family)(tiny_config(family)).to(torch.float32)
+    randomize_biases_and_norms(model)
     model.save_pretrained(path, safe_serialization=True)
     # Greedy generation with the same EOS everywhere.
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS, "bos_token_id": 1}))

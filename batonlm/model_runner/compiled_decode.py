@@ -31,6 +31,7 @@ from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress, batch_buckets, smallest_bucket
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
+from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.req_to_token import ReqToTokenPool
 
 # The context dimension is compiled dynamic: one graph serves every width, and the width is the
@@ -111,7 +112,7 @@ class PaddedDecodeAttention(AttentionBackend):
 class CompiledDecode(DecodeGraphs):
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: CausalLM,
         kv_pool: KVPool,
         req_to_token: ReqToTokenPool,
         num_heads: int,

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batonlm.registries import MODEL_ARCHITECTURES
+
 _FULL = "full_attention"
 _SLIDING = "sliding_attention"
 
@@ -71,9 +73,8 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ModelConfigError(f"{cfg_file} is not valid JSON: {e}") from e
         text = raw
-        archs = raw.get("architectures") or []
-        if not archs:
-            raise ModelConfigError(f"{cfg_file} lists no 'architectures'")
+        # First: an unsupported model may lack the fields read below.
+        architecture = _architecture(raw, cfg_file)
 
         def req(key: str) -> Any:
             if key not in text or text[key] is None:
@@ -96,7 +97,7 @@ class ModelConfig:
 
         return cls(
             path=str(root.resolve()),
-            architecture=str(archs[0]),
+            architecture=architecture,
             model_type=model_type,
             vocab_size=int(req("vocab_size")),
             hidden_size=hidden,
@@ -116,6 +117,19 @@ class ModelConfig:
             bos_token_id=text.get("bos_token_id"),
             raw=raw,
         )
+
+
+def _architecture(raw: dict[str, Any], cfg_file: Path) -> str:
+    """The config's architecture (`architectures[0]`), if `MODEL_ARCHITECTURES` has it."""
+    archs = raw.get("architectures") or []
+    name = str(archs[0]) if isinstance(archs, list) and archs else None
+    if name is None or name not in MODEL_ARCHITECTURES:
+        named = repr(name) if name else "(none: 'architectures' is missing or empty)"
+        raise ModelConfigError(
+            f"{cfg_file}: model architecture {named} is not supported "
+            f"(supported: {', '.join(MODEL_ARCHITECTURES.names())})"
+        )
+    return name
 
 
 def _as_ids(value: Any) -> list[int]:

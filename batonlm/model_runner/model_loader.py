@@ -1,4 +1,5 @@
-"""Build a model from its config and fill it from its checkpoint."""
+"""Build a model from its config (its class from `MODEL_ARCHITECTURES`) and fill it from its
+checkpoint."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ import torch
 
 from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import TPLayout
-from batonlm.model_runner.layers import RotaryEmbedding
 from batonlm.model_runner.model_config import ModelConfig
-from batonlm.model_runner.models.decoder import DecoderLM
+from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.weight_loader import LoadStats, load_weights
 from batonlm.registries import MODEL_ARCHITECTURES
 
@@ -34,16 +34,16 @@ def tp_layout(cfg: ModelConfig, rank: int, size: int) -> TPLayout:
 def load_model(
     cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None,
     shard: TPLayout | None = None, mlp_group: TPGroup | None = None,
-) -> tuple[DecoderLM, LoadStats]:
+) -> tuple[CausalLM, LoadStats]:
     """The model (this rank's part of it: `shard`, by default the group's rank's; with DP
     attention its share of the MLP among `mlp_group`) and what loading it read."""
-    opts = MODEL_ARCHITECTURES[cfg.architecture](cfg.raw)
+    model_class = MODEL_ARCHITECTURES[cfg.architecture]
     tp = tp or TPGroup.single()
     shard = shard or tp_layout(cfg, tp.rank, tp.size)
     # Built on the meta device so no memory is touched until the checkpoint fills it.
     with torch.device("meta"):
-        model = DecoderLM(cfg, opts, shard, tp, mlp_group)
+        model = model_class(cfg, shard, tp, mlp_group)
     model = model.to(dtype).to_empty(device=device)
-    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings).to(device)
+    model.init_buffers(device)
     stats = load_weights(model, cfg.path, dtype)
     return model.eval(), stats

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from batonlm.model_runner.models.decoder import DecoderLM
+from batonlm.model_runner.models.base import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class LoadStats:
     checkpoint_bytes: int  # the checkpoint's tensors, all of them
 
 
-def _targets(model: DecoderLM) -> dict[str, _Target]:
+def _targets(model: CausalLM) -> dict[str, _Target]:
     """Checkpoint tensor name -> where this rank's part of it goes."""
     shard, cfg = model.shard, model.config
     q_start, _ = shard.q_rows()
@@ -121,7 +121,7 @@ def _read(sf, name: str, t: _Target) -> torch.Tensor:
     return part[t.start : t.start + t.count] if t.dim == 0 else part[:, t.start : t.start + t.count]
 
 
-def load_weights(model: DecoderLM, model_dir: str | Path, dtype: torch.dtype) -> LoadStats:
+def load_weights(model: CausalLM, model_dir: str | Path, dtype: torch.dtype) -> LoadStats:
     """Fill every parameter of `model` (this rank's part of it) from the directory's
     safetensors, strictly."""
     files = checkpoint_files(model_dir)

@@ -7,14 +7,14 @@ import importlib.util
 import random
 
 import pytest
-from helpers import SchedulerHarness
+from helpers import SchedulerHarness, family_with
 
 # Not importorskip: importing triton here, at collection, would fix its interpreter setting
 # before tests/kernels/conftest.py sets TRITON_INTERPRET.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
 
-@pytest.mark.parametrize("model", ["stories", "mistral"])  # GQA; GQA and a sliding window
+@pytest.mark.parametrize("model", ["stories", family_with("sliding_window")])  # GQA; GQA and a sliding window
 def test_triton_attention_gives_the_torch_tokens(request, monkeypatch, model):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the device worker interprets the kernels
     path = request.getfixturevalue("stories_path") if model == "stories" else request.getfixturevalue("tiny_models")[model]

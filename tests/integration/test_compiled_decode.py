@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from helpers import SchedulerHarness
+from helpers import TEST_FAMILIES, SchedulerHarness
 
 from batonlm.device.spec import cxx_compiler
 
@@ -53,7 +53,7 @@ def _tokens(path: str, compile_mode: str, cache: str, prompts: list[list[int]]) 
     return out
 
 
-@pytest.mark.parametrize("family", ["stories", "llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["stories", *TEST_FAMILIES])
 def test_compiled_decode_gives_the_eager_tokens(request, compile_cache, family):
     path, prompts = _model(request, family), _prompts(11)
     eager = _tokens(path, "off", compile_cache, prompts)

@@ -4,7 +4,7 @@ These run only where CUDA is available (benchmarks/gpu_check.sh runs them in one
 import random
 
 import pytest
-from helpers import SchedulerHarness, hf_greedy, random_prompts
+from helpers import TEST_FAMILIES, SchedulerHarness, family_with, hf_greedy, random_prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -17,7 +17,7 @@ def _run(h: SchedulerHarness, reqs, overlap: bool):
     return {k: v.token_ids for k, v in records.items()}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", TEST_FAMILIES)
 def test_cuda_greedy_matches_transformers(tiny_models, family):
     rng = random.Random(5)
     prompts = random_prompts(8, rng, lo=1, hi=200)
@@ -62,10 +62,10 @@ def test_cuda_torch_and_triton_samplers_agree(stories_path):
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("family", ["llama", family_with("sliding_window")])
 def test_cuda_triton_attention_equals_torch_attention(tiny_models, family):
     """Greedy tokens through the Triton attention backend (the CUDA default) and the torch one,
-    with chunks on a shared cached prefix and decodes (GQA; a sliding window for mistral)."""
+    with chunks on a shared cached prefix and decodes (GQA; and a sliding window)."""
     rng = random.Random(6)
     shared = [1] + [rng.randrange(3, 512) for _ in range(40)]
     reqs = [(f"r{i}", shared + [rng.randrange(3, 512) for _ in range(rng.randint(1, 60))],
@@ -85,7 +85,7 @@ def _graph_runner(h: SchedulerHarness):
     return h.sched.device.executor.runner
 
 
-@pytest.mark.parametrize("model", ["stories", "mistral"])
+@pytest.mark.parametrize("model", ["stories", family_with("sliding_window")])
 def test_cuda_graphs_give_the_eager_tokens_in_both_loops(request, model):
     """Decode batches replayed from CUDA graphs (ids from the FutureMap relay copied into the
     graph's buffer, padded buckets, the Triton sampler after) == the eager step, fp32, greedy

@@ -9,12 +9,12 @@ import random
 from pathlib import Path
 
 import pytest
-from helpers import SchedulerHarness
+from helpers import TEST_FAMILIES, SchedulerHarness
 
 from batonlm.sampling_params import SamplingParams
 from batonlm.scheduler.planner import NewTokenRatio
 
-MODELS = ["stories", "llama", "qwen2", "qwen3", "mistral"]
+MODELS = ["stories", *TEST_FAMILIES]
 
 
 def workload(seed: int, long_prompt: bool, vocab: int = 512):

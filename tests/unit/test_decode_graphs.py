@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import family_with
 
 from batonlm.model_runner.compiled_decode import CompiledDecode, context_width
 from batonlm.model_runner.cuda_graph_decode import CudaGraphDecode
@@ -69,7 +70,7 @@ def _assert_only_written(before, runner, slots: torch.Tensor) -> None:
         assert torch.equal(old[:, keep], new[:, keep]), "a padding row wrote past the padding slot"
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen3"])  # GQA + a sliding window of 24; q/k norms
+@pytest.mark.parametrize("family", [family_with("sliding_window"), "qwen3"])  # GQA + a sliding window; q/k norms
 def test_compiled_decode_graph_function_gives_the_eager_logits(tiny_models, family):
     runner = _runner(tiny_models[family], torch.float64, "torch")
     batch = _decode_batch(runner, [5, 40, 130])  # width 160 (131 keys padded); 3 rows in bucket 4
@@ -92,7 +93,7 @@ def test_cuda_graph_static_batch_gives_the_eager_logits(tiny_models, backend):
     eagerly on the CPU (the Triton kernels interpreted, float32: IEEE products, so the same
     bound as the kernel tests, far below a missing key's effect)."""
     dtype = torch.float64 if backend == "torch" else torch.float32
-    runner = _runner(tiny_models["mistral"], dtype, backend)
+    runner = _runner(tiny_models[family_with("sliding_window")], dtype, backend)
     batch = _decode_batch(runner, [7, 60, 33])
     eager = runner.forward(batch)
     before = _pool_copy(runner)

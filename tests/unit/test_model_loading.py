@@ -8,6 +8,7 @@ from safetensors.torch import load_file, save_file
 from batonlm.model_runner.model_config import ModelConfig, ModelConfigError
 from batonlm.model_runner.model_loader import load_model
 from batonlm.model_runner.weight_loader import WeightLoadError
+from batonlm.registries import MODEL_ARCHITECTURES
 
 
 def _copy(src, dst):
@@ -44,13 +45,20 @@ def test_model_config_errors(tmp_path, stories_path):
         ModelConfig.from_hf(d)
 
 
-def test_unknown_architecture_is_named(tmp_path, stories_path):
-    d = _copy(stories_path, tmp_path / "m")
-    raw = json.loads((d / "config.json").read_text())
-    raw["architectures"] = ["GPT2LMHeadModel"]
-    (d / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel.*not supported.*LlamaForCausalLM"):
-        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")[0]
+@pytest.mark.parametrize(("config", "named"), [
+    ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2}, "'GPT2LMHeadModel'"),
+    ({"model_type": "llama", "hidden_size": 64}, "(none: 'architectures' is missing or empty)"),
+])
+def test_an_unsupported_architecture_is_named_at_config_reading(tmp_path, config, named):
+    """Before any other field is read (GPT-2's config has no hidden_size), the error names the
+    architecture and the supported ones."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelConfigError) as err:
+        ModelConfig.from_hf(tmp_path)
+    supported = ", ".join(MODEL_ARCHITECTURES.names())
+    assert f"model architecture {named}" in str(err.value)
+    assert str(err.value).endswith(f"is not supported (supported: {supported})")
+    assert "LlamaForCausalLM" in supported
 
 
 def test_strict_loading_names_missing_unexpected_and_misshapen_tensors(tmp_path, stories_path):

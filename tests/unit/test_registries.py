@@ -5,7 +5,7 @@ import pytest
 from batonlm.cli import build_parser
 from batonlm.config import ATTENTION_BACKEND_CHOICES, SAMPLER_CHOICES, ConfigError, ServerArgs
 from batonlm.model_runner.attention.base import AttentionBackend
-from batonlm.model_runner.models.families import DecoderOptions
+from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.sampler import Sampler
 from batonlm.registries import ATTENTION_BACKENDS, MODEL_ARCHITECTURES, SAMPLERS
 from batonlm.registry import LazyRegistry, UnknownEntry
@@ -29,9 +29,8 @@ def test_config_rejects_a_name_not_in_the_registry():
 
 
 def test_every_entry_resolves_to_its_kind():
-    assert sorted(MODEL_ARCHITECTURES) == ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
     for name in MODEL_ARCHITECTURES:
-        assert isinstance(MODEL_ARCHITECTURES[name]({}), DecoderOptions)
+        assert issubclass(MODEL_ARCHITECTURES[name], CausalLM)
     for name in ATTENTION_BACKENDS:
         assert issubclass(ATTENTION_BACKENDS[name], AttentionBackend)
     for name in SAMPLERS:

@@ -1,4 +1,6 @@
-"""One decoder for the Llama family (Llama 2/3, Mistral, Qwen2, Qwen3), options per family.
+"""One decoder for the Llama-like families (Llama 2/3, Mistral, Qwen2, Qwen3): what they
+differ in is a `DecoderOptions`, which each family's subclass (`families.py`) reads from its
+config.
 
 Module names mirror Hugging Face's except where projections are fused (`qkv_proj`,
 `gate_up_proj`); `stacked_params` tells the loader which checkpoint tensors fill which slice.
@@ -9,16 +11,19 @@ the ranks, the LM head gathers their logits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
 from batonlm.distributed.group import TPGroup
-from batonlm.distributed.layout import TPLayout, split_evenly
+from batonlm.distributed.layout import TPLayout
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 from batonlm.model_runner.model_config import ModelConfig
-from batonlm.model_runner.models.families import DecoderOptions
+from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.parallel_layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
@@ -27,8 +32,14 @@ from batonlm.model_runner.parallel_layers import (
 )
 
 
-def single_layout(cfg: ModelConfig) -> TPLayout:
-    return TPLayout.single(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+@dataclass(frozen=True)
+class DecoderOptions:
+    """What a Llama-like family changes in the decoder."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each query and key head, before the rotary
 
 
 class Attention(nn.Module):
@@ -102,12 +113,11 @@ class DecoderBody(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class DecoderLM(nn.Module):
-    """Causal LM: `forward` returns the final hidden states of every token; `logits` projects
-    the selected rows to float32 vocabulary logits."""
+class DecoderLM(CausalLM):
+    """The Llama-like causal LM; a family subclasses it to read its `DecoderOptions` from its
+    config (`options`), and names the subclass after its Hugging Face architecture."""
 
-    # (fused parameter, checkpoint name, shard index in the fused parameter's first dimension)
-    stacked_params: tuple[tuple[str, str, int], ...] = (
+    stacked_params = (
         ("qkv_proj", "q_proj", 0),
         ("qkv_proj", "k_proj", 1),
         ("qkv_proj", "v_proj", 2),
@@ -115,26 +125,27 @@ class DecoderLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     )
 
+    @classmethod
+    def options(cls, raw: dict[str, Any]) -> DecoderOptions:
+        """The family's options, from its raw config.json."""
+        return DecoderOptions()
+
     def __init__(
-        self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout | None = None, tp: TPGroup | None = None,
+        self, cfg: ModelConfig, shard: TPLayout | None = None, tp: TPGroup | None = None,
         mlp_group: TPGroup | None = None,
     ) -> None:
-        super().__init__()
-        self.config = cfg
-        self.shard = shard or single_layout(cfg)
-        self.tp = tp or TPGroup.single()
-        # (start, count) of the intermediate features this rank holds: its tensor-parallel share,
-        # or with DP attention (`mlp_group`, the data-parallel ranks) its share among those.
-        self.mlp_group = mlp_group or self.tp
-        self.mlp_rows = self.shard.mlp_rows() if mlp_group is None else \
-            split_evenly(cfg.intermediate_size, mlp_group.size, mlp_group.rank)
+        super().__init__(cfg, shard, tp, mlp_group)
+        opts = self.options(cfg.raw)
         self.model = DecoderBody(cfg, opts, self.shard, self.tp, self.mlp_rows[1], self.mlp_group)
         vocab_rows = self.shard.vocab_rows()[1]
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
 
+    def init_buffers(self, device: torch.device | str) -> None:
+        cfg = self.config
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings).to(device)
+
     def shard_sizes(self, fused: str) -> tuple[int, ...]:
-        """The rows of each checkpoint tensor a fused parameter holds, on this rank."""
         if fused == "qkv_proj":
             kv = self.shard.kv_rows()[1]
             return (self.shard.q_rows()[1], kv, kv)
@@ -150,8 +161,6 @@ class DecoderLM(nn.Module):
         return x
 
     def idle_forward(self, dp_tokens: list[int]) -> None:
-        """DP attention, a rank with no tokens this iteration: its part of every layer's MLP for
-        the other ranks' tokens (the collectives they wait on)."""
         weight = self.model.embed_tokens.weight
         empty = weight.new_zeros((0, self.config.hidden_size))
         for layer in self.model.layers:

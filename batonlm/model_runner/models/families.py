@@ -1,35 +1,34 @@
-"""What distinguishes one Llama-like family from another, read from its Hugging Face config.
-
-Each function is registered by architecture name in `batonlm.registries.MODEL_ARCHITECTURES`.
+"""The Llama-like families: the decoder of `decoder.py`, each with its options read from its
+Hugging Face config. A class per architecture, named after it and registered under that name in
+`batonlm.registries.MODEL_ARCHITECTURES`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class DecoderOptions:
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
+from batonlm.model_runner.models.decoder import DecoderLM, DecoderOptions
 
 
-def llama(raw: dict[str, Any]) -> DecoderOptions:
-    bias = bool(raw.get("attention_bias", False))
-    return DecoderOptions(qkv_bias=bias, o_bias=bias, mlp_bias=bool(raw.get("mlp_bias", False)))
+class LlamaForCausalLM(DecoderLM):
+    @classmethod
+    def options(cls, raw: dict[str, Any]) -> DecoderOptions:
+        bias = bool(raw.get("attention_bias", False))
+        return DecoderOptions(qkv_bias=bias, o_bias=bias, mlp_bias=bool(raw.get("mlp_bias", False)))
 
 
-def mistral(raw: dict[str, Any]) -> DecoderOptions:
-    return DecoderOptions()
+class MistralForCausalLM(DecoderLM):
+    """Llama's layers; its sliding window is a config fact (`ModelConfig.sliding_windows`)."""
 
 
-def qwen2(raw: dict[str, Any]) -> DecoderOptions:
-    return DecoderOptions(qkv_bias=True)
+class Qwen2ForCausalLM(DecoderLM):
+    @classmethod
+    def options(cls, raw: dict[str, Any]) -> DecoderOptions:
+        return DecoderOptions(qkv_bias=True)
 
 
-def qwen3(raw: dict[str, Any]) -> DecoderOptions:
-    bias = bool(raw.get("attention_bias", False))
-    return DecoderOptions(qkv_bias=bias, o_bias=bias, qk_norm=True)
+class Qwen3ForCausalLM(DecoderLM):
+    @classmethod
+    def options(cls, raw: dict[str, Any]) -> DecoderOptions:
+        bias = bool(raw.get("attention_bias", False))
+        return DecoderOptions(qkv_bias=bias, o_bias=bias, qk_norm=True)
