@@ -1,4 +1,5 @@
-"""The scheduler: continuous batching with a normal and an overlap event loop.
+"""The scheduler: continuous batching with a normal and an overlap event loop (its input side,
+what each received message does, is in intake.py).
 
 One iteration: receive requests -> build the next batch -> run it -> process results. The
 normal loop processes batch N's results before building batch N+1. The overlap loop launches
@@ -15,23 +16,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from batonlm.device.base import DeviceStream, PendingResult
-from batonlm.ipc.codec import Message
 from batonlm.ipc.device_messages import SampleLaunch
 from batonlm.ipc.messages import (
-    AbortRequest,
     BatchOutput,
-    FlushCacheRequest,
-    FlushCacheResult,
-    GenerateRequest,
     SchedulerStats,
-    ShutdownRequest,
-    StatsRequest,
     TokenOutput,
 )
-from batonlm.request_checks import check_request
 from batonlm.scheduler.agreement import Agreement
 from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
+from batonlm.scheduler.intake import RequestIntake
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
 from batonlm.scheduler.outputs import emit, take_prompt_logprobs, token_output, verified_rows
@@ -42,16 +36,13 @@ from batonlm.scheduler.overlap_policy import (
     must_process_before_planning,
 )
 from batonlm.scheduler.planner import BatchPlanner, PlannerConfig
-from batonlm.scheduler.request import FINISH_ABORT, Request
+from batonlm.scheduler.request import Request
 from batonlm.scheduler.speculative import SpecConfig, Speculator
 from batonlm.scheduler.status_log import StatusLog
 from batonlm.scheduler.timing import LoopTiming
 from batonlm.settings import derive
 
 logger = logging.getLogger(__name__)
-
-# How long an idle loop blocks on its input while grammar compiles are pending (a request should start as soon as it can).
-GRAMMAR_POLL_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -75,12 +66,15 @@ class SchedulerConfig:
     speculative: SpecConfig | None = None  # speculative decoding, when on
 
 
-class Scheduler:
+class Scheduler(RequestIntake):
+    """Requests in, batches out, both event loops; what each input message does is in intake.py."""
+
     def __init__(self, io: SchedulerIO, device: DeviceStream, config: SchedulerConfig) -> None:
         self.io = io
         self.device = device
         self.config = config
         self.context_length = config.context_length
+        self.vocab_size, self.eos_token_ids, self.dp_rank = config.vocab_size, config.eos_token_ids, config.dp_rank
         self.disable_consecutive_prefill_overlap = env_flag(DISABLE_CONSECUTIVE_PREFILL_ENV)
         # What this scheduler agrees on with other data-parallel replicas (DP attention sets its own).
         self.agreement = Agreement()
@@ -144,78 +138,6 @@ class Scheduler:
     def _should_exit(self) -> bool:
         # Orphaned: nobody reads our outputs any more; stop now (running requests are aborted).
         return self._shutdown or self.io.orphaned or (self.io.closed and self.is_idle)
-
-    # ------------------------------------------------------------------ input
-    def recv_requests(self) -> float:
-        """Handle every message waiting; returns the seconds spent blocked waiting for one."""
-        # Block (briefly) only when idle: never spin; look often while grammars compile.
-        if self.waiting or self.running or self.result_queue or self.agreement.peers_busy:
-            timeout = 0.0
-        else:  # idle: no result wait would notice a device that is gone
-            timeout = GRAMMAR_POLL_S if self.grammars.pending else self.agreement.idle_poll_s
-            self.device.check_health()
-        t0 = time.perf_counter()
-        messages = self.io.recv(timeout)
-        blocked = time.perf_counter() - t0 if timeout else 0.0
-        for msg in messages:
-            self._handle(msg)
-        return blocked
-
-    def _handle(self, msg: Message) -> None:
-        if isinstance(msg, GenerateRequest):
-            self._add_request(msg)
-        elif isinstance(msg, AbortRequest):
-            self.abort(msg.rid)
-        elif isinstance(msg, StatsRequest):
-            self.io.send(self.stats())
-        elif isinstance(msg, FlushCacheRequest):
-            self.io.send(self.flush_cache())
-        elif isinstance(msg, ShutdownRequest):
-            self._shutdown = True
-        else:
-            logger.error("scheduler got an unexpected message %s", type(msg).__name__)
-
-    def _reject(self, rid: str, error: str) -> None:
-        logger.info("request %s rejected: %s", rid, error)
-        self._outputs.append(TokenOutput(rid, [], FINISH_ABORT, error))
-
-    def flush_cache(self) -> FlushCacheResult:
-        """Empty the prefix cache; refused while requests run or wait."""
-        if self.requests or self.result_queue:
-            return FlushCacheResult(False, f"{len(self.requests)} request(s) are running or waiting",
-                                    self.config.dp_rank)
-        self.memory.flush()
-        return FlushCacheResult(True, "", self.config.dp_rank)
-
-    def _add_request(self, msg: GenerateRequest) -> None:
-        params = msg.sampling_params
-        seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
-        if msg.rid in self.requests:
-            return self._reject(msg.rid, f"request id {msg.rid!r} is already in use")
-        try:
-            check_request(
-                msg.input_ids, params, context_length=self.context_length, vocab_size=self.config.vocab_size,
-                kv_capacity=self.memory.capacity,
-            )
-        except ValueError as e:
-            return self._reject(msg.rid, str(e))
-        req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.config.eos_token_ids)
-        self.requests[req.rid] = req
-        if params.constraint is not None:
-            self.grammars.add(req)  # joins `waiting` when its grammar is compiled
-        else:
-            self.waiting.append(req)
-
-    def abort(self, rid: str) -> None:
-        req = self.requests.get(rid)
-        if req is None or req.finished:
-            return
-        if req in self.waiting:
-            self.waiting.remove(req)
-        self.grammars.remove(req)
-        req.finish_reason = FINISH_ABORT
-        self._finish(req)
-        self._outputs.append(TokenOutput(rid, [], FINISH_ABORT))
 
     # ------------------------------------------------------------------ batches
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
