@@ -96,6 +96,8 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (COMP, {"prompt": [[1, 2**64]]}, 400, "prompt", None),
     (COMP, {"prompt": "x " * 600}, 400, "prompt", "512"),
     (COMP, {"prompt": ["a"] * 300}, 400, "prompt", "at most 256"),
+    # 4,096 choices can never be in flight at once (128 running + 2048 queued): a 400, not a 429.
+    (COMP, {"prompt": ["Once"] * 256, "n": 16}, 400, "prompt", "can never be admitted"),
     (COMP, {"prompt": "hi", "suffix": "there"}, 400, "suffix", None),
     (COMP, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "only with echo"),
     (COMP, {"prompt": "hi", "best_of": 2}, 400, "best_of", "Unrecognized"),

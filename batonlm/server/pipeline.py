@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
@@ -35,6 +36,7 @@ from batonlm.server.errors import to_api_error
 from batonlm.server.logprobs import prompt_token_logprobs
 from batonlm.server.sse import DONE, sse
 from batonlm.server.state import ServerState, server_state, until_disconnected
+from batonlm.tokenizer_manager.manager import Admission
 from batonlm.tokenizer_manager.request_state import GenerationChunk, TokenLogprob
 
 R = TypeVar("R", bound=BaseModel)
@@ -58,6 +60,7 @@ class Job(Generic[R]):
     prompt_tokens: int = 0  # of the distinct prompts
     n: int = 1  # choices per prompt
     started: float = field(default_factory=time.perf_counter)
+    admission: Admission | None = None  # the room admission took for its choices
 
     @property
     def stream(self) -> bool:
@@ -112,6 +115,8 @@ class Route(Generic[R]):
         state.check_healthy()
         job = await self.prepare(state, req)  # type: ignore[arg-type]
         if job.stream:
+            if job.admission is not None:  # a body never iterated (its client gone) gives the room back too
+                weakref.finalize(job, job.admission.release)
             return StreamingResponse(self.sse(state, job), media_type="text/event-stream")
         results = await until_disconnected(request, collect_choices(state, job))
         return JSONResponse(self.answer(state, job, results))
@@ -120,12 +125,16 @@ class Route(Generic[R]):
         job = self.job_type(req, self.request_id(req), int(time.time()))
         self.check(state, job)
         await self.constrain(state, job)
-        state.manager.admit(self.num_choices(job))
-        prompts = await self.prompts(state, job)
-        for ids in prompts:
-            params = self.sampling_params(state, job, ids)
-            self.validate(state, job, ids, params[0])
-            job.choices += [(ids, p) for p in params]
+        job.admission = state.manager.admit(self.num_choices(job), self.prompt_param)
+        try:
+            prompts = await self.prompts(state, job)
+            for ids in prompts:
+                params = self.sampling_params(state, job, ids)
+                self.validate(state, job, ids, params[0])
+                job.choices += [(ids, p) for p in params]
+        except BaseException:
+            job.admission.release()
+            raise
         job.prompt_tokens = sum(len(ids) for ids in prompts)
         return job
 
@@ -194,9 +203,14 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncIterator[tuple[in
     if len(job.choices) == 1:
         ((ids, params),) = job.choices
         # Closed with the consumer, at once (not when the collector finds it): that aborts it.
-        async with contextlib.aclosing(state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop)) as gen:
-            async for chunk in gen:
-                yield 0, chunk
+        gen = state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop, admission=job.admission)
+        try:
+            async with contextlib.aclosing(gen):
+                async for chunk in gen:
+                    yield 0, chunk
+        finally:
+            if job.admission is not None:
+                job.admission.release()
         return
     queue: asyncio.Queue = asyncio.Queue()
     room = asyncio.Semaphore(2 * len(job.choices))  # chunks (not ends or errors) allowed in the queue
@@ -204,7 +218,8 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncIterator[tuple[in
 
     async def run(i: int, ids: list[int], params: SamplingParams) -> None:
         try:
-            async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop):
+            async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop,
+                                                      admission=job.admission):
                 await room.acquire()
                 queue.put_nowait((i, chunk))
         except Exception as e:  # reported to the consumer below
@@ -227,6 +242,8 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncIterator[tuple[in
     finally:
         for t in tasks:
             t.cancel()
+        if job.admission is not None:
+            job.admission.release()  # choices cancelled before they started
 
 
 async def collect_choices(state: ServerState, job: Job) -> list[ChoiceResult]:

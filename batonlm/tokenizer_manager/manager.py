@@ -38,7 +38,7 @@ from batonlm.ipc.messages import (
     ShutdownRequest,
     StatsRequest,
 )
-from batonlm.request_checks import check_request
+from batonlm.request_checks import RequestRejected, check_request
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
 from batonlm.tokenizer_manager.dp_router import DPRouter
@@ -77,6 +77,24 @@ class SchedulerProcess(Protocol):
 LaunchScheduler = Callable[[ServerArgs, str, str, str, int], SchedulerProcess]
 
 
+class Admission:
+    """Room `TokenizerManager.admit` took for a request's choices: each `generate` given it takes
+    one; `release` gives back what was not taken (the request failed before sending them, or
+    was never streamed). Releasing twice is harmless."""
+
+    def __init__(self, manager: TokenizerManager, count: int) -> None:
+        self._manager, self.left = manager, count
+
+    def take(self) -> None:
+        if self.left:
+            self.left -= 1
+            self._manager._reserved -= 1
+
+    def release(self) -> None:
+        self._manager._reserved -= self.left
+        self.left = 0
+
+
 class TokenizerManager:
     def __init__(self, args: ServerArgs, tokenizer: Any, launch: LaunchScheduler) -> None:
         self.args = args
@@ -89,6 +107,7 @@ class TokenizerManager:
         self.router = DPRouter(args.dp_size, args.load_balance_method)
         self._owner: dict[str, int] = {}  # request id -> its replica
         self.states: dict[str, RequestState] = {}
+        self._reserved = 0  # requests admitted and not sent yet (Admission)
         self.healthy = False
         self.draining = False
         self.on_scheduler_death: Callable[[], None] | None = None
@@ -278,19 +297,29 @@ class TokenizerManager:
             except InvalidConstraint as e:
                 raise InvalidSamplingParams(kind, f"invalid {kind.replace('_', ' ')}: {e}") from None
 
-    def admit(self, num_requests: int) -> None:
-        """Raise QueueFull when `num_requests` more would exceed what may wait for admission
-        (every request sent and not finished counts: the scheduler runs at most
-        max_running_requests of them, the rest wait)."""
+    def admit(self, num_requests: int, param: str | None = None) -> Admission:
+        """Room for `num_requests` more requests, taken now (at arrival, before tokenizing: two
+        requests arriving together cannot both take the last room). QueueFull when every
+        request sent and not finished, with those admitted and not sent yet, would exceed what
+        may be in flight (the scheduler runs at most max_running_requests of them, the rest
+        wait); RequestRejected naming `param` when this request alone never fits."""
         if self.draining:
             raise SchedulerGone("the server is shutting down")
         queued = self.args.max_queued_requests
         running = self.args.max_running_requests * self.args.dp_size  # per replica
-        if queued is not None and len(self.states) + num_requests > running + queued:
-            raise QueueFull(
-                f"the server is full ({len(self.states)} requests in flight, at most "
-                f"{running} running and {queued} queued); retry later"
-            )
+        if queued is not None:
+            if num_requests > running + queued:
+                raise RequestRejected(
+                    f"{num_requests} requests (prompts x n) can never be admitted: at most {running + queued} "
+                    f"may be in flight ({running} running and {queued} queued)", param=param)
+            in_flight = len(self.states) + self._reserved
+            if in_flight + num_requests > running + queued:
+                raise QueueFull(
+                    f"the server is full ({in_flight} requests in flight, at most {running} running and "
+                    f"{queued} queued); retry later"
+                )
+        self._reserved += num_requests
+        return Admission(self, num_requests)
 
     async def generate(
         self,
@@ -298,6 +327,7 @@ class TokenizerManager:
         params: SamplingParams,
         rid: str | None = None,
         stop: list[str] | None = None,
+        admission: Admission | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
         follows are trimmed). Leaving the iteration early aborts the request, as do the
@@ -314,6 +344,8 @@ class TokenizerManager:
             error = RequestTimedOut(f"the request ran longer than the server's request timeout ({timeout:g} s)")
             state.timer = asyncio.get_running_loop().call_later(timeout, state.fail, error)
         self.states[rid] = state
+        if admission is not None:
+            admission.take()  # counted in `states` from now on
         replica = self._owner[rid] = self.router.choose(input_ids)
         try:
             await self._send(GenerateRequest(rid, input_ids, params), replica)
