@@ -117,8 +117,8 @@ class ServerArgs:
         0.85, group=_SCHED, gt=0, lt=1, help="GPU: the share of its memory for weights and the KV cache")
     # ------------------------------------------------------------------ request limits
     max_prompts_per_request: int = setting(
-        256, group=_LIMITS, ge=1, bounds=Bound(("prompt",), "prompts", "prompts per request"),
-        help="prompts in one completions request")
+        256, group=_LIMITS, ge=1, bounds=Bound(("prompt", "text", "input_ids"), "prompts", "prompts per request"),
+        help="prompts in one completions or /generate request")
     max_n: int = setting(16, group=_LIMITS, ge=1, bounds=Bound(("n",), "value", "choices (n)"),
                          help="choices per prompt (n)")
     max_stop_strings: int = setting(16, group=_LIMITS, ge=1, bounds=Bound(("stop",), "count", "stop strings"),
@@ -278,10 +278,14 @@ class ServerArgs:
 
     @property
     def model_name(self) -> str:
+        """The model id clients send: --served-model-name, else a local directory's name (what
+        users type; the path is accepted too), else the hub id."""
         if self.served_model_name:
             return self.served_model_name
         if os.path.realpath(self.model) == os.path.realpath(EMBEDDED_MODEL):
             return EMBEDDED_MODEL_NAME
+        if os.path.isdir(self.model):
+            return os.path.basename(os.path.normpath(self.model))
         return self.model
 
     def resolved_api_key(self) -> str | None:

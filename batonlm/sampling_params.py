@@ -77,6 +77,13 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 return kind, text
         return None
 
+    def for_choices(self, n: int) -> list[SamplingParams]:
+        """The records of n choices: a seeded request's choice i uses seed + i (wrapped into
+        the int64 range), so its choices differ and each is reproducible."""
+        if self.seed is None:
+            return [self] * n
+        return [msgspec.structs.replace(self, seed=(self.seed + i + 2**63) % 2**64 - 2**63) for i in range(n)]
+
     @property
     def has_penalties(self) -> bool:
         """Whether sampling needs the per-slot penalty tables (token counts, prompt mask)."""

@@ -33,6 +33,9 @@ def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> dict:
 
 
 def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offset: int) -> dict:
+    """OpenAI's legacy shape. `top_logprobs` holds the alternatives and the token itself ("up to
+    logprobs + 1" entries, as OpenAI and vLLM give); two tokens with the same text (a byte
+    piece and a normal one) share one key, which keeps the higher logprob."""
     tb = state.token_bytes
     tokens, offsets = [], []
     for it in items:
@@ -42,9 +45,20 @@ def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offs
     return {
         "tokens": tokens,
         "token_logprobs": [it.logprob for it in items],
-        "top_logprobs": [None if it.top is None else {tb.text(t): lp for t, lp in it.top} for it in items],
+        "top_logprobs": [_top_by_text(tb, it) for it in items],
         "text_offset": offsets,
     }
+
+
+def _top_by_text(tb, it: TokenLogprob) -> dict[str, float] | None:
+    if it.top is None or it.logprob is None:
+        return None
+    out: dict[str, float] = {}
+    for token_id, logprob in (*it.top, (it.token_id, it.logprob)):
+        text = tb.text(token_id)
+        if text not in out or logprob > out[text]:
+            out[text] = logprob
+    return out
 
 
 def generate_logprobs(state: ServerState, items: list[TokenLogprob], with_text: bool) -> tuple[list, list]:

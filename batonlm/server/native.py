@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.server import limits, logprobs
 from batonlm.server import openai_common as common
-from batonlm.server.errors import bad_request, model_not_found
+from batonlm.server.errors import bad_request
 from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream
 from batonlm.server.protocol import NativeGenerateRequest
 from batonlm.server.state import ServerState, server_state
@@ -38,7 +38,7 @@ def _model_card(state: ServerState) -> dict:
         "object": "model",
         "created": state.created,
         "owned_by": "batonlm",
-        "root": info.model_path if info else state.args.model,
+        "root": state.model_name,  # not the server's filesystem path
         "max_model_len": info.context_length if info else None,
     }
 
@@ -51,8 +51,7 @@ async def list_models(request: Request):
 @router.get("/v1/models/{model:path}")
 async def get_model(request: Request, model: str):
     state = server_state(request)
-    if model != state.model_name:
-        raise model_not_found(model)
+    state.check_model(model)
     return _model_card(state)
 
 
@@ -84,11 +83,18 @@ class GenerateJob(Job[NativeGenerateRequest]):
     k_in: int | None = None  # top alternatives of the input / output logprob lists meta_info carries
     k_out: int | None = None
 
-    def meta(self, state: ServerState, finish: str | None, completion_tokens: int, cached_tokens: int | None,
+    @property
+    def batched(self) -> bool:
+        """Several prompts or choices: the answer is a list, each streamed event names its `index`."""
+        return self.req.batched or self.n > 1
+
+    def meta(self, state: ServerState, i: int, finish: str | None, completion_tokens: int, cached_tokens: int | None,
              output_lp=None, prompt_lp=None, spec=None) -> dict:
+        """Choice i's meta_info."""
         req = self.req
-        out = {"id": self.rid, "finish_reason": finish, "prompt_tokens": self.prompt_tokens,
-               "completion_tokens": completion_tokens, "cached_tokens": cached_tokens}
+        out = {"id": f"{self.rid}-{i}" if self.batched else self.rid, "finish_reason": finish,
+               "prompt_tokens": len(self.choices[i][0]), "completion_tokens": completion_tokens,
+               "cached_tokens": cached_tokens}
         if spec is not None:  # speculative decoding: SGLang's names
             out["spec_verify_ct"], out["spec_accepted_drafts"] = spec
             out["spec_accept_length"] = (spec[0] + spec[1]) / spec[0]
@@ -106,15 +112,16 @@ class GenerateStream(Stream[NativeGenerateRequest]):
 
     def __init__(self, state: ServerState, job: GenerateJob) -> None:
         super().__init__(state, job)
-        self.cached: int | None = None
+        self.cached: list[int | None] = [None] * len(job.choices)
 
     def events(self, i: int, c: GenerationChunk) -> list[dict]:
-        self.cached = c.cached_tokens if c.cached_tokens is not None else self.cached
-        ids, params = self.job.choices[0]
+        self.cached[i] = c.cached_tokens if c.cached_tokens is not None else self.cached[i]
+        ids, params = self.job.choices[i]
         prompt_lp = None if c.prompt_logprobs is None else logprobs.prompt_token_logprobs(ids, params, c)
-        return [{"text": c.text, "output_ids": c.token_ids,
-                 "meta_info": self.job.meta(self.state, c.finish_reason, c.completion_tokens, self.cached, c.logprobs,
-                                            prompt_lp, c.spec)}]
+        event = {"text": c.text, "output_ids": c.token_ids,
+                 "meta_info": self.job.meta(self.state, i, c.finish_reason, c.completion_tokens, self.cached[i],
+                                            c.logprobs, prompt_lp, c.spec)}
+        return [{**event, "index": i} if self.job.batched else event]
 
 
 class GenerateRoute(Route[NativeGenerateRequest]):
@@ -122,7 +129,9 @@ class GenerateRoute(Route[NativeGenerateRequest]):
     strings), `stream`, and the logprob fields (`return_logprob`, `logprob_start_len`: -1 no
     prompt logprobs, `top_logprobs_num`, `return_text_in_logprobs`). Returns `text`,
     `output_ids` and `meta_info` (with `input/output_token_logprobs` [logprob, id, text] and
-    `input/output_top_logprobs` when asked; streamed, each event has its own tokens')."""
+    `input/output_top_logprobs` when asked; streamed, each event has its own tokens'). A list of
+    prompts (`text` or `input_ids`) or `sampling_params.n` > 1 gives a list of answers,
+    prompt-major, and streamed events carry their choice's `index`."""
 
     request_model = NativeGenerateRequest
     id_prefix = "gen"
@@ -136,6 +145,9 @@ class GenerateRoute(Route[NativeGenerateRequest]):
     def check(self, state: ServerState, job: GenerateJob) -> None:  # type: ignore[override]
         req = job.req
         raw = dict(req.sampling_params or {})
+        n = raw.pop("n", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise bad_request(f"n must be a positive integer, got {n!r}", param="sampling_params.n")
         stop = raw.pop("stop", None) or []
         if isinstance(stop, str):
             stop = [stop]
@@ -147,13 +159,15 @@ class GenerateRoute(Route[NativeGenerateRequest]):
             params = SamplingParams.from_dict(raw)
         except InvalidSamplingParams as e:
             raise e.nested("sampling_params") from None
-        limits.check_limits(state.args, {**msgspec.structs.asdict(params), "stop": stop}, prefix="sampling_params.")
-        limits.check_limits(state.args, {"top_logprobs_num": req.top_logprobs_num})
+        limits.check_limits(state.args, {**msgspec.structs.asdict(params), "stop": stop, "n": n},
+                            prefix="sampling_params.")
+        limits.check_limits(state.args, {"top_logprobs_num": req.top_logprobs_num, "text": req.text,
+                                         "input_ids": req.input_ids})
         if req.return_logprob:
             k = req.top_logprobs_num
             scored = {"prompt_logprobs": k, "logprob_start_len": req.logprob_start_len} if req.logprob_start_len >= 0 else {}
             params = msgspec.structs.replace(params, logprobs=k, **scored)
-        job.stop, job.params = stop, params
+        job.stop, job.params, job.n = stop, params, n
         # The logprob lists meta_info carries (with top alternatives when k > 0): output ones when
         # asked; input ones when asked, and with return_logprob always (empty for logprob_start_len -1).
         job.k_out = params.logprobs
@@ -165,17 +179,23 @@ class GenerateRoute(Route[NativeGenerateRequest]):
             kind, text = job.params.constraint
             await common.check_constraint_param(kind, text, f"sampling_params.{kind}")
 
+    def num_choices(self, job: GenerateJob) -> int:  # type: ignore[override]
+        return len(job.req.prompts) * job.n
+
     async def prompts(self, state: ServerState, job: GenerateJob) -> list[list[int]]:  # type: ignore[override]
         req = job.req
-        ids = await state.manager.tokenize_async(req.text) if req.text is not None else list(req.input_ids or [])
-        if req.return_logprob and req.logprob_start_len > len(ids):
-            raise bad_request(f"logprob_start_len must be at most the prompt's length ({len(ids)} tokens), got "
-                              f"{req.logprob_start_len}", param="logprob_start_len")
-        return [ids]
+        out = []
+        for prompt in req.prompts:
+            ids = await state.manager.tokenize_async(prompt) if isinstance(prompt, str) else list(prompt)
+            if req.return_logprob and req.logprob_start_len > len(ids):
+                raise bad_request(f"logprob_start_len must be at most the prompt's length ({len(ids)} tokens), got "
+                                  f"{req.logprob_start_len}", param="logprob_start_len")
+            out.append(ids)
+        return out
 
     def sampling_params(self, state: ServerState, job: GenerateJob, prompt_ids: list[int]) -> list[SamplingParams]:  # type: ignore[override]
         assert job.params is not None
-        return [job.params]
+        return job.params.for_choices(job.n)
 
     def validate(self, state: ServerState, job: GenerateJob, prompt_ids: list[int],  # type: ignore[override]
                  params: SamplingParams) -> None:
@@ -184,15 +204,19 @@ class GenerateRoute(Route[NativeGenerateRequest]):
         except InvalidSamplingParams as e:
             raise e.nested("sampling_params") from None
 
-    def answer(self, state: ServerState, job: GenerateJob, results: list[ChoiceResult]) -> dict:  # type: ignore[override]
-        (result,) = results
-        return {
-            "text": result.text,
-            "output_ids": result.token_ids,
-            "meta_info": {**job.meta(state, result.finish_reason, result.completion_tokens, result.cached_tokens,
-                                     result.logprobs, result.prompt_logprobs, result.spec),
-                          "e2e_latency": time.perf_counter() - job.started},
-        }
+    def answer(self, state: ServerState, job: GenerateJob, results: list[ChoiceResult]) -> dict | list[dict]:  # type: ignore[override]
+        latency = time.perf_counter() - job.started
+        answers = [
+            {
+                "text": r.text,
+                "output_ids": r.token_ids,
+                "meta_info": {**job.meta(state, i, r.finish_reason, r.completion_tokens, r.cached_tokens, r.logprobs,
+                                         r.prompt_logprobs, r.spec),
+                              "e2e_latency": latency},
+            }
+            for i, r in enumerate(results)
+        ]
+        return answers if job.batched else answers[0]
 
 
 ROUTE = GenerateRoute()

@@ -8,8 +8,6 @@ import asyncio
 import json
 from typing import Any, ClassVar, TypeVar
 
-import msgspec
-
 from batonlm.constrained.grammar import JSON_OBJECT_SCHEMA, InvalidConstraint, check_constraint
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import limits
@@ -88,10 +86,7 @@ def sampling_params(
         logprobs=req.num_logprobs,
         **constraint,
     )
-    if req.seed is None:
-        return [base] * req.n
-    # Seeds stay in the int64 range SamplingParams states: choice i uses seed + i, wrapped.
-    return [msgspec.structs.replace(base, seed=_wrap_int64(req.seed + i)) for i in range(req.n)]
+    return base.for_choices(req.n)
 
 
 async def check_constraint_param(kind: str, text: str, param: str, what: str | None = None) -> None:
@@ -129,10 +124,6 @@ def _constraints(req: SamplingFields) -> list[tuple[str, str, str]]:
         if getattr(req, kind) is not None:
             given.append((kind, getattr(req, kind), kind))
     return given
-
-
-def _wrap_int64(x: int) -> int:
-    return (x + 2**63) % 2**64 - 2**63
 
 
 class OpenAIRoute(Route[F]):

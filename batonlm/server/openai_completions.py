@@ -58,15 +58,13 @@ class CompletionStream(OpenAIStream[CompletionRequest]):
             text = self.echoes[i] + text
             if c.prompt_logprobs is not None:
                 items = logprobs.prompt_token_logprobs(*self.job.choices[i], c) + items
-        out = []
-        if text or (req.logprobs is not None and items):
-            lp = logprobs.completion_logprobs(self.state, items, self.offsets[i]) if req.logprobs is not None else None
-            self.offsets[i] += len(text)
-            out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": None})
-        if c.finish_reason is not None:
-            out.append({"index": i, "text": "", "logprobs": None,
-                        "finish_reason": "length" if self.prompt_only else c.finish_reason})
-        return out
+        finish = None if c.finish_reason is None else "length" if self.prompt_only else c.finish_reason
+        if not (text or (req.logprobs is not None and items) or finish):
+            return []
+        # The last token's chunk carries the finish reason (no separate empty chunk after it).
+        lp = logprobs.completion_logprobs(self.state, items, self.offsets[i]) if req.logprobs is not None else None
+        self.offsets[i] += len(text)
+        return [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]
 
 
 class CompletionsRoute(OpenAIRoute[CompletionRequest]):

@@ -76,6 +76,7 @@ def _native_sampling_params(args: ServerArgs) -> tuple[dict, dict]:
     native = copy.deepcopy(components[name])
     native["title"] = "NativeSamplingParams"
     native["properties"]["stop"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+    native["properties"]["n"] = {"type": "integer", "minimum": 1, "default": 1}
     apply_limits(native["properties"], args)
     return {"$ref": REF.format(model="NativeSamplingParams")}, {"NativeSamplingParams": native}
 
@@ -125,6 +126,9 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         ok = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`"
               if streams else "The answer",
               "content": {**_json(REF.format(model=answer.__name__)), **({"text/event-stream": {}} if streams else {})}}
+        if path == "/generate":  # several prompts or choices: a list of answers
+            one = {"$ref": REF.format(model=answer.__name__)}
+            ok["content"]["application/json"] = {"schema": {"anyOf": [one, {"type": "array", "items": one}]}}
         body = _json(REF.format(model=request_model.__name__))
         body["application/json"]["example"] = EXAMPLES[path](args.model_name)
         paths[path]["post"].update(

@@ -293,8 +293,9 @@ class CompletionRequest(SamplingFields):
 class NativeGenerateRequest(_Strict):
     """POST /generate: SGLang-style native API."""
 
-    text: str | None = None
-    input_ids: list[int] | None = None
+    # One prompt, or a batch of them (SGLang's: the answer is then a list, prompt-major).
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict | None = None
     stream: bool = False
     rid: Annotated[str, Field(max_length=256)] | None = None
@@ -309,7 +310,22 @@ class NativeGenerateRequest(_Strict):
     def _one_input(self) -> NativeGenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
+        if isinstance(self.text, list) and not self.text:
+            raise ValueError("text: a batch of prompts must not be empty")
+        if self.input_ids and isinstance(self.input_ids[0], list) and not all(self.input_ids):
+            raise ValueError("input_ids: token-id prompts must not be empty")
         return self
+
+    @property
+    def prompts(self) -> list[str] | list[list[int]]:
+        if self.text is not None:
+            return [self.text] if isinstance(self.text, str) else self.text
+        ids = self.input_ids or []
+        return ids if ids and isinstance(ids[0], list) else [ids]  # type: ignore[list-item]
+
+    @property
+    def batched(self) -> bool:
+        return isinstance(self.text, list) or bool(self.input_ids and isinstance(self.input_ids[0], list))
 
 
 class TokenizeRequest(_Strict):

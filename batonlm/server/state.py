@@ -61,7 +61,8 @@ class ServerState:
         return parser_for(self.args.tool_call_parser, architecture)
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        """404 unless `model` names the served model (its id, or the MODEL argument as given)."""
+        if model is not None and model not in (self.model_name, self.args.model):
             raise model_not_found(model)
 
     async def read(self, request: Request, model: type[M]) -> M:

@@ -164,3 +164,13 @@ def test_derived_records_take_settings_by_name():
     assert spec.num_draft_tokens == 3
     with pytest.raises(TypeError, match="no field"):
         derive(Record, args, resolved="x", nonsense=1)
+
+
+def test_a_directory_is_served_under_its_name(tmp_path):
+    model = tmp_path / "Qwen2.5-0.5B-Instruct"
+    model.mkdir()
+    assert ServerArgs(model=str(model)).model_name == "Qwen2.5-0.5B-Instruct"
+    assert ServerArgs(model=str(model) + "/").model_name == "Qwen2.5-0.5B-Instruct"
+    assert ServerArgs(model=str(model), served_model_name="qwen").model_name == "qwen"
+    assert ServerArgs(model="Qwen/Qwen2.5-0.5B-Instruct").model_name == "Qwen/Qwen2.5-0.5B-Instruct"  # a hub id
+    assert ServerArgs().model_name == "stories260K"
