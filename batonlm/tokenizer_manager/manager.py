@@ -337,7 +337,8 @@ class TokenizerManager:
         receive the late outputs of an earlier request that had that id."""
         rid = f"{rid or 'req'}-{uuid.uuid4().hex}"
         state = RequestState(
-            rid, IncrementalDetokenizer(self.tokenizer, input_ids), StopStringMatcher(stop or []), len(input_ids)
+            rid, IncrementalDetokenizer(self.tokenizer, input_ids), StopStringMatcher(stop or []), len(input_ids),
+            min_tokens=params.min_new_tokens,
         )
         timeout = self.args.request_timeout
         if timeout is not None:

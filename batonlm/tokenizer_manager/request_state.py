@@ -80,6 +80,7 @@ class RequestState:
     detok: IncrementalDetokenizer
     stops: StopStringMatcher
     prompt_tokens: int
+    min_tokens: int = 0  # stop strings end the request only after this many tokens
     # Scheduler outputs not yet consumed, or the exception that ends the request.
     pending: deque[TokenOutput | Exception] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -120,8 +121,9 @@ class RequestState:
                     observer.on_token(now - self.last_token)
             self.last_token = now
         self.completion_tokens += len(out.token_ids)
+        armed = self.completion_tokens >= self.min_tokens  # stop strings count from the min_tokens-th token on
         finish = out.finish_reason
-        text = self.stops.feed(self.detok.add(out.token_ids))
+        text = self.stops.feed(self.detok.add(out.token_ids), armed)
         stopped_early = False
         if self.stops.stopped:
             # A stop string wins over a length limit reached by the same token (as in vLLM).

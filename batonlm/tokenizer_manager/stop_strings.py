@@ -13,11 +13,15 @@ class StopStringMatcher:
         self._held = ""
         self.stopped = False
 
-    def feed(self, delta: str) -> str:
+    def feed(self, delta: str, armed: bool = True) -> str:
         """Add generated text; return what can be released. After a match, `stopped` is True
-        and nothing more is released."""
+        and nothing more is released. Text fed unarmed (a request still under its min_tokens)
+        is released as it is: stop strings are matched in what follows it (as vLLM does)."""
         if self.stopped or not self.stops:
             return "" if self.stopped else delta
+        if not armed:
+            out, self._held = self._held + delta, ""
+            return out
         text = self._held + delta
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:

@@ -62,3 +62,51 @@ def test_any_split_gives_the_text_up_to_the_first_stop(seed):
     for r in released:  # no released prefix ever shows a stop string
         so_far += r
         assert not any(s in so_far for s in stops)
+
+
+def test_unarmed_text_passes_and_matching_starts_after_it():
+    m = StopStringMatcher([","])
+    assert m.feed("Once, upon", armed=False) == "Once, upon"  # under min_tokens: a stop string does not count
+    assert not m.stopped
+    assert m.feed(" a time, there", armed=True) == " a time"
+    assert m.stopped
+
+
+def test_min_tokens_hold_off_stop_strings_in_a_request(stories_path):
+    """`min_tokens: 20` with `stop: [","]`: the comma in the first tokens does not end the
+    request; the first comma from the 20th token on does (vLLM's rule)."""
+    from batonlm.ipc.messages import TokenOutput
+    from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
+    from batonlm.tokenizer_manager.request_state import RequestState
+    from batonlm.tokenizer_manager.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(stories_path)
+    prompt = tok("Once upon a time").input_ids
+    story = tok(", there was a little girl, and she was happy, and she played, and she ran, and she sang",
+                add_special_tokens=False).input_ids
+    assert len(story) > 25
+
+    def run(min_tokens: int) -> tuple[str, int]:
+        state = RequestState("r", IncrementalDetokenizer(tok, prompt), StopStringMatcher([","]), len(prompt),
+                             min_tokens=min_tokens)
+        text = ""
+        for i, t in enumerate(story):
+            chunk, _ = state.apply(TokenOutput("r", [t], None), None)
+            text += chunk.text
+            if chunk.finish_reason is not None:
+                return text, i + 1
+        return text, len(story)
+
+    # The reference: each token's text with no stop strings, and the first comma from the
+    # min_tokens-th token on.
+    plain = RequestState("p", IncrementalDetokenizer(tok, prompt), StopStringMatcher([]), len(prompt))
+    deltas = [plain.apply(TokenOutput("p", [t], None), None)[0].text for t in story]
+
+    def expected(min_tokens: int) -> tuple[str, int]:
+        n = next(i + 1 for i, d in enumerate(deltas) if "," in d and i + 1 >= max(1, min_tokens))
+        return "".join(deltas[: n - 1]) + deltas[n - 1].split(",")[0], n
+
+    assert run(0) == expected(0)
+    text, n = run(20)
+    assert (text, n) == expected(20)
+    assert n >= 20 and "," in text  # the commas before the 20th token did not stop it
