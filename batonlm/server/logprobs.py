@@ -32,14 +32,21 @@ def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> dict:
     }
 
 
-def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offset: int) -> dict:
+def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offset: int,
+                        prompt_offsets: list[int] | None = None) -> dict:
     """OpenAI's legacy shape. `top_logprobs` holds the alternatives and the token itself ("up to
     logprobs + 1" entries, as OpenAI and vLLM give); two tokens with the same text (a byte
-    piece and a normal one) share one key, which keeps the higher logprob."""
+    piece and a normal one) share one key, which keeps the higher logprob. The first items may
+    be echoed prompt tokens with their offsets in the echo (`prompt_offsets`); the others'
+    offsets run on from `text_offset`."""
     tb = state.token_bytes
+    given = prompt_offsets or []
     tokens, offsets = [], []
-    for it in items:
+    for i, it in enumerate(items):
         tokens.append(tb.text(it.token_id))
+        if i < len(given):
+            offsets.append(given[i])
+            continue
         offsets.append(text_offset)
         text_offset += len(tokens[-1])
     return {
@@ -48,6 +55,21 @@ def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offs
         "top_logprobs": [_top_by_text(tb, it) for it in items],
         "text_offset": offsets,
     }
+
+
+def echo(tokenizer, prompt_ids: list[int], keep_special: bool) -> tuple[str, list[int]]:
+    """A prompt as its echo, and each of its tokens' offset in that text: decoded as one text,
+    so the offsets index into it. A token-id prompt keeps its special tokens (they are what the
+    client sent; vLLM echoes them too); a text prompt drops those the tokenizer added."""
+    from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
+
+    detok = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=not keep_special)
+    offsets = []
+    for token in prompt_ids:
+        offsets.append(len(detok.text))
+        detok.add([token])
+    detok.flush()
+    return detok.text, offsets
 
 
 def _top_by_text(tb, it: TokenLogprob) -> dict[str, float] | None:

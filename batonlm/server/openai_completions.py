@@ -29,11 +29,12 @@ def _num_prompts(prompt) -> int:
     return 1 if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt) else len(prompt)
 
 
-def _echoes(state: ServerState, job: CompletionJob) -> list[str]:
-    """Each choice's echoed prompt (empty without `echo`)."""
+def _echoes(state: ServerState, job: CompletionJob) -> list[tuple[str, list[int]]]:
+    """Each choice's echoed prompt and its tokens' offsets in it (empty without `echo`)."""
     if not job.req.echo:
-        return [""] * len(job.choices)
-    return [state.tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in job.choices]
+        return [("", [])] * len(job.choices)
+    token_ids = not isinstance(job.req.prompt, str) and not any(isinstance(p, str) for p in job.req.prompt)
+    return [logprobs.echo(state.tokenizer, ids, keep_special=token_ids) for ids, _ in job.choices]
 
 
 class CompletionStream(OpenAIStream[CompletionRequest]):
@@ -53,17 +54,25 @@ class CompletionStream(OpenAIStream[CompletionRequest]):
     def choice_deltas(self, i: int, c: GenerationChunk) -> list[dict]:
         req = self.job.req
         text, items = ("", []) if self.prompt_only else (c.text, c.logprobs or [])
+        prompt_offsets: list[int] = []
+        echoed = 0  # characters of `text` that are the echo
         if not self.opened[i] and (c.token_ids or c.finish_reason is not None):
             self.opened[i] = True
-            text = self.echoes[i] + text
+            echo, offsets = self.echoes[i]
+            text = echo + text
             if c.prompt_logprobs is not None:
-                items = logprobs.prompt_token_logprobs(*self.job.choices[i], c) + items
+                scored = logprobs.prompt_token_logprobs(*self.job.choices[i], c)
+                items = scored + items
+                prompt_offsets = offsets[len(offsets) - len(scored):]
+            self.offsets[i] = echoed = len(echo)
         finish = None if c.finish_reason is None else "length" if self.prompt_only else c.finish_reason
         if not (text or (req.logprobs is not None and items) or finish):
             return []
         # The last token's chunk carries the finish reason (no separate empty chunk after it).
-        lp = logprobs.completion_logprobs(self.state, items, self.offsets[i]) if req.logprobs is not None else None
-        self.offsets[i] += len(text)
+        lp = None
+        if req.logprobs is not None:
+            lp = logprobs.completion_logprobs(self.state, items, self.offsets[i], prompt_offsets)
+        self.offsets[i] += len(text) - echoed
         return [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]
 
 
@@ -106,16 +115,16 @@ class CompletionsRoute(OpenAIRoute[CompletionRequest]):
 
     def choices(self, state: ServerState, job: CompletionJob, results: list[ChoiceResult]) -> list[dict]:
         echoes = _echoes(state, job)
-        return [
-            {
-                "index": i,
-                "text": echoes[i] + r.text,
-                "logprobs": None if job.req.logprobs is None else
-                logprobs.completion_logprobs(state, (r.prompt_logprobs or []) + r.logprobs, 0),
-                "finish_reason": r.finish_reason,
-            }
-            for i, r in enumerate(results)
-        ]
+        out = []
+        for i, r in enumerate(results):
+            echo, offsets = echoes[i]
+            scored = r.prompt_logprobs or []
+            lp = None
+            if job.req.logprobs is not None:
+                lp = logprobs.completion_logprobs(state, scored + r.logprobs, len(echo),
+                                                  offsets[len(offsets) - len(scored):] if scored else [])
+            out.append({"index": i, "text": echo + r.text, "logprobs": lp, "finish_reason": r.finish_reason})
+        return out
 
 
 ROUTE = CompletionsRoute()

@@ -243,14 +243,31 @@ def test_echo_with_logprobs_scores_the_prompt(client, stories_path):
             tokens, token_lps, tops = r.choices[0].logprobs.tokens, r.choices[0].logprobs.token_logprobs, \
                 r.choices[0].logprobs.top_logprobs
             assert r.usage.completion_tokens == max_tokens and r.usage.prompt_tokens == 6
-        assert text.startswith("Once upon a time,") and finish == "length"
+        # A token-id prompt is echoed with its special tokens (what the client sent, as vLLM echoes it).
+        assert text.startswith("<s> Once upon a time,") and finish == "length"
         assert len(tokens) == len(token_lps) == len(tops) == 6 + max_tokens
         assert token_lps[0] is None and tops[0] is None
         for i in range(1, 6):
             assert math.isclose(token_lps[i], want[i], abs_tol=1e-4), (i, token_lps[i], want[i])
             assert len(tops[i]) == 2 and max(tops[i].values()) >= token_lps[i] - 1e-6
         if max_tokens == 0:
-            assert text == "Once upon a time,"
+            assert text == "<s> Once upon a time,"
+
+
+def test_echo_offsets_index_into_the_text(client):
+    """Each echoed token's text_offset points at it in `text`, special tokens and all; a text
+    prompt's echo is the prompt (the BOS the tokenizer added takes no room in it)."""
+    for prompt, keeps_special in (([0, 0, 1, 291, 403], True), ("Once upon a time", False)):
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=1)
+        text, lp = r.choices[0].text, r.choices[0].logprobs
+        if keeps_special:
+            assert text.startswith("<unk><unk><s> The")
+        else:
+            assert text.startswith("Once upon a time")
+        assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+        for token, offset in zip(lp.tokens, lp.text_offset):
+            if keeps_special or token != "<s>":
+                assert text[offset:].startswith(token.lstrip(" ") if offset == 0 else token), (token, offset, text)
 
 
 def test_generate_returns_input_and_output_logprobs(server, stories_path):
