@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,10 @@ SCHEDULER_START_TIMEOUT_S = 600.0
 
 class SchedulerStartError(RuntimeError):
     """The scheduler process could not load the model or start its device."""
+
+
+class StartCancelled(SchedulerStartError):
+    """The start was cancelled (the server was told to stop while it started)."""
 
 
 @dataclass
@@ -44,10 +49,12 @@ class SchedulerHandle:
 
 
 def start_scheduler(
-    args: ServerArgs, ipc_dir: str, request_endpoint: str, output_endpoint: str, dp_rank: int = 0
+    args: ServerArgs, ipc_dir: str, request_endpoint: str, output_endpoint: str, dp_rank: int = 0,
+    cancel: threading.Event | None = None,
 ) -> SchedulerHandle:
     """Spawn the scheduler (of data-parallel replica `dp_rank`) and wait until it reports ready.
-    The caller must already have bound both endpoints (PUSH on requests, PULL on outputs)."""
+    The caller must already have bound both endpoints (PUSH on requests, PULL on outputs). Setting
+    `cancel` kills the scheduler (its device workers die with it) and raises StartCancelled."""
     from batonlm.scheduler.process import run_scheduler_process
 
     ctx = mp.get_context("spawn")
@@ -62,6 +69,10 @@ def start_scheduler(
     child.close()
     deadline = time.monotonic() + SCHEDULER_START_TIMEOUT_S
     while not parent.poll(0.1):
+        if cancel is not None and cancel.is_set():
+            proc.kill()
+            proc.join(5.0)
+            raise StartCancelled("the start was cancelled")
         if not proc.is_alive():
             raise SchedulerStartError(f"the scheduler process exited during start-up (exit code {proc.exitcode})")
         if time.monotonic() > deadline:

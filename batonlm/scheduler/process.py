@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -73,6 +76,30 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
     return sched, info
 
 
+# How often a starting scheduler looks whether the process that started it is still there.
+PARENT_CHECK_S = 0.25
+
+
+def _exit_with_parent_while_starting() -> None:
+    """Loading the model and compiling the decode step take a while, and nothing else would
+    notice a main process killed meanwhile (SIGKILL, or a SIGTERM to it alone): a thread
+    watches it and ends this process (its device workers die with it). Once serving, the loop
+    notices the parent is gone by itself (`SchedulerIO.orphaned`)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        if not _started.is_set():
+            logger.warning("the main process is gone: stopping the start-up")
+            os._exit(1)
+
+    threading.Thread(target=watch, name="batonlm-parent-watch", daemon=True).start()
+
+
+_started = threading.Event()  # set once the scheduler is ready: the loop watches the parent from then on
+
+
 def run_scheduler_process(
     args: ServerArgs, request_endpoint: str, output_endpoint: str, ready: Connection, dp_rank: int = 0,
     dp_dir: str | None = None,
@@ -80,6 +107,7 @@ def run_scheduler_process(
     configure_logging(args.log_level, process="scheduler" if args.dp_size == 1 else f"scheduler-dp{dp_rank}")
     # The main process handles Ctrl-C and tells us to shut down; don't die halfway on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent_while_starting()
     from batonlm.scheduler.io import ZmqSchedulerIO
 
     io = ZmqSchedulerIO(request_endpoint, output_endpoint)
@@ -93,6 +121,7 @@ def run_scheduler_process(
         io.close()
         sys.exit(1)
     signal.signal(signal.SIGTERM, lambda *_: setattr(sched, "_shutdown", True))
+    _started.set()
     ready.send_bytes(codec.encode(info))
     ready.close()
     try:
@@ -112,3 +141,12 @@ def run_scheduler_process(
     sched.device.close()
     sched.agreement.close()
     io.close()
+    # Exit without the interpreter's teardown (about a second with torch loaded; the server's
+    # exit waits for it): the OS releases what is left.
+    from multiprocessing import util
+
+    util._exit_function()  # what a child process runs at its end: finalizers (shared semaphores)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

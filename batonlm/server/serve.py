@@ -19,6 +19,7 @@ from batonlm.logging_setup import configure_logging
 from batonlm.server.http_protocol import guarded_protocol
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.tokenizer import TokenizerLoadError, load_tokenizer
+from batonlm.version import __version__
 
 logger = logging.getLogger("batonlm.serve")
 
@@ -42,6 +43,10 @@ class DrainingServer(uvicorn.Server):
             logger.info("shutting down: %d request(s) in flight get up to %.0f s to finish",
                         len(self.manager.states), self.shutdown_timeout)
             self._drain = asyncio.get_event_loop().create_task(self.manager.drain(self.shutdown_timeout))
+        elif not self._drain.done():  # a second signal while draining: end what runs now
+            logger.info("stopping now: %d request(s) in flight end with an error", len(self.manager.states))
+            self._drain.cancel()
+            self.manager.fail_all("the server is shutting down")
         super().handle_exit(sig, frame)
 
 
@@ -60,6 +65,15 @@ def raise_open_file_limit(wanted: int) -> None:
 
 class StartupError(RuntimeError):
     """A usual mistake at start-up; the message says what to do (no traceback needed)."""
+
+
+class StopRequested(KeyboardInterrupt):
+    """SIGTERM before the HTTP server runs (it handles signals itself from then on): the start
+    stops as after Ctrl-C, its processes stopped with it."""
+
+
+def _stop_requested(signum: int, frame: Any) -> None:
+    raise StopRequested()
 
 
 def resolve_model(model: str) -> str:
@@ -116,37 +130,24 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 async def _serve(args: ServerArgs, sock: socket.socket, tokenizer) -> int:
-    from batonlm.server.app import create_app
-
     manager = TokenizerManager(args, tokenizer, start_scheduler)
     try:
         info = await manager.start()
     except SchedulerStartError as e:
         await manager.shutdown()
         raise StartupError(f"the model could not be started: {e}") from None
-    app = create_app(args, manager)
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on",
-        http=guarded_protocol(args.client_timeout, args.max_connections),
-        timeout_keep_alive=min(KEEP_ALIVE_S, args.client_timeout),
-        # A backstop: the drain below ends every request within shutdown_timeout.
-        timeout_graceful_shutdown=args.shutdown_timeout + GRACEFUL_MARGIN_S,
-    )
-    server = DrainingServer(config, manager, args.shutdown_timeout)
-    exit_code = 0
-
-    def on_scheduler_death() -> None:
-        nonlocal exit_code
-        exit_code = 1
-        server.should_exit = True
-
-    manager.on_scheduler_death = on_scheduler_death
+    try:
+        server, sched_died = _http_server(args, manager)
+    except BaseException:  # stopped before serving: the scheduler goes too
+        await manager.shutdown()
+        raise
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     scale = "".join((f", tp {args.tp_size}" if args.tp_size > 1 else "",
                      f", {args.nnodes} nodes" if args.nnodes > 1 else "",
                      f", dp {args.dp_size}" if args.dp_size > 1 else "",
-                     " with DP attention" if args.enable_dp_attention else ""))
+                     " with DP attention" if args.enable_dp_attention else "",
+                     f", speculative {args.speculative_algorithm}" if args.speculative_algorithm != "none" else ""))
     logger.info(
         "batonlm ready on http://%s:%d (model %s, %s, %s, %d KV slots%s, %s loop%s)",
         shown, port, args.model_name, info.device, info.dtype, info.kv_capacity,
@@ -157,7 +158,34 @@ async def _serve(args: ServerArgs, sock: socket.socket, tokenizer) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     await server.serve(sockets=[sock])
-    return exit_code
+    code = 1 if sched_died() else 0
+    logger.info("batonlm stopped (exit code %d)", code)
+    return code
+
+
+def _http_server(args: ServerArgs, manager: TokenizerManager):
+    """The app and its uvicorn server around a started manager, and a function saying whether
+    the scheduler died (the server then stops and exits 1)."""
+    from batonlm.server.app import create_app
+
+    app = create_app(args, manager)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on",
+        http=guarded_protocol(args.client_timeout, args.max_connections),
+        timeout_keep_alive=min(KEEP_ALIVE_S, args.client_timeout),
+        # A backstop: the drain below ends every request within shutdown_timeout.
+        timeout_graceful_shutdown=args.shutdown_timeout + GRACEFUL_MARGIN_S,
+    )
+    server = DrainingServer(config, manager, args.shutdown_timeout)
+    died = False
+
+    def on_scheduler_death() -> None:
+        nonlocal died
+        died = True
+        server.should_exit = True
+
+    manager.on_scheduler_death = on_scheduler_death
+    return server, lambda: died
 
 
 def serve(args: ServerArgs) -> int:
@@ -174,7 +202,11 @@ def serve(args: ServerArgs) -> int:
             return 2
         except KeyboardInterrupt:
             return 130
+    # Until the HTTP server handles the signals: SIGTERM stops the start as Ctrl-C does (the
+    # scheduler and its workers are stopped with it), and a requested stop exits 0.
+    signal.signal(signal.SIGTERM, _stop_requested)
     try:
+        logger.info("batonlm %s starting: model %s, %s device", __version__, args.model, args.device)
         check_device(args)
         model = resolve_model(args.model)
         if model != args.model:
@@ -187,5 +219,6 @@ def serve(args: ServerArgs) -> int:
     except (StartupError, TokenizerLoadError, ConfigError) as e:
         logger.error("%s", e)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while starting
+        logger.info("batonlm stopped while starting (exit code 0)")
+        return 0

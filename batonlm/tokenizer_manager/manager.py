@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -72,9 +73,9 @@ class SchedulerProcess(Protocol):
 
 
 # Starts a scheduler process given (args, ipc dir, request endpoint, output endpoint, data-parallel
-# rank); the entry points pass batonlm.launcher.start_scheduler, so this package never imports
-# the scheduler.
-LaunchScheduler = Callable[[ServerArgs, str, str, str, int], SchedulerProcess]
+# rank, an event that cancels the start: the process is killed and the call raises); the entry
+# points pass batonlm.launcher.start_scheduler, so this package never imports the scheduler.
+LaunchScheduler = Callable[[ServerArgs, str, str, str, int, threading.Event], SchedulerProcess]
 
 
 class Admission:
@@ -141,13 +142,31 @@ class TokenizerManager:
             self._pull = self._ctx.socket(zmq.PULL)
             self._pull.bind(out_ep)
             # A thread per replica: DP attention's replicas meet while they start, so all of them
-            # must start at once (the default pool may have fewer threads than replicas).
-            with ThreadPoolExecutor(len(req_eps), thread_name_prefix="batonlm-start") as pool:
+            # must start at once (the default pool may have fewer threads than replicas). A
+            # cancelled start (Ctrl-C, SIGTERM) tells the threads, which kill their scheduler
+            # and return at once; one that had started already is stopped here.
+            cancel = threading.Event()
+            ready: list[SchedulerProcess] = []
+
+            def launch(i: int, ep: str) -> SchedulerProcess:
+                handle = self._launch(self.args, ipc_dir, ep, out_ep, i, cancel)
+                ready.append(handle)
+                return handle
+
+            pool = ThreadPoolExecutor(len(req_eps), thread_name_prefix="batonlm-start")
+            try:
                 started = await asyncio.gather(
-                    *(self._loop.run_in_executor(pool, self._launch, self.args, ipc_dir, ep, out_ep, i)
-                      for i, ep in enumerate(req_eps)),
+                    *(self._loop.run_in_executor(pool, launch, i, ep) for i, ep in enumerate(req_eps)),
                     return_exceptions=True,
                 )
+            except BaseException:
+                cancel.set()
+                pool.shutdown(wait=True)
+                for handle in ready:
+                    handle.process.kill()
+                    handle.stop(5.0)
+                raise
+            pool.shutdown(wait=True)
             failed = [r for r in started if isinstance(r, BaseException)]
             self.handles = [r for r in started if not isinstance(r, BaseException)]
             if failed:
@@ -222,6 +241,11 @@ class TokenizerManager:
         if self.states:
             logger.warning("aborting %d request(s) still running after %.0f s of shutdown", len(self.states), timeout_s)
             self._fail_all(SchedulerGone("the server is shutting down"))
+
+    def fail_all(self, message: str) -> None:
+        """End every request in flight now with `message` (an error event, or a 503)."""
+        self.draining = True
+        self._fail_all(SchedulerGone(message))
 
     def _fail_all(self, error: Exception) -> None:
         for state in self.states.values():
