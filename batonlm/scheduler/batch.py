@@ -135,7 +135,8 @@ class ScheduleBatch:
             prompt_logprob_targets=lp_targets,
             verify_groups=verify_groups,
             prompt_top_logprobs=max(
-                (row.req.params.prompt_logprobs for row, n in zip(self.extend, self.prompt_logprob_counts) if n),
+                (k for row, n in zip(self.extend, self.prompt_logprob_counts)
+                 if n and (k := row.req.params.prompt_logprobs) is not None),
                 default=-1,
             ),
         )
