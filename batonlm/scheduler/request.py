@@ -169,8 +169,9 @@ class Request:
         """The sampling record the device keeps for this request while it holds its slot; after
         a retraction it carries the outputs so far (penalties count them)."""
         p = self.params
+        assert self.req_slot is not None  # sent only while it holds a slot
         return SlotSampling(
-            req_slot=self.req_slot,  # type: ignore[arg-type]
+            req_slot=self.req_slot,
             params=p,
             seed=self.seed,
             stop_ids=sorted(self.stop_ids),
