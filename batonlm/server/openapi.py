@@ -14,7 +14,7 @@ import msgspec
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from batonlm.config import ServerArgs
 from batonlm.sampling_params import SamplingParams
@@ -96,8 +96,9 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         "SGLang's native /generate. Errors follow OpenAI's shape and carry the request id.",
         routes=app.routes,
     )
-    models = [(m, "validation") for _, m, _, _ in POST_ROUTES] + [
-        (m, "serialization") for m in (*(r for _, _, r, _ in POST_ROUTES), *GET_ROUTES.values(), responses.ErrorResponse)
+    answers: list[type[BaseModel]] = [*(r for _, _, r, _ in POST_ROUTES), *GET_ROUTES.values(), responses.ErrorResponse]
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for _, m, _, _ in POST_ROUTES] + [
+        (m, "serialization") for m in answers
     ]
     _, defs = models_json_schema(models, ref_template=REF)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
