@@ -9,6 +9,7 @@ errors), so FastAPI cannot see them: the bodies are declared here from the same 
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import msgspec
 from fastapi import FastAPI
@@ -124,9 +125,9 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
 
     paths = schema["paths"]
     for path, request_model, answer, streams in POST_ROUTES:
-        ok = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`"
-              if streams else "The answer",
-              "content": {**_json(REF.format(model=answer.__name__)), **({"text/event-stream": {}} if streams else {})}}
+        ok: dict[str, Any] = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`"
+                              if streams else "The answer",
+                              "content": {**_json(REF.format(model=answer.__name__)), **({"text/event-stream": {}} if streams else {})}}
         if path == "/generate":  # several prompts or choices: a list of answers
             one = {"$ref": REF.format(model=answer.__name__)}
             ok["content"]["application/json"] = {"schema": {"anyOf": [one, {"type": "array", "items": one}]}}

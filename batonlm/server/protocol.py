@@ -326,7 +326,7 @@ class NativeGenerateRequest(_Strict):
         if self.text is not None:
             return [self.text] if isinstance(self.text, str) else self.text
         ids = self.input_ids or []
-        return ids if ids and isinstance(ids[0], list) else [ids]  # type: ignore[list-item]
+        return ids if ids and isinstance(ids[0], list) else [ids]
 
     @property
     def batched(self) -> bool:
