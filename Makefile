@@ -17,8 +17,9 @@ run:  ## serve the embedded stories260K model on http://127.0.0.1:30000
 test:  ## run the test suite (what .ci/run runs)
 	$(PYTHON) -m pytest -q tests
 
-lint:  ## ruff
+lint:  ## ruff, then the mypy type check of batonlm/
 	$(PYTHON) -m ruff check batonlm tests benchmarks
+	$(PYTHON) -m mypy batonlm
 
 docs:  ## rewrite docs/flags.md from the settings' declarations
 	$(PYTHON) -m batonlm.settings_docs

@@ -91,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     try:
         from batonlm.bench.cli import add_bench_arguments
     except ImportError:
-        add_bench_arguments = None
-    if add_bench_arguments is not None:
+        pass
+    else:
         bench = sub.add_parser("bench", help="load-test an OpenAI-compatible server")
         add_bench_arguments(bench)
         bench.set_defaults(func=_bench)

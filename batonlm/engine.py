@@ -65,13 +65,15 @@ class Engine:
             raise ValueError("give exactly one of prompt and input_ids")
         if prompt is not None:
             single = isinstance(prompt, str)
-            prompts = [prompt] if single else list(prompt)
+            prompts = [prompt] if isinstance(prompt, str) else list(prompt)
             if not all(isinstance(p, str) for p in prompts):
                 raise ValueError("prompt must be a string or a list of strings")
             ids = [self._manager.tokenize(p) for p in prompts]
         else:
+            assert input_ids is not None  # exactly one of the two is given (checked above)
             single = not input_ids or isinstance(input_ids[0], int)
-            ids = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[arg-type]
+            rows: list[Any] = [input_ids] if single else input_ids  # a caller's lists, checked just below
+            ids = [list(x) for x in rows]
             if not all(isinstance(t, int) and not isinstance(t, bool) for x in ids for t in x):
                 raise ValueError("input_ids must be a list of ints or a list of lists of ints")
         if isinstance(sampling_params, list):
@@ -99,7 +101,8 @@ class Engine:
         single, ids, params = self._prepare(prompt, input_ids, sampling_params)
 
         async def one(x: list[int], p: SamplingParams) -> dict:
-            result = {"text": "", "output_ids": [], "finish_reason": None, "prompt_tokens": len(x), "completion_tokens": 0}
+            result: dict[str, Any] = {"text": "", "output_ids": [], "finish_reason": None, "prompt_tokens": len(x),
+                                      "completion_tokens": 0}
             async for chunk in self._manager.generate(x, p):
                 _merge(result, chunk)
             return result

@@ -10,7 +10,7 @@ crosses into its process. `check_relations` adds what one field's range cannot s
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypedDict
 
 import msgspec
 from msgspec import Meta
@@ -151,15 +151,33 @@ def from_validation_error(e: msgspec.ValidationError) -> InvalidSamplingParams:
     return InvalidSamplingParams(m.group(1) if m else "sampling_params", f"must be {bound.group(1)}" if bound else message)
 
 
-def field_range(name: str) -> dict[str, float | int]:
+class Bounds(TypedDict, total=False):
+    """Keyword arguments of a pydantic Field that bound a number."""
+
+    ge: float
+    gt: float
+    le: float
+    lt: float
+
+
+_BOUND_NAMES: tuple[Literal["ge", "gt", "le", "lt"], ...] = ("ge", "gt", "le", "lt")
+
+
+def field_range(name: str) -> Bounds:
     """The bounds of a field (of its values, for a list or dict) as keyword arguments for a
     pydantic Field: ge, gt, le, lt."""
     mi = msgspec.inspect
-    kind = next(f for f in mi.type_info(SamplingParams).fields if f.name == name).type
+    info = mi.type_info(SamplingParams)
+    assert isinstance(info, mi.StructType)
+    kind = next(f for f in info.fields if f.name == name).type
     if isinstance(kind, mi.UnionType):  # X | None
         kind = next(t for t in kind.types if not isinstance(t, mi.NoneType))
     if isinstance(kind, mi.ListType):
         kind = kind.item_type
     elif isinstance(kind, mi.DictType):
         kind = kind.value_type
-    return {k: getattr(kind, k) for k in ("ge", "gt", "le", "lt") if getattr(kind, k, None) is not None}
+    bounds = Bounds()
+    for k in _BOUND_NAMES:
+        if (value := getattr(kind, k, None)) is not None:
+            bounds[k] = value
+    return bounds

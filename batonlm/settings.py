@@ -239,7 +239,8 @@ def declared_by_name(cls: type) -> dict[str, Declared]:
 
 def check_fields(obj: Any) -> None:
     """Check every declared field of a settings dataclass instance (type, choices, bounds)."""
-    for d in declared(type(obj)):
+    cls: type = type(obj)  # as `type`: mypy takes type[Any] for unhashable (functools.cache's key)
+    for d in declared(cls):
         d.check(getattr(obj, d.name))
 
 

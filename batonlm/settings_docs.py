@@ -34,7 +34,7 @@ def serve_help() -> str:
     from batonlm.cli import build_parser
 
     parser = build_parser()
-    serve = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
+    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     sub = serve.choices["serve"]
     sub.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH, max_help_position=30)
     return sub.format_help()

@@ -46,7 +46,9 @@ class HFTokenizer:
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        text = self._tok.decode(ids, skip_special_tokens=True)
+        assert isinstance(text, str)  # a list only for a batch of id lists
+        return text
 
 
 @functools.lru_cache(maxsize=4)

@@ -23,7 +23,9 @@ async def spec_counters(client: httpx.AsyncClient, base_url: str, api_key: str |
     return found if len(found) == len(SPEC_GAUGES) else None
 
 
-def spec_summary(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+def spec_summary(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float | None] | None:
     """Verification steps, drafts and accepted drafts during the run, and tokens per step."""
     if after is None:
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 
 KINDS = ("json_schema", "regex", "ebnf")
 # The OpenAI `response_format: {"type": "json_object"}`: any JSON object.
@@ -35,7 +36,7 @@ def check_constraint(kind: str, text: str) -> None:
             raise InvalidConstraint(f"not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidConstraint(f"a JSON schema is an object, got {type(schema).__name__}")
-    builders = {"json_schema": xgr.Grammar.from_json_schema, "regex": xgr.Grammar.from_regex,
+    builders: dict[str, Callable[[str], object]] = {"json_schema": xgr.Grammar.from_json_schema, "regex": xgr.Grammar.from_regex,
                 "ebnf": xgr.Grammar.from_ebnf}
     if kind not in builders:
         raise InvalidConstraint(f"unknown constraint kind {kind!r} (known: {', '.join(KINDS)})")

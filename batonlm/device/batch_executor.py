@@ -29,8 +29,10 @@ class BatchExecutor:
         # by running every batch through it too; it writes the drafts of verify groups.
         self.draft = draft
         self.device = runner.device
-        # batch_id -> (logits, batch, launch, prompt logprobs) of launches whose sampling was delayed.
-        self._unsampled: dict[int, tuple[torch.Tensor, ForwardBatch, BatchLaunch, Scored | None]] = {}
+        # batch_id -> (logits, batch, launch, prompt logprobs, draft q) of launches whose sampling was delayed.
+        self._unsampled: dict[
+            int, tuple[torch.Tensor, ForwardBatch, BatchLaunch, Scored | None, torch.Tensor | None]
+        ] = {}
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return to_device(values, torch.int64, self.device)
@@ -42,7 +44,9 @@ class BatchExecutor:
         if len(future_rows) == len(launch.from_future):
             return self.future_map.resolve_forward_inputs(batch.req_slots, batch.positions)
         # A mixed batch. Token offsets are computed on the host, so nothing waits on the device.
-        future_at, host_at, offset = [], [], 0
+        future_at: list[int] = []
+        host_at: list[int] = []
+        offset = 0
         for n, fut in zip(launch.extend_lens, launch.from_future):
             (future_at if fut else host_at).extend(range(offset, offset + n))
             offset += n
@@ -92,8 +96,10 @@ class BatchExecutor:
         """Each verify group's drafts, one draft-model decode step per draft position (the
         row at p + s feeds the token it has and samples the one after, into the next row's
         input). Returns q [rows, V]: at each draft's row, the distribution it was drawn from."""
+        draft, input_ids = self.draft, batch.input_ids
+        assert draft is not None and input_ids is not None  # run() drafts only with a draft model, after the inputs
         groups = launch.verify_groups
-        q_all = torch.zeros(batch.batch_size, self.draft.cfg.vocab_size, device=self.device)
+        q_all = torch.zeros(batch.batch_size, draft.cfg.vocab_size, device=self.device)
         table = self.runner.sampling_table
         for s in range(max(n for _, n in groups) - 1):
             rows = [f + s for f, n in groups if n - 1 > s]
@@ -101,13 +107,13 @@ class BatchExecutor:
             flat = batch.last_token_index[at]  # a verify row's one token (rows after an extend row shift)
             step = ForwardBatch.build(batch.out_cache_loc[flat], [launch.req_slots[r] for r in rows],
                                       [launch.prefix_lens[r] for r in rows], [1] * len(rows), self.device,
-                                      input_ids=batch.input_ids[flat])
-            logits = self.draft.forward(step)
+                                      input_ids=input_ids[flat])
+            logits = draft.forward(step)
             draw = table.gather(step.req_slots, step.seq_lens, launch.all_greedy, False).draw
             q = spec_verify.request_probs(logits, draw)
             keys = spec_verify.salted(draw.keys, spec_verify.DRAFT_SALT) if draw is not None else \
                 torch.zeros(len(rows), dtype=torch.int64, device=self.device)
-            batch.input_ids[flat + 1] = spec_verify.race(q, keys)
+            input_ids[flat + 1] = spec_verify.race(q, keys)
             q_all[at + 1] = q
         return q_all
 
@@ -138,6 +144,7 @@ class BatchExecutor:
         self.future_map.publish(batch.req_slots, batch.seq_lens)
         if launch.verify_groups:  # each verifying request's next input: the token after its accepted drafts
             firsts = self._tensor([f for f, _ in launch.verify_groups])
+            assert batch.input_ids is not None  # set by run() before the forward
             if draft_q is None:  # each verify row's input: its one token (rows, not tokens, index groups)
                 accepted, bonus = spec_verify.accept_drafts(out.token_ids, batch.input_ids[batch.last_token_index],
                                                             launch.verify_groups)
@@ -160,6 +167,7 @@ class BatchExecutor:
         p_all = spec_verify.request_probs(logits, draw)
         keys = draw.keys if draw is not None else torch.zeros(batch.batch_size, dtype=torch.int64, device=self.device)
         tokens = out.token_ids.clone()
+        assert batch.input_ids is not None  # set by run() before the forward
         inputs = batch.input_ids[batch.last_token_index]  # per row
         accepted, bonus = [], []
         for first, n in launch.verify_groups:

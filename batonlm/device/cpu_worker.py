@@ -134,9 +134,9 @@ class CpuWorkerDevice(DeviceStream):
     def pid(self) -> int | None:
         return self._proc.pid
 
-    def _send(self, msg: object) -> None:
+    def _send(self, msg: codec.Message) -> None:
         try:
-            self._conn.send_bytes(codec.encode(msg))  # type: ignore[arg-type]
+            self._conn.send_bytes(codec.encode(msg))
         except (BrokenPipeError, OSError) as e:
             raise DeviceError(f"CPU device worker is gone (exit code {self._proc.exitcode})") from e
 
@@ -263,6 +263,7 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
     if rank == 0:
         ok = serve_root(conn, executor, relay, spec)
     else:
+        assert relay is not None  # ranks past 0 exist only with tensor parallelism (join_group made it)
         # Ranks on node 0 are watched by the scheduler's device; those on other nodes by their
         # node's supervisor, which reads heartbeats from this pipe.
         supervised = spec.local_ranks[0] != 0

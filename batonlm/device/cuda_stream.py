@@ -3,6 +3,8 @@ copy stream; a result's `wait()` waits on its `copy_done` event, nothing else.""
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 
 from batonlm.device.base import DeviceStream, PendingResult, host_result
@@ -42,6 +44,10 @@ class CudaDevice(DeviceStream):
         ready = torch.cuda.Event()
         ready.record(self.forward_stream)
 
+        @overload
+        def to_host(t: torch.Tensor) -> torch.Tensor: ...
+        @overload
+        def to_host(t: None) -> None: ...
         def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
             if t is None:
                 return None

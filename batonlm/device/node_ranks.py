@@ -37,7 +37,7 @@ def run_node(args: ServerArgs) -> int:
     ctx = mp.get_context("spawn")
     procs: dict[int, mp.process.BaseProcess] = {}
     conns: dict[int, Connection] = {}
-    stop = {"signal": None}
+    stop: dict[str, int | None] = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, _f: stop.update(signal=s))
     for rank in spec.local_ranks:  # all of them first: none is ready before every rank has met

@@ -179,6 +179,7 @@ class CompiledDecode(DecodeGraphs):
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         assert self._step is not None, "prepare() first"
+        assert batch.input_ids is not None  # set before any forward
         n = batch.batch_size
         pad = smallest_bucket(n, self.batch_buckets) - n
         width = context_width(batch.max_seq_len, self.max_context)

@@ -88,6 +88,7 @@ class CudaGraphDecode(DecodeGraphs):
     def stage(self, batch: ForwardBatch) -> int:
         """Copy a decode batch into the static inputs (device to device), pad the rest of its
         bucket, and return the bucket."""
+        assert batch.input_ids is not None  # set before any forward
         n = batch.batch_size
         b = smallest_bucket(n, self.batch_buckets)
         for static, value in (

@@ -51,6 +51,9 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE with a precomputed cos/sin table indexed by position."""
 
+    cos: torch.Tensor  # buffers: [max_positions, head_dim]
+    sin: torch.Tensor
+
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         inv_freq = rope_inv_freq(rope, head_dim)

@@ -65,6 +65,7 @@ class DPAttention(Agreement):
         res = self.sync.exchange(batch, done=done, stop=stop)
         self.peers_busy, self.exit = res.any_work, res.exit
         if batch is not None:
+            assert batch.launch is not None  # a planned batch comes with its launch
             batch.global_is_extend = res.global_is_extend
             batch.launch = msgspec.structs.replace(batch.launch, dp_tokens=res.dp_tokens)
             return batch

@@ -78,6 +78,7 @@ class ScheduleBatch:
         self.prompt_logprob_counts = []
         for row in self.extend:
             r, start, end = row.req, row.prefix_len, row.prefix_len + row.extend_len
+            assert r.req_slot is not None  # admitted: KVMemory.match gave it one
             targets: list[int] = []
             if r.wants_prompt_logprobs:
                 first, targets = r.prompt_logprob_targets(start, end)
@@ -85,13 +86,13 @@ class ScheduleBatch:
                 lp_at.extend(range(offset, offset + len(targets)))
                 lp_targets.extend(targets)
             self.prompt_logprob_counts.append(len(targets))
-            req_slots.append(r.req_slot)  # type: ignore[arg-type]
+            req_slots.append(r.req_slot)
             prefix_lens.append(start)
             extend_lens.append(row.extend_len)
             input_ids.extend(r.fill_ids[start:end])
             out_cache_loc.extend(r.kv_slots[start:end])
             if row.first and start:  # a cached prefix: the device's row must point at it
-                table_writes.append((r.req_slot, r.kv_slots[:start]))  # type: ignore[arg-type]
+                table_writes.append((r.req_slot, r.kv_slots[:start]))
         # A verifying request (drafts) runs as 1 + k decode rows, one per position: its newest
         # output (from the FutureMap while it is being computed), then its drafts. Each row samples the token
         # after its position, as a plain decode step there would (spec_verify.py).
@@ -99,6 +100,7 @@ class ScheduleBatch:
         from_future = [False] * len(self.extend)
         self.launch_rows = list(range(len(self.extend)))
         for i, r in enumerate(self.decode):
+            assert r.req_slot is not None  # running: it holds one
             drafts = self.drafts[i] if self.drafts else []
             n = 1 + len(drafts)
             p = r.kv_len - n
@@ -109,7 +111,7 @@ class ScheduleBatch:
                 verify_groups.append((len(req_slots), n))
                 input_ids.extend([r.output_ids[p - r.prompt_len]] if known else [])
                 input_ids.extend(drafts)
-            req_slots.extend([r.req_slot] * n)  # type: ignore[list-item]
+            req_slots.extend([r.req_slot] * n)
             prefix_lens.extend(range(p, p + n))
             extend_lens.extend([1] * n)
             out_cache_loc.extend(r.kv_slots[p : p + n])
@@ -135,7 +137,8 @@ class ScheduleBatch:
             prompt_logprob_targets=lp_targets,
             verify_groups=verify_groups,
             prompt_top_logprobs=max(
-                (row.req.params.prompt_logprobs for row, n in zip(self.extend, self.prompt_logprob_counts) if n),
+                (k for row, n in zip(self.extend, self.prompt_logprob_counts)
+                 if n and (k := row.req.params.prompt_logprobs) is not None),
                 default=-1,
             ),
         )

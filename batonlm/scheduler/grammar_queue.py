@@ -40,6 +40,7 @@ class GrammarQueue:
         return len(self.pending)
 
     def add(self, req: Request) -> None:
+        assert req.params.constraint is not None  # only constrained requests come here
         kind, text = req.params.constraint
         req.grammar = self.cache.get(kind, text)
         self.pending.append(req)
@@ -52,14 +53,18 @@ class GrammarQueue:
 
     def poll(self) -> tuple[list[Request], list[tuple[Request, str]]]:
         """Requests whose grammar is ready (with their matcher), and those whose compile failed."""
-        ready, failed, waiting = [], [], deque()
+        ready: list[Request] = []
+        failed: list[tuple[Request, str]] = []
+        waiting: deque[Request] = deque()
         for req in self.pending:
-            if not req.grammar.done():
+            future, constraint = req.grammar, req.params.constraint
+            assert future is not None and constraint is not None  # set by add(), cleared only here
+            if not future.done():
                 waiting.append(req)
                 continue
-            future, req.grammar = req.grammar, None
+            req.grammar = None
             if future.exception() is not None:
-                failed.append((req, f"the {req.params.constraint[0]} could not be compiled: {future.exception()}"))
+                failed.append((req, f"the {constraint[0]} could not be compiled: {future.exception()}"))
             else:
                 req.matcher = self.cache.backend.matcher(future.result())
                 ready.append(req)
@@ -88,9 +93,11 @@ class GrammarQueue:
         drafts = [batch.drafts[row - len(batch.extend)] if batch.drafts and row >= len(batch.extend) else []
                   for row in rows]
         bitmask = self.cache.backend.allocate_bitmask(sum(1 + len(d) for d in drafts))
-        mask_rows, i = [], 0
+        mask_rows: list[int] = []
+        i = 0
         for row, row_drafts in zip(rows, drafts):
             matcher, at = batch.reqs[row].matcher, batch.launch_rows[row]
+            assert matcher is not None  # rows are those with a matcher
             matcher.fill_mask(bitmask, i)
             taken = 0  # drafts the matcher accepted, all of them so far
             for j, tok in enumerate(row_drafts, 1):
@@ -109,9 +116,11 @@ class GrammarQueue:
     @staticmethod
     def advance(req: Request, token: int) -> None:
         """Follow a token the request produced; a completed grammar finishes the request."""
-        if not req.matcher.accept(token):
+        matcher = req.matcher
+        assert matcher is not None  # the caller follows only constrained requests
+        if not matcher.accept(token):
             logger.error("request %s: token %d does not fit its grammar", req.rid, token)
-        if req.matcher.terminated and not req.finished:
+        if matcher.terminated and not req.finished:
             req.finish_reason = FINISH_STOP
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ nothing is cached and a request's slots are freed when it ends.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from batonlm.scheduler.kv_allocator import KVSlotAllocator, ReqSlotAllocator
 from batonlm.scheduler.radix_cache import RadixCache
@@ -48,7 +49,7 @@ class KVMemory:
         """Slots running requests need: their own and the cached prefixes they read."""
         return self.held + self.protected
 
-    def stats_fields(self) -> dict[str, int]:
+    def stats_fields(self) -> dict[str, Any]:
         """Its counters, as `SchedulerStats` names them."""
         return {
             "kv_used": self.in_use,
@@ -126,6 +127,7 @@ class KVMemory:
             # Its own slots the tree already had (another request computed them too), and
             # those it allocated but never used, are free again.
             self.kv.free(req.kv_slots[req.cached_len : max(present, req.cached_len)] + req.kv_slots[n:])
+            assert req.cache_node is not None  # match() locked one: a running request was matched
             self.cache.unlock(req.cache_node)
         req.kv_slots, req.cached_len, req.cache_node = [], 0, None
         req.kv_len = req.fill_len = 0

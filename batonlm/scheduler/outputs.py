@@ -64,7 +64,8 @@ def token_output(req: Request, tokens: list[int], lp: SampledLogprobs | None, lp
         at = range(lp_at, lp_at + len(tokens))
         logprobs = [lp.chosen[i] for i in at]
         top = [list(zip(lp.top_ids[i][:n], lp.top_logprobs[i][:n], strict=True)) for i in at]
-    prompt_lp = prompt_top = None
+    prompt_lp: list[float | None] | None = None
+    prompt_top: list[list[tuple[int, float]]] | None = None
     if first and req.params.prompt_logprobs is not None:
         lead = 1 if req.params.logprob_start_len == 0 else 0  # position 0: nothing precedes it
         prompt_lp = [None] * lead + req.prompt_lp

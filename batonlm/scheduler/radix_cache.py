@@ -131,7 +131,8 @@ class RadixCache:
                 self.evictable_size -= len(node.key)
                 self.protected_size += len(node.key)
             node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]
+            assert node.parent is not None  # only the root has none
+            node = node.parent
 
     def unlock(self, node: TreeNode) -> None:
         while node is not self.root:
@@ -140,7 +141,8 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.evictable_size += len(node.key)
                 self.protected_size -= len(node.key)
-            node = node.parent  # type: ignore[assignment]
+            assert node.parent is not None  # only the root has none
+            node = node.parent
 
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` slots from least recently used unlocked leaves (fewer if

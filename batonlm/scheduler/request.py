@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 from batonlm.ipc.device_messages import SlotSampling
 from batonlm.request_checks import kv_slots_needed
 from batonlm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from batonlm.constrained.backend import GrammarMatcher
+    from batonlm.scheduler.radix_cache import TreeNode
+    from batonlm.scheduler.speculative import SpecState
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -78,7 +84,7 @@ class Request:
         # by `cache_node`), then the request's own.
         self.kv_slots: list[int] = []
         self.cached_len = 0
-        self.cache_node: Any = None
+        self.cache_node: TreeNode | None = None
         self.kv_len = 0
         self.fill_len = 0
         self.num_outputs_launched = 0
@@ -89,15 +95,15 @@ class Request:
         self.first_cached_len: int | None = None  # prompt tokens the cache served at first admission
         self.waited = 0  # iterations spent waiting (the LPM policy's age bound)
         self.slot_sent = False  # its SlotSampling went with a launch since its last admission
-        self.grammar: Any = None  # the future of its compiled constraint, while it compiles
+        self.grammar: Future[Any] | None = None  # the future of its compiled constraint, while it compiles
         self.arrived = time.monotonic()
         self.queued_s: float | None = None  # arrival to first admission (set by KVMemory.match)
-        self.matcher: Any = None  # its GrammarMatcher once compiled (batonlm.constrained)
+        self.matcher: GrammarMatcher | None = None  # its GrammarMatcher once compiled (batonlm.constrained)
         # With prompt logprobs: those of positions prompt_logprob_from + 1.. computed so far
         # (chunks arrive in order), and their top alternatives.
         self.prompt_lp: list[float] = []
         self.prompt_top: list[list[tuple[int, float]]] = []
-        self.spec: Any = None  # its n-gram drafting state (batonlm.scheduler.speculative), once it drafts
+        self.spec: SpecState | None = None  # its n-gram drafting state (batonlm.scheduler.speculative), once it drafts
 
     @property
     def prompt_len(self) -> int:
@@ -163,8 +169,9 @@ class Request:
         """The sampling record the device keeps for this request while it holds its slot; after
         a retraction it carries the outputs so far (penalties count them)."""
         p = self.params
+        assert self.req_slot is not None  # sent only while it holds a slot
         return SlotSampling(
-            req_slot=self.req_slot,  # type: ignore[arg-type]
+            req_slot=self.req_slot,
             params=p,
             seed=self.seed,
             stop_ids=sorted(self.stop_ids),

@@ -216,7 +216,8 @@ class Scheduler(RequestIntake):
                 tokens = ids[at : at + accepted + 1]
                 drafted = len(batch.drafts[row - len(batch.extend)])
                 self.memory.trim(req, req.kv_len - drafted + accepted)
-                self.speculator.verified(req, drafted, accepted)  # type: ignore[union-attr]
+                assert self.speculator is not None  # only its drafts are verified
+                self.speculator.verified(req, drafted, accepted)
             tokens = emit(req, tokens)
             req.num_outputs_launched = max(req.num_outputs_launched, len(req.output_ids))
             self.generated_tokens += len(tokens)

@@ -49,7 +49,7 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
             app.openapi_schema = build_openapi(app, args, manager.info.context_length if manager.info else 2)
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to replace the schema
 
     app.add_middleware(GuardMiddleware, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from batonlm.server.errors import bad_request
 from batonlm.server.openai_common import check_constraint_param
-from batonlm.server.protocol import ChatCompletionRequest
+from batonlm.server.protocol import ChatCompletionRequest, NamedToolChoice
 from batonlm.tool_calls.forced import forced_schema, parse_forced
 from batonlm.tool_calls.parser import StreamingToolCalls, ToolCall, ToolCallParser
 
@@ -83,7 +83,8 @@ async def plan_tools(state, req: ChatCompletionRequest) -> ToolPlan:
         if req.response_format is not None or req.regex is not None or req.ebnf is not None:
             raise bad_request("tool_choice required or a named function cannot be combined with response_format, "
                               "regex or ebnf", param="tool_choice")
-        chosen = [t for t in tools if mode == "required" or t.function.name == req.tool_choice.function.name]
+        named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+        chosen = [t for t in tools if mode == "required" or t.function.name == named]
         schema = forced_schema([(t.function.name, t.function.parameters) for t in chosen],
                                parallel=mode == "required" and req.parallel_tool_calls)
         plan.constraint = {"json_schema": json.dumps(schema)}

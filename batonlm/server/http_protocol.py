@@ -61,6 +61,7 @@ class GuardedH11Protocol(H11Protocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._refused = False
 
+    # A stream protocol is given an asyncio.Transport; asyncio's signature says BaseTransport.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         _no_delay(transport)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -92,9 +93,9 @@ class GenerateJob(Job[NativeGenerateRequest]):
              output_lp=None, prompt_lp=None, spec=None) -> dict:
         """Choice i's meta_info."""
         req = self.req
-        out = {"id": f"{self.rid}-{i}" if self.batched else self.rid, "finish_reason": finish,
-               "prompt_tokens": len(self.choices[i][0]), "completion_tokens": completion_tokens,
-               "cached_tokens": cached_tokens}
+        out: dict[str, Any] = {"id": f"{self.rid}-{i}" if self.batched else self.rid, "finish_reason": finish,
+                               "prompt_tokens": len(self.choices[i][0]), "completion_tokens": completion_tokens,
+                               "cached_tokens": cached_tokens}
         if spec is not None:  # speculative decoding: SGLang's names
             out["spec_verify_ct"], out["spec_accepted_drafts"] = spec
             out["spec_accept_length"] = (spec[0] + spec[1]) / spec[0]
@@ -138,6 +139,7 @@ class GenerateRoute(Route[NativeGenerateRequest]):
     prompt_param = "text"
     stream_type = GenerateStream
     job_type = GenerateJob
+    # Its hooks take a GenerateJob (job_type makes it), narrower than Route's Job: hence the override ignores.
 
     def request_id(self, req: NativeGenerateRequest) -> str:
         return req.rid or super().request_id(req)

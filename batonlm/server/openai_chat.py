@@ -78,6 +78,7 @@ class ChatRoute(OpenAIRoute[ChatCompletionRequest]):
     object_name = "chat.completion"
     stream_type = ChatStream
     job_type = ChatJob
+    # Its hooks take a ChatJob (job_type makes it), narrower than Route's Job: hence the override ignores.
 
     async def constrain(self, state: ServerState, job: ChatJob) -> None:  # type: ignore[override]
         await super().constrain(state, job)

@@ -75,8 +75,9 @@ def sampling_params(
     max_new = wanted if wanted is not None else ctx - prompt_len
     if req.min_tokens > max_new:
         raise bad_request(f"min_tokens ({req.min_tokens}) exceeds max_tokens ({max_new})", param="min_tokens")
-    same = {name: value for name in SamplingParams.__struct_fields__
+    same: dict[str, Any] = {name: value for name in SamplingParams.__struct_fields__
             if name not in _NOT_BY_NAME and (value := getattr(req, name, None)) is not None}
+    same.update(constraint)  # its one field, if any: json_schema, regex or ebnf
     # The request model has checked every value against SamplingParams' ranges already.
     base = SamplingParams(
         **same,
@@ -84,7 +85,6 @@ def sampling_params(
         min_new_tokens=req.min_tokens,
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
         logprobs=req.num_logprobs,
-        **constraint,
     )
     return base.for_choices(req.n)
 

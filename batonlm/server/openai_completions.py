@@ -8,6 +8,8 @@ scores the prompt without completing it: the prefill runs, its one sampled token
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 from fastapi import APIRouter, Request
 
@@ -20,9 +22,17 @@ from batonlm.server.protocol import CompletionRequest
 from batonlm.server.state import ServerState
 from batonlm.tokenizer_manager.request_state import GenerationChunk
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
 router = APIRouter()
 
 CompletionJob = Job[CompletionRequest]
+
+
+def _is_token_ids(prompt: list[str] | list[int] | list[list[int]]) -> TypeIs[list[int]]:
+    """One prompt given as token ids (not a list of prompts)."""
+    return all(isinstance(p, int) for p in prompt)
 
 
 def _num_prompts(prompt) -> int:
@@ -95,8 +105,8 @@ class CompletionsRoute(OpenAIRoute[CompletionRequest]):
         prompt = job.req.prompt
         if isinstance(prompt, str):
             return [await state.manager.tokenize_async(prompt)]
-        if all(isinstance(p, int) for p in prompt):
-            return [list(prompt)]  # type: ignore[arg-type]
+        if _is_token_ids(prompt):
+            return [list(prompt)]
         return [await state.manager.tokenize_async(p) if isinstance(p, str) else list(p) for p in prompt]
 
     def sampling_params(self, state: ServerState, job: CompletionJob, prompt_ids: list[int]) -> list[SamplingParams]:

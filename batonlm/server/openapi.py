@@ -9,12 +9,13 @@ errors), so FastAPI cannot see them: the bodies are declared here from the same 
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import msgspec
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from batonlm.config import ServerArgs
 from batonlm.sampling_params import SamplingParams
@@ -96,8 +97,9 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         "SGLang's native /generate. Errors follow OpenAI's shape and carry the request id.",
         routes=app.routes,
     )
-    models = [(m, "validation") for _, m, _, _ in POST_ROUTES] + [
-        (m, "serialization") for m in (*(r for _, _, r, _ in POST_ROUTES), *GET_ROUTES.values(), responses.ErrorResponse)
+    answers: list[type[BaseModel]] = [*(r for _, _, r, _ in POST_ROUTES), *GET_ROUTES.values(), responses.ErrorResponse]
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for _, m, _, _ in POST_ROUTES] + [
+        (m, "serialization") for m in answers
     ]
     _, defs = models_json_schema(models, ref_template=REF)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -123,9 +125,9 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
 
     paths = schema["paths"]
     for path, request_model, answer, streams in POST_ROUTES:
-        ok = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`"
-              if streams else "The answer",
-              "content": {**_json(REF.format(model=answer.__name__)), **({"text/event-stream": {}} if streams else {})}}
+        ok: dict[str, Any] = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`"
+                              if streams else "The answer",
+                              "content": {**_json(REF.format(model=answer.__name__)), **({"text/event-stream": {}} if streams else {})}}
         if path == "/generate":  # several prompts or choices: a list of answers
             one = {"$ref": REF.format(model=answer.__name__)}
             ok["content"]["application/json"] = {"schema": {"anyOf": [one, {"type": "array", "items": one}]}}

@@ -113,7 +113,7 @@ class Route(Generic[R]):
         req = await state.read(request, self.request_model)
         state.check_model(getattr(req, "model", None))
         state.check_healthy()
-        job = await self.prepare(state, req)  # type: ignore[arg-type]
+        job = await self.prepare(state, req)  # type: ignore[arg-type]  # req is an R: a ClassVar cannot say so
         if job.stream:
             if job.admission is not None:  # a body never iterated (its client gone) gives the room back too
                 weakref.finalize(job, job.admission.release)

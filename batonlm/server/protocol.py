@@ -207,6 +207,11 @@ class SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top logprobs per token to return (None: no logprobs); each request names it its way."""
+        raise NotImplementedError
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -321,7 +326,7 @@ class NativeGenerateRequest(_Strict):
         if self.text is not None:
             return [self.text] if isinstance(self.text, str) else self.text
         ids = self.input_ids or []
-        return ids if ids and isinstance(ids[0], list) else [ids]  # type: ignore[list-item]
+        return ids if ids and isinstance(ids[0], list) else [ids]
 
     @property
     def batched(self) -> bool:

@@ -172,9 +172,10 @@ def _http_server(args: ServerArgs, manager: TokenizerManager):
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on",
         http=guarded_protocol(args.client_timeout, args.max_connections),
-        timeout_keep_alive=min(KEEP_ALIVE_S, args.client_timeout),
+        # uvicorn annotates these two int; it hands them to asyncio timers, which take seconds as floats.
+        timeout_keep_alive=min(KEEP_ALIVE_S, args.client_timeout),  # type: ignore[arg-type]
         # A backstop: the drain below ends every request within shutdown_timeout.
-        timeout_graceful_shutdown=args.shutdown_timeout + GRACEFUL_MARGIN_S,
+        timeout_graceful_shutdown=args.shutdown_timeout + GRACEFUL_MARGIN_S,  # type: ignore[arg-type]
     )
     server = DrainingServer(config, manager, args.shutdown_timeout)
     died = False

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-try:
-    from tokenizers.decoders import DecodeStream
-except ImportError:  # tokenizers < 0.21
-    DecodeStream = None
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 # Prompt tokens kept as left context; enough for any merge to settle.
 PROMPT_CONTEXT_TOKENS = 6
@@ -27,15 +25,12 @@ class IncrementalDetokenizer:
         self._context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
         self._output: list[int] = []
         self.text = ""
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._stream = None
+        self._backend: Tokenizer | None = getattr(tokenizer, "backend_tokenizer", None)
+        self._stream: DecodeStream | None = None
         # DecodeStream cannot start after a prompt that ends inside a UTF-8 character (it would
         # emit the prompt again); the window method slices such a prefix correctly.
-        if self._backend is not None and DecodeStream is not None and not self._ends_mid_character():
-            try:
-                self._stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=self._context)
-            except TypeError:  # tokenizers < 0.22: no prefix ids
-                self._stream = None
+        if self._backend is not None and not self._ends_mid_character():
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=self._context)
         # The window method's state: tokens[prefix_offset:read_offset] was last emitted.
         self._prefix_offset = 0
         self._read_offset = len(self._context)
@@ -49,7 +44,7 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int]) -> str:
         """Append tokens; return the newly completed text (possibly empty)."""
         self._output.extend(token_ids)
-        if self._stream is not None:
+        if self._stream is not None and self._backend is not None:  # a stream is made only with a backend
             try:
                 pieces = [self._stream.step(self._backend, t) for t in token_ids]
                 delta = "".join(p for p in pieces if p)

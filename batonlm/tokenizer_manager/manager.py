@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -190,8 +190,9 @@ class TokenizerManager:
         if not self.handles:
             return
         handles, self.handles = self.handles, []
+        assert self._loop is not None  # start() set it before it made handles
         for handle in handles:  # before any await: a replica exiting now is no failure
-            self._loop.remove_reader(handle.process.sentinel)  # type: ignore[union-attr]
+            self._loop.remove_reader(handle.process.sentinel)
 
         async def tell(i: int, handle: SchedulerProcess) -> None:
             if handle.process.is_alive():
@@ -263,8 +264,9 @@ class TokenizerManager:
         await self._pushes[replica].send(codec.encode(msg))
 
     async def _output_loop(self) -> None:
+        assert self._pull is not None  # start() opened it before starting this task
         while True:
-            msg = codec.decode(await self._pull.recv())  # type: ignore[union-attr]
+            msg = codec.decode(await self._pull.recv())
             if isinstance(msg, BatchOutput):
                 backlog = self.args.max_stream_backlog
                 for out in msg.outputs:
@@ -352,7 +354,7 @@ class TokenizerManager:
         rid: str | None = None,
         stop: list[str] | None = None,
         admission: Admission | None = None,
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncGenerator[GenerationChunk, None]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
         follows are trimmed). Leaving the iteration early aborts the request, as do the
         request timeout and a consumer that falls too far behind (those raise).
@@ -399,7 +401,8 @@ class TokenizerManager:
         replica = self._owner.get(rid)
         if not self.healthy or replica is None:
             return
-        sent = self._pushes[replica].send(codec.encode(AbortRequest(rid)), flags=zmq.NOBLOCK)
+        # pyzmq annotates send() as returning an Awaitable; it is an asyncio Future, passed through.
+        sent = asyncio.ensure_future(self._pushes[replica].send(codec.encode(AbortRequest(rid)), flags=zmq.NOBLOCK))
 
         def check(fut) -> None:
             if fut.cancelled() or fut.exception() is not None:
@@ -436,7 +439,7 @@ def sum_stats(parts: list[SchedulerStats]) -> SchedulerStats:
     """The replicas' counters added up (histograms bucket by bucket)."""
     if len(parts) == 1:
         return parts[0]
-    fields = {}
+    fields: dict[str, Any] = {}
     for name in SchedulerStats.__struct_fields__:
         values = [getattr(p, name) for p in parts]
         if isinstance(values[0], list):

@@ -32,4 +32,5 @@ def parse_forced(text: str) -> list[ToolCall]:
         return []
     items = value if isinstance(value, list) else [value]
     calls = [call_from_object(v, ("arguments",)) for v in items]
-    return [] if any(c is None for c in calls) else calls  # type: ignore[misc]
+    valid = [c for c in calls if c is not None]
+    return valid if len(valid) == len(calls) else []

@@ -48,9 +48,10 @@ class Llama3Parser(ToolCallParser):
             return ParsedOutput(text, [])
         values = json_values(body)
         calls = [call_from_object(v) for v in values or []]
-        if not calls or any(c is None for c in calls):
+        valid = [c for c in calls if c is not None]
+        if not calls or len(valid) < len(calls):
             return ParsedOutput(text, [])
-        return ParsedOutput(prefix, calls)  # type: ignore[arg-type]
+        return ParsedOutput(prefix, valid)
 
 
 class MistralParser(ToolCallParser):
@@ -76,9 +77,10 @@ class MistralParser(ToolCallParser):
             values = json_values(rest[len("[TOOL_CALLS]") :])
             items = values[0] if values and len(values) == 1 and isinstance(values[0], list) else values
             calls = [call_from_object(v) for v in items or []]
-        if not calls or any(c is None for c in calls):
+        valid = [c for c in calls if c is not None]
+        if not calls or len(valid) < len(calls):
             return ParsedOutput(text, [])
-        return ParsedOutput(content, calls)  # type: ignore[arg-type]
+        return ParsedOutput(content, valid)
 
 
 # Model architecture -> the format its chat template and fine-tuning use.

@@ -30,7 +30,7 @@ def call_from_object(obj: object, args_keys: tuple[str, ...] = ("arguments", "pa
     """{"name": ..., "arguments" | "parameters": {...}} as a ToolCall; None if it is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = next((obj[k] for k in args_keys if k in obj), {})
+    args: object = next((obj[k] for k in args_keys if k in obj), {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
@@ -44,7 +44,8 @@ def call_from_object(obj: object, args_keys: tuple[str, ...] = ("arguments", "pa
 def json_values(text: str) -> list[object] | None:
     """Every JSON value in `text`, one after another (separated by whitespace, commas or
     semicolons); None if anything else is there."""
-    decoder, values, i = json.JSONDecoder(), [], 0
+    decoder, i = json.JSONDecoder(), 0
+    values: list[object] = []
     while True:
         while i < len(text) and text[i] in " \t\r\n,;":
             i += 1

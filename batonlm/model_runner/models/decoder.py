@@ -70,6 +70,7 @@ class Attention(nn.Module):
             qk = apply_rope(qkv[:, :qk_size].view(-1, self.heads + self.kv_heads, self.head_dim), cos, sin)
             q, k = qk.split((self.heads, self.kv_heads), dim=1)
         else:
+            assert self.k_norm is not None  # made with q_norm
             q = self.q_norm(qkv[:, : self.q_size].view(-1, self.heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size : qk_size].view(-1, self.kv_heads, self.head_dim))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -124,6 +125,7 @@ class DecoderLM(CausalLM):
         ("gate_up_proj", "gate_proj", 0),
         ("gate_up_proj", "up_proj", 1),
     )
+    lm_head: nn.Linear | None
 
     @classmethod
     def options(cls, raw: dict[str, Any]) -> DecoderOptions:
@@ -164,6 +166,7 @@ class DecoderLM(CausalLM):
         weight = self.model.embed_tokens.weight
         empty = weight.new_zeros((0, self.config.hidden_size))
         for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)  # nn.ModuleList types its items as Module
             layer.mlp_forward(empty, dp_tokens)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
