@@ -73,6 +73,35 @@ def _serve(ns: argparse.Namespace) -> int:
     return serve(args)
 
 
+def serving_port(pid: int = 1) -> tuple[str, int]:
+    """Where the `batonlm serve` running as process `pid` (a container's entrypoint) listens:
+    its own flags (a --port given at `docker run` included), else the environment's defaults."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\0") if a]
+        args = parse_serve_args(argv[argv.index("serve") + 1 :])
+    except (OSError, ValueError, ConfigError, SystemExit):  # not a batonlm serve: the defaults
+        args = ServerArgs()
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    return host, args.port
+
+
+def _healthcheck(ns: argparse.Namespace) -> int:
+    """Exit 0 when the server answers /health with 200 (the Docker image's HEALTHCHECK)."""
+    import urllib.request
+
+    host, port = serving_port(ns.pid)
+    if ns.port is not None:
+        port = ns.port
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        with urllib.request.urlopen(f"http://{shown}:{port}/health", timeout=ns.timeout) as r:
+            return 0 if r.status == 200 else 1
+    except OSError as e:
+        print(f"batonlm healthcheck: http://{shown}:{port}/health: {e}", file=sys.stderr)
+        return 1
+
+
 def _bench(ns: argparse.Namespace) -> int:
     from batonlm.bench.cli import run_bench
 
@@ -88,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "of a --config preset (docs/flags.md lists them).")
     _add_serve_arguments(serve)
     serve.set_defaults(func=_serve)
+    health = sub.add_parser("healthcheck", help="exit 0 when the server in this container (process 1) is healthy")
+    health.add_argument("--pid", type=int, default=1, help="the batonlm serve process whose port is probed")
+    health.add_argument("--port", type=int, default=None, help="probe this port instead")
+    health.add_argument("--timeout", type=float, default=5.0)
+    health.set_defaults(func=_healthcheck)
     try:
         from batonlm.bench.cli import add_bench_arguments
     except ImportError:

@@ -230,9 +230,11 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
 
     import torch
 
-    # Ctrl-C reaches the whole process group: the scheduler shuts this worker down (or the pipe
-    # closes), so a SIGINT must not kill it halfway.
+    # Ctrl-C (SIGINT), and SIGTERM from systemd or `kill -- -PGID`, reach the whole process group:
+    # the scheduler shuts this worker down (or dies, and PDEATHSIG ends it), so neither may kill
+    # it halfway (its end releases what it shares with the others).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     _keep_freed_memory()
     # See factory.cpu_worker_threads: one thread for tiny models, all cores for larger ones.
@@ -273,16 +275,6 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
     for group in (tp, mlp_group):
         if group is not None:
             group.destroy()
-    _exit(0 if ok else 1)
+    spawn.exit_child(0 if ok else 1)
 
 
-def _exit(code: int) -> None:
-    """End the process now: what it holds is released by the OS, and a Python interpreter with
-    torch loaded takes about a second to tear itself down (the server's exit waits for it)."""
-    from multiprocessing import util
-
-    util._exit_function()  # what a child process runs at its end: finalizers (shared semaphores)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -11,6 +11,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from batonlm import spawn
 from batonlm.config import DEFAULT_CHUNK, ServerArgs
 from batonlm.ipc import codec
 from batonlm.ipc.messages import SchedulerFailed, SchedulerInfo
@@ -141,12 +142,4 @@ def run_scheduler_process(
     sched.device.close()
     sched.agreement.close()
     io.close()
-    # Exit without the interpreter's teardown (about a second with torch loaded; the server's
-    # exit waits for it): the OS releases what is left.
-    from multiprocessing import util
-
-    util._exit_function()  # what a child process runs at its end: finalizers (shared semaphores)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    spawn.exit_child(0)

@@ -43,11 +43,14 @@ class DrainingServer(uvicorn.Server):
             logger.info("shutting down: %d request(s) in flight get up to %.0f s to finish",
                         len(self.manager.states), self.shutdown_timeout)
             self._drain = asyncio.get_event_loop().create_task(self.manager.drain(self.shutdown_timeout))
-        elif not self._drain.done():  # a second signal while draining: end what runs now
+            super().handle_exit(sig, frame)
+            return
+        # A second signal: end what still runs now. Not uvicorn's "force exit", which would skip
+        # the app's shutdown (the scheduler's) and leave its task to be cancelled mid-way.
+        if self.manager.states:
             logger.info("stopping now: %d request(s) in flight end with an error", len(self.manager.states))
-            self._drain.cancel()
-            self.manager.fail_all("the server is shutting down")
-        super().handle_exit(sig, frame)
+        self._drain.cancel()
+        self.manager.fail_all("the server is shutting down")
 
 
 def raise_open_file_limit(wanted: int) -> None:
@@ -186,6 +189,7 @@ def _http_server(args: ServerArgs, manager: TokenizerManager):
         server.should_exit = True
 
     manager.on_scheduler_death = on_scheduler_death
+    manager.link.on_stop = lambda: setattr(server, "should_exit", True)
     return server, lambda: died
 
 

@@ -4,39 +4,29 @@ Turns requests into `GenerateRequest`s, sends them to the scheduler, and turns t
 that come back into text deltas per request. Owns the map request id -> waiting consumer; a
 consumer that goes away aborts its request. It also keeps the server's request-level limits:
 admission (`max_queued_requests`), `request_timeout`, `max_stream_backlog`, and the drain on
-shutdown.
+shutdown. The scheduler processes themselves (start, sockets, death, shutdown) are its
+`SchedulerLink` (scheduler_link.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
-
-import zmq
-import zmq.asyncio
+from typing import Any
 
 from batonlm.config import ServerArgs
 from batonlm.constrained.grammar import InvalidConstraint, check_constraint
-from batonlm.ipc import codec
-from batonlm.ipc.codec import Message
-from batonlm.ipc.endpoints import new_endpoints
 from batonlm.ipc.messages import (
     AbortRequest,
     BatchOutput,
     FlushCacheRequest,
     FlushCacheResult,
     GenerateRequest,
-    SchedulerFailed,
     SchedulerInfo,
     SchedulerStats,
-    ShutdownRequest,
     StatsRequest,
 )
 from batonlm.request_checks import RequestRejected, check_request
@@ -53,6 +43,7 @@ from batonlm.tokenizer_manager.request_state import (
     RequestTimedOut,
     SchedulerGone,
 )
+from batonlm.tokenizer_manager.scheduler_link import LaunchScheduler, SchedulerLink, SchedulerProcess
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 
 logger = logging.getLogger(__name__)
@@ -60,22 +51,6 @@ logger = logging.getLogger(__name__)
 # Texts longer than this are tokenized in a thread: the tokenizers library releases the GIL,
 # so a megabyte of prompt does not stall every other request's stream.
 TOKENIZE_INLINE_CHARS = 8192
-SHUTDOWN_SEND_TIMEOUT_S = 2.0
-
-
-class SchedulerProcess(Protocol):
-    """The running scheduler, as the launcher hands it over."""
-
-    process: Any  # a multiprocessing.Process
-    info: SchedulerInfo
-
-    def stop(self, timeout_s: float = 10.0) -> None: ...
-
-
-# Starts a scheduler process given (args, ipc dir, request endpoint, output endpoint, data-parallel
-# rank, an event that cancels the start: the process is killed and the call raises); the entry
-# points pass batonlm.launcher.start_scheduler, so this package never imports the scheduler.
-LaunchScheduler = Callable[[ServerArgs, str, str, str, int, threading.Event], SchedulerProcess]
 
 
 class Admission:
@@ -100,138 +75,53 @@ class TokenizerManager:
     def __init__(self, args: ServerArgs, tokenizer: Any, launch: LaunchScheduler) -> None:
         self.args = args
         self.tokenizer = tokenizer
-        self._launch = launch
-        self.info: SchedulerInfo | None = None
-        # One scheduler per data-parallel replica (one without --dp), each with its own request
-        # socket; their outputs share one socket. `router` picks a request's replica.
-        self.handles: list[SchedulerProcess] = []
+        self.link = SchedulerLink(args, launch, self._route_outputs, self._fail_all)
+        # `router` picks a request's data-parallel replica (always 0 without --dp).
         self.router = DPRouter(args.dp_size, args.load_balance_method)
         self._owner: dict[str, int] = {}  # request id -> its replica
         self.states: dict[str, RequestState] = {}
         self._reserved = 0  # requests admitted and not sent yet (Admission)
-        self.healthy = False
         self.draining = False
-        self.on_scheduler_death: Callable[[], None] | None = None
         self.observer: RequestObserver | None = None
-        # Per replica: futures waiting for its SchedulerStats / FlushCacheResult, in order.
-        self._stats_waiters: list[list[asyncio.Future]] = [[] for _ in range(args.dp_size)]
-        self._flush_waiters: list[list[asyncio.Future]] = [[] for _ in range(args.dp_size)]
-        self._ctx = zmq.asyncio.Context(1)
-        self._pushes: list[zmq.asyncio.Socket] = []
-        self._pull: zmq.asyncio.Socket | None = None
-        self._output_task: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # The scheduler(s), as the link to them sees them.
+    @property
+    def info(self) -> SchedulerInfo | None:
+        return self.link.info
+
+    @info.setter
+    def info(self, value: SchedulerInfo | None) -> None:
+        self.link.info = value
+
+    @property
+    def healthy(self) -> bool:
+        return self.link.healthy
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        self.link.healthy = value
 
     @property
     def handle(self) -> SchedulerProcess | None:
         """The (first replica's) scheduler."""
-        return self.handles[0] if self.handles else None
+        return self.link.handles[0] if self.link.handles else None
 
-    # ------------------------------------------------------------------ lifecycle
+    @property
+    def on_scheduler_death(self) -> Callable[[], None] | None:
+        return self.link.on_death
+
+    @on_scheduler_death.setter
+    def on_scheduler_death(self, callback: Callable[[], None] | None) -> None:
+        self.link.on_death = callback
+
     async def start(self) -> SchedulerInfo:
-        """Bind the sockets, spawn the scheduler(s), and wait until they have loaded the model."""
-        self._loop = asyncio.get_running_loop()
-        ipc_dir, _, out_ep = new_endpoints()
-        req_eps = [f"ipc://{ipc_dir}/requests-{i}" for i in range(self.args.dp_size)]
-        try:
-            for ep in req_eps:
-                push = self._ctx.socket(zmq.PUSH)
-                push.setsockopt(zmq.LINGER, 0)
-                push.bind(ep)
-                self._pushes.append(push)
-            self._pull = self._ctx.socket(zmq.PULL)
-            self._pull.bind(out_ep)
-            # A thread per replica: DP attention's replicas meet while they start, so all of them
-            # must start at once (the default pool may have fewer threads than replicas). A
-            # cancelled start (Ctrl-C, SIGTERM) tells the threads, which kill their scheduler
-            # and return at once; one that had started already is stopped here.
-            cancel = threading.Event()
-            ready: list[SchedulerProcess] = []
-
-            def launch(i: int, ep: str) -> SchedulerProcess:
-                handle = self._launch(self.args, ipc_dir, ep, out_ep, i, cancel)
-                ready.append(handle)
-                return handle
-
-            pool = ThreadPoolExecutor(len(req_eps), thread_name_prefix="batonlm-start")
-            try:
-                started = await asyncio.gather(
-                    *(self._loop.run_in_executor(pool, launch, i, ep) for i, ep in enumerate(req_eps)),
-                    return_exceptions=True,
-                )
-            except BaseException:
-                cancel.set()
-                pool.shutdown(wait=True)
-                for handle in ready:
-                    handle.process.kill()
-                    handle.stop(5.0)
-                raise
-            pool.shutdown(wait=True)
-            failed = [r for r in started if isinstance(r, BaseException)]
-            self.handles = [r for r in started if not isinstance(r, BaseException)]
-            if failed:
-                for handle in self.handles:  # the replicas that did start go too
-                    handle.process.kill()
-                    await asyncio.to_thread(handle.stop)
-                self.handles = []
-                raise failed[0]
-        except BaseException:
-            self._close_sockets()
-            shutil.rmtree(ipc_dir, ignore_errors=True)
-            raise
-        self.info = self.handles[0].info
-        self.healthy = True
-        self._output_task = asyncio.create_task(self._output_loop())
-        for i, handle in enumerate(self.handles):
-            self._loop.add_reader(handle.process.sentinel, self._scheduler_exited, i)
-        return self.info
+        """Spawn the scheduler(s) and wait until they have loaded the model."""
+        return await self.link.start()
 
     async def shutdown(self) -> None:
-        if not self.handles:
-            return
-        handles, self.handles = self.handles, []
-        assert self._loop is not None  # start() set it before it made handles
-        for handle in handles:  # before any await: a replica exiting now is no failure
-            self._loop.remove_reader(handle.process.sentinel)
+        await self.link.shutdown()
 
-        async def tell(i: int, handle: SchedulerProcess) -> None:
-            if handle.process.is_alive():
-                # A scheduler that is exiting already (SIGTERM to the whole process group) has no
-                # socket left: a PUSH send with no peer blocks for ever. stop() waits for it anyway.
-                try:
-                    await asyncio.wait_for(self._send(ShutdownRequest(), i), SHUTDOWN_SEND_TIMEOUT_S)
-                except asyncio.TimeoutError:
-                    logger.info("the scheduler did not take the shutdown request; waiting for it to exit")
-            await asyncio.to_thread(handle.stop)
-
-        await asyncio.gather(*(tell(i, h) for i, h in enumerate(handles)))
-        self.healthy = False
-        self._fail_all(SchedulerGone("the server is shutting down"))
-        if self._output_task is not None:
-            self._output_task.cancel()
-        self._close_sockets()
-
-    def _close_sockets(self) -> None:
-        for sock in (*self._pushes, self._pull):
-            if sock is not None:
-                sock.close(0)
-        self._ctx.term()
-
-    def _scheduler_exited(self, replica: int) -> None:
-        """A scheduler died: the server cannot serve (a replica's requests would hang)."""
-        assert self._loop is not None
-        handle = self.handles[replica]
-        for h in self.handles:
-            self._loop.remove_reader(h.process.sentinel)
-        handle.process.join(1.0)  # reap it, for the exit code
-        code = handle.process.exitcode
-        which = "the scheduler process" if len(self.handles) == 1 else f"the scheduler of replica {replica}"
-        logger.error("%s exited unexpectedly (exit code %s)", which, code)
-        self.healthy = False
-        self._fail_all(SchedulerGone(f"the scheduler process died (exit code {code})"))
-        if self.on_scheduler_death is not None:
-            self.on_scheduler_death()
-
+    # ------------------------------------------------------------------ lifecycle
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests, give those in flight up to `timeout_s` to finish, then end the
         rest with an error (their clients get it: a 503, or an error event on a stream)."""
@@ -251,46 +141,21 @@ class TokenizerManager:
     def _fail_all(self, error: Exception) -> None:
         for state in self.states.values():
             state.fail(error)
-        for waiters in self._stats_waiters + self._flush_waiters:
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_exception(error)
-            waiters.clear()
 
-    # ------------------------------------------------------------------ IO
-    async def _send(self, msg: Message, replica: int = 0) -> None:
-        if not self.healthy:
-            raise SchedulerGone("the scheduler is not running")
-        await self._pushes[replica].send(codec.encode(msg))
-
-    async def _output_loop(self) -> None:
-        assert self._pull is not None  # start() opened it before starting this task
-        while True:
-            msg = codec.decode(await self._pull.recv())
-            if isinstance(msg, BatchOutput):
-                backlog = self.args.max_stream_backlog
-                for out in msg.outputs:
-                    state = self.states.get(out.rid)
-                    if state is None:
-                        continue
-                    if len(state.pending) < backlog:
-                        state.put(out)
-                    elif not isinstance(state.pending[-1], Exception):
-                        # Its client does not read: stop buffering its output and stop its work.
-                        logger.info("request %s aborted: its client fell %d outputs behind", out.rid, backlog)
-                        state.fail(ClientTooSlow(f"the client fell more than {backlog} outputs behind its stream"))
-                        self.abort_nowait(out.rid)
-            elif isinstance(msg, SchedulerStats | FlushCacheResult):
-                waiters = (self._stats_waiters if isinstance(msg, SchedulerStats) else self._flush_waiters)[msg.dp_rank]
-                if waiters:
-                    fut = waiters.pop(0)
-                    if not fut.done():
-                        fut.set_result(msg)
-            elif isinstance(msg, SchedulerFailed):
-                # The details are for the log; clients learn that the server cannot serve them.
-                logger.error("scheduler failed: %s", msg.message)
-                self.healthy = False
-                self._fail_all(SchedulerGone("the scheduler failed (the server log has the details)"))
+    def _route_outputs(self, msg: BatchOutput) -> None:
+        """Each output to its request's state (the link hands every BatchOutput here)."""
+        backlog = self.args.max_stream_backlog
+        for out in msg.outputs:
+            state = self.states.get(out.rid)
+            if state is None:
+                continue
+            if len(state.pending) < backlog:
+                state.put(out)
+            elif not isinstance(state.pending[-1], Exception):
+                # Its client does not read: stop buffering its output and stop its work.
+                logger.info("request %s aborted: its client fell %d outputs behind", out.rid, backlog)
+                state.fail(ClientTooSlow(f"the client fell more than {backlog} outputs behind its stream"))
+                self.abort_nowait(out.rid)
 
     # ------------------------------------------------------------------ requests
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
@@ -375,7 +240,7 @@ class TokenizerManager:
             admission.take()  # counted in `states` from now on
         replica = self._owner[rid] = self.router.choose(input_ids)
         try:
-            await self._send(GenerateRequest(rid, input_ids, params), replica)
+            await self.link.send(GenerateRequest(rid, input_ids, params), replica)
             while not state.finished:
                 chunk, stopped_early = state.apply(await state.next(), self.observer)
                 if stopped_early:
@@ -401,8 +266,7 @@ class TokenizerManager:
         replica = self._owner.get(rid)
         if not self.healthy or replica is None:
             return
-        # pyzmq annotates send() as returning an Awaitable; it is an asyncio Future, passed through.
-        sent = asyncio.ensure_future(self._pushes[replica].send(codec.encode(AbortRequest(rid)), flags=zmq.NOBLOCK))
+        sent = self.link.send_nowait(AbortRequest(rid), replica)
 
         def check(fut) -> None:
             if fut.cancelled() or fut.exception() is not None:
@@ -410,19 +274,9 @@ class TokenizerManager:
 
         sent.add_done_callback(check)
 
-    async def _ask_all(self, msg: Message, waiters: list[list[asyncio.Future]], timeout_s: float) -> list:
-        """Send `msg` to every replica; their answers, in replica order."""
-        futs = []
-        for i in range(len(self._pushes)):
-            fut: asyncio.Future = asyncio.get_running_loop().create_future()
-            waiters[i].append(fut)
-            futs.append(fut)
-            await self._send(msg, i)
-        return await asyncio.wait_for(asyncio.gather(*futs), timeout_s)
-
     async def flush_cache(self, timeout_s: float = 30.0) -> FlushCacheResult:
         """Ask the scheduler(s) to empty their prefix cache (each refuses while requests run)."""
-        results = await self._ask_all(FlushCacheRequest(), self._flush_waiters, timeout_s)
+        results = await self.link.ask_all(FlushCacheRequest(), FlushCacheResult, timeout_s)
         refused = [r for r in results if not r.ok]
         if not refused or len(results) == 1:
             return results[0]
@@ -432,7 +286,7 @@ class TokenizerManager:
 
     async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
         """The scheduler's counters (with data parallelism, the replicas' summed)."""
-        return sum_stats(await self._ask_all(StatsRequest(), self._stats_waiters, timeout_s))
+        return sum_stats(await self.link.ask_all(StatsRequest(), SchedulerStats, timeout_s))
 
 
 def sum_stats(parts: list[SchedulerStats]) -> SchedulerStats:

@@ -96,3 +96,21 @@ def test_generate_takes_sglang_n_and_batched_prompts(server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "text"
     bad = httpx.post(url, json={"text": "a", "sampling_params": {"n": 17}}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "sampling_params.n"
+
+
+def test_the_healthcheck_probes_the_port_the_server_was_started_with(server):
+    """The Docker image's HEALTHCHECK (`batonlm healthcheck`) reads the port from the server's own
+    command line, so `docker run IMAGE MODEL --port 8000` is probed on 8000."""
+    import subprocess
+    import sys
+
+    from batonlm.cli import serving_port
+
+    assert serving_port(server.proc.pid) == ("127.0.0.1", server.port)
+    ok = subprocess.run([sys.executable, "-m", "batonlm", "healthcheck", "--pid", str(server.proc.pid)], timeout=60)
+    assert ok.returncode == 0
+    from batonlm.bench.server_process import free_port
+
+    down = subprocess.run([sys.executable, "-m", "batonlm", "healthcheck", "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=60)
+    assert down.returncode == 1 and "/health" in down.stderr

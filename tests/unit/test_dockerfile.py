@@ -59,7 +59,19 @@ def test_port_healthcheck_and_entrypoint():
     env = " ".join(only("ENV"))
     assert "BATONLM_HOST=0.0.0.0" in env and "BATONLM_PORT=30000" in env
     (health,) = only("HEALTHCHECK")
-    assert "/health" in health
+    # `batonlm healthcheck` probes the port the entrypoint was started with (tests/integration/
+    # test_peer_compat.py runs it against a live server started with its own --port).
+    assert health.split("CMD", 1)[1].strip() == '["batonlm", "healthcheck"]'
+
+
+def test_any_user_can_write_the_caches():
+    """`docker run --user "$(id -u):$(id -g)"` (the owner of a mounted HF cache) must be able to
+    download into it and keep its compile cache: the caches are world-writable, HOME and HF_HOME
+    do not depend on the user."""
+    runs = " ".join(only("RUN"))
+    assert "chmod -R 1777 /home/batonlm/.cache" in runs
+    env = " ".join(only("ENV"))
+    assert "HOME=/home/batonlm" in env and "HF_HOME=/home/batonlm/.cache/huggingface" in env
     (entry,) = only("ENTRYPOINT")
     assert json.loads(entry) == ["batonlm", "serve"]
 

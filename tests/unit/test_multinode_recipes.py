@@ -30,6 +30,9 @@ def test_docker_compose_two_nodes():
     _check_group([shlex.split(s["command"]) for s in services.values()])
     assert services["node0"]["ports"] == ["30000:30000"]
     assert services["node1"]["healthcheck"] == {"disable": True}  # the image's check is HTTP
+    # Each "node" gets GPUs of its own (a `count` would give both services the same ones).
+    gpus = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for s in services.values()]
+    assert len(set(sum(gpus, []))) == sum(len(g) for g in gpus) == 4
 
 
 def test_kubernetes_leader_worker_set():

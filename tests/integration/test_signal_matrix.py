@@ -1,0 +1,50 @@
+"""Signals at any moment: SIGINT (Ctrl-C) or SIGTERM to `batonlm serve` while it loads the model,
+compiles the decode step, starts from a warm compile cache, serves idle, serves streams, or
+drains (a second signal) — with one rank, `--tp 2` and `--dp 2`. Every time: exit code 0 (a
+requested stop), within 10 s, no process left, no traceback; streams in flight finish, or end
+with an error event after a second signal. This is a cut of the whole matrix (every cell of
+1 rank, each phase once with --tp 2 and --dp 2, signals alternating); benchmarks/signal_matrix.py
+runs all of it."""
+
+import signal
+
+import pytest
+
+from batonlm.bench.signal_probe import SETUPS, fill_compile_cache, probe
+
+pytestmark = pytest.mark.slow
+
+INT, TERM = signal.SIGINT, signal.SIGTERM
+CASES = [
+    *[("1 rank", phase, sig) for phase in ("loading", "compiling", "warm", "idle", "load", "draining")
+      for sig in (INT, TERM)],
+    # --tp 2 has no compiled decode step (its collectives are not compiled): no compile phases.
+    ("--tp 2", "loading", INT), ("--tp 2", "idle", TERM), ("--tp 2", "load", INT), ("--tp 2", "draining", TERM),
+    ("--dp 2", "loading", TERM), ("--dp 2", "compiling", INT), ("--dp 2", "idle", INT), ("--dp 2", "load", TERM),
+    ("--dp 2", "draining", INT),
+]
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("compile-cache"))
+    fill_compile_cache(cache)
+    return cache
+
+
+@pytest.mark.parametrize(("setup", "phase", "sig"), CASES, ids=[f"{s}-{p}-{g.name}" for s, p, g in CASES])
+def test_a_signal_at_any_moment_stops_everything(setup, phase, sig, request):
+    cache = request.getfixturevalue("warm_cache") if phase == "warm" else None
+    o = probe(phase, sig, SETUPS[setup], setup_name=setup, compile_cache=cache)
+    assert o.exit_code == 0, o.log
+    assert o.exit_s <= 10.0, (o.exit_s, o.log)
+    assert o.left == [], f"processes left: {o.left}\n{o.log}"
+    assert not o.traceback, o.log
+    if phase == "load":  # the drain lets them finish (5 s), then ends them with an error event
+        assert len(o.streams) == 4 and set(o.streams) <= {"done", "error"}, o.streams
+    elif phase == "draining":  # a second signal: what still runs ends with an error event, no cut stream
+        assert len(o.streams) == 4 and set(o.streams) <= {"done", "error"}, o.streams
+    else:
+        assert o.streams == []
+    if phase == "warm":
+        assert "compiling the decode step" in o.log
