@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--output-json", default=str(RESULTS / "constrained.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "constrained.json"))
     args = ap.parse_args()
 
     io = LocalIO(encode=True)

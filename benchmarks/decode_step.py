@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--output-json", default=str(RESULTS / "decode_step.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "decode_step.json"))
     args = ap.parse_args()
 
     results = []

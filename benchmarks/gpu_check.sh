@@ -19,8 +19,8 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 export TRITON_INTERPRET=0
 "$PY" -m pytest -m gpu tests -q -rs -p no:cacheprovider
-"$PY" benchmarks/kernels_gpu.py "$@"
-"$PY" benchmarks/gpu_decode.py
+"$PY" benchmarks/kernels_gpu.py --out benchmarks/results/kernels_gpu.json "$@"
+"$PY" benchmarks/gpu_decode.py --output-json benchmarks/results/gpu_decode.json
 "$PY" benchmarks/speculative.py --rounds 3 --json benchmarks/results/speculative_gpu.json
 if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   "$PY" benchmarks/tp_sync.py --device cuda --tp 1 2 --json benchmarks/results/tp_sync_gpu.json

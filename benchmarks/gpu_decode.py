@@ -138,7 +138,7 @@ def step_vs_roofline(name: str, model: str, dtype: str, batches: list[int], band
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--output-json", default=str(RESULTS / "gpu_decode.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "gpu_decode.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_decode: no CUDA device; nothing measured")

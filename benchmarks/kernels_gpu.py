@@ -28,7 +28,7 @@ BATCHES = (1, 16, 64, 256)
 VOCABS = (32000, 151936)
 TEMPERATURE, TOP_K, TOP_P, MIN_P = 0.8, 50, 0.9, 0.05
 TOP_N = 5
-DEFAULT_OUT = Path(__file__).parent / "results" / "kernels_gpu.json"
+DEFAULT_OUT = Path(__file__).parent / "results" / "local" / "kernels_gpu.json"
 
 
 def cuda_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:

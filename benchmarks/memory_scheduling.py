@@ -196,7 +196,7 @@ def main() -> int:
     ap.add_argument("--which", nargs="+", default=["prefix-cache", "chunked-prefill", "long-context"])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--chunk-sizes", type=int, nargs="+", default=[32, 128, 512, -1], help="(b); -1: whole prompts")
-    ap.add_argument("--output-json", default=str(RESULTS / "memory_scheduling.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "memory_scheduling.json"))
     args = ap.parse_args()
     results: dict = {"machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()}}
     with tempfile.TemporaryDirectory() as d:

@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile the scheduler loop (overlap, top concurrency)")
-    ap.add_argument("--output-json", default=str(RESULTS / "overlap.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "overlap.json"))
     ap.add_argument("--cpu-worker-threads", type=int, default=None)
     args = ap.parse_args()
 

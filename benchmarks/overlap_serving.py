@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--prompts-per-slot", type=int, default=4, help="requests per concurrency slot")
     ap.add_argument("--min-prompts", type=int, default=16)
-    ap.add_argument("--output-json", default=str(RESULTS / "overlap_serving.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "overlap_serving.json"))
     ap.add_argument("serve_args", nargs="*", help="extra `batonlm serve` arguments (e.g. a model path)")
     args = ap.parse_args()
 

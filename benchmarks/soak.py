@@ -180,7 +180,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="extra `batonlm serve` flags")
-    ap.add_argument("--output-json", default=str(RESULTS / "soak.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "soak.json"))
     args = ap.parse_args()
     server = ServerProcess(*args.server_args)
     try:

@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=200)
     ap.add_argument("--prompt-tokens", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", default=str(RESULTS / "speculative.json"))
+    ap.add_argument("--json", default=str(RESULTS / "local" / "speculative.json"))
     args = ap.parse_args()
 
     spec_config = SpecConfig()

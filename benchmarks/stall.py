@@ -75,7 +75,7 @@ def measure(url: str, path: str | None, body: bytes | None, repeats: int) -> dic
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--output-json", default=str(RESULTS / "stall.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "stall.json"))
     args = ap.parse_args()
     server = ServerProcess()
     rows = {}

@@ -14,6 +14,9 @@ a server with one rank, `--tp 2`, `--dp 2`, and `--dp 2 --enable-dp-attention`.
 On a CPU the ranks share the same cores: this measures the cost of the synchronisation, not a
 speed-up (a model that needs more than one device is what TP is for, on GPUs).
 
+It takes 10 to 15 minutes on 2 cores (parts 2 and 3 start a scheduler or a server per setup);
+`--tp 1 2` and a smaller `--reps` shorten it.
+
     python benchmarks/tp_sync.py [--ranks 2] [--reps 200] [--json out.json]
 """
 
@@ -189,7 +192,7 @@ def main() -> None:
     ap.add_argument("--serving-concurrency", type=int, default=16)
     ap.add_argument("--serving-prompts", type=int, default=64)
     ap.add_argument("--no-serving", action="store_true", help="skip part 3")
-    ap.add_argument("--json", default=str(RESULTS / "tp_sync.json"))
+    ap.add_argument("--json", default=str(RESULTS / "local" / "tp_sync.json"))
     args = ap.parse_args()
 
     res = micro(args.ranks, args.reps, args.device)

@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt", default="Once upon a time, there was a little girl named Lily.")
-    ap.add_argument("--output-json", default=str(RESULTS / "vs_llamacpp.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "vs_llamacpp.json"))
     args = ap.parse_args()
 
     servers = {

@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--output-json", default=str(RESULTS / "vs_transformers.json"))
+    ap.add_argument("--output-json", default=str(RESULTS / "local" / "vs_transformers.json"))
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
