@@ -77,11 +77,11 @@ def test_sampling_never_picks_a_filtered_token():
 
 def test_sampling_frequencies_follow_the_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    s = TorchSampler()
     n = 4000
-    counts = torch.zeros(4)
-    for pos in range(n):
-        counts[s.sample(logits, _batch(1, seeds=[99], positions=[pos])).token_ids[0]] += 1
+    # One seeded request's draws at n positions, as one batch of n rows (a row draws the same
+    # token alone and in any batch: test_seeded_row_draws_the_same_token_alone_and_in_any_batch).
+    batch = _batch(n, seeds=[99] * n, positions=list(range(n)))
+    counts = torch.bincount(TorchSampler().sample(logits.expand(n, 4), batch).token_ids, minlength=4).float()
     expected = torch.tensor([0.5, 0.3, 0.15, 0.05]) * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 16.27, f"chi-square {chi2:.1f} (3 dof, p = 0.001) for counts {counts.tolist()}"
@@ -124,11 +124,9 @@ def test_banned_tokens_are_suppressed():
 def test_temperature_scales_the_distribution(temperature):
     logits = torch.tensor([[2.0, 1.0, 0.0]])
     p = torch.softmax(logits / temperature, -1)[0]
-    s = TorchSampler()
     n = 3000
-    counts = torch.zeros(3)
-    for pos in range(n):
-        counts[s.sample(logits, _batch(1, temperature=temperature, seeds=[5], positions=[pos])).token_ids[0]] += 1
+    batch = _batch(n, temperature=temperature, seeds=[5] * n, positions=list(range(n)))  # n positions at once
+    counts = torch.bincount(TorchSampler().sample(logits.expand(n, 3), batch).token_ids, minlength=3).float()
     chi2 = float(((counts - p * n) ** 2 / (p * n)).sum())
     assert chi2 < 13.82, f"chi-square {chi2:.1f} (2 dof, p = 0.001)"
     assert math.isclose(float(counts[0] / n), float(p[0]), abs_tol=0.05)
