@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 
 import httpx
+
+BATONLM = str(Path(sys.executable).parent / "batonlm")  # the console script `pip install` made
 
 
 def metric(base_url: str, name: str, labels: str = "") -> float:

@@ -1,15 +1,30 @@
+from pathlib import Path
+
 import pytest
+from live_helpers import BATONLM
 
 from batonlm.bench.server_process import ServerProcess
 
 
 @pytest.fixture(scope="session")
 def server():
-    """One live server on the embedded model for the whole session."""
-    s = ServerProcess()
+    """One live server on the embedded model for the whole session, started as the README's first
+    command starts it (the console script, no other argument), so that test_readme.py uses it as
+    the README's server; `python -m batonlm serve` where the package is not installed."""
+    s = ServerProcess(command=[BATONLM, "serve"] if Path(BATONLM).exists() else None)
     yield s
     code = s.stop()
     assert code == 0, f"server exited with {code}:\n{s.log()}"
+
+
+@pytest.fixture(scope="session")
+def guarded_server():
+    """A server with an API key (`sekrit`), a 2000-byte cap on request bodies and no prefix
+    cache: test_server_errors.py checks the first two, test_server_cache.py the third. None of
+    them changes what the others do, so one server serves both."""
+    s = ServerProcess("--api-key", "sekrit", "--max-request-bytes", "2000", "--disable-radix-cache")
+    yield s
+    assert s.stop() == 0, s.log()
 
 
 @pytest.fixture(scope="session")

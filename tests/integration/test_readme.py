@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from batonlm.bench.server_process import ServerProcess
+from live_helpers import BATONLM
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
-BATONLM = str(Path(sys.executable).parent / "batonlm")  # the console script `pip install` made
 README_URL = "http://127.0.0.1:30000"
 
 
@@ -35,14 +33,14 @@ def words(text: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def readme_server():
-    """The server exactly as the README's first command starts it (the console script)."""
+def readme_server(server):
+    """The server exactly as the README's first command starts it: the session server, which is
+    started with the console script and no other argument."""
     install_and_serve = commands(blocks("bash", "pip install")[0])[0]
     serve = install_and_serve.split("&&")[1].split()
     assert serve == ["batonlm", "serve"]
-    s = ServerProcess(command=[BATONLM, *serve[1:]])
-    yield s
-    assert s.stop() == 0
+    assert server.proc.args[: -2] == [BATONLM, *serve[1:]] and server.proc.args[-2] == "--port"
+    return server
 
 
 def run(cmd: str, url: str | None = None, timeout: float = 120) -> str:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import httpx
 from live_helpers import metric, wait_until
 
-from batonlm.bench.server_process import ServerProcess
-
 SYSTEM = "You are a storyteller. Tell a short story about a dog, a cat and a big red ball in the park."
 
 
-def _chat(url: str, question: str, **extra) -> httpx.Response:
+def _chat(url: str, question: str, headers: dict | None = None, **extra) -> httpx.Response:
     body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
             "max_tokens": 4, "temperature": 0, **extra}
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
 def test_cached_tokens_are_reported_and_the_cache_can_be_flushed(server):
@@ -51,12 +49,10 @@ def test_flush_cache_refuses_while_requests_run(server):
     assert metric(url, "batonlm_kv_cache_evictable_slots") == 0
 
 
-def test_disable_radix_cache():
-    s = ServerProcess("--disable-radix-cache")
-    try:
-        for _ in range(2):
-            usage = _chat(s.base_url, "Once upon a time").json()["usage"]
-            assert usage["prompt_tokens_details"]["cached_tokens"] == 0
-        assert metric(s.base_url, "batonlm_kv_cache_evictable_slots") == 0
-    finally:
-        assert s.stop() == 0
+def test_disable_radix_cache(guarded_server):
+    """--disable-radix-cache (on the session's server with an API key, test_server_errors.py)."""
+    url, auth = guarded_server.base_url, {"Authorization": "Bearer sekrit"}
+    for _ in range(2):
+        usage = _chat(url, "Once upon a time", headers=auth).json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    assert metric(url, "batonlm_kv_cache_evictable_slots") == 0

@@ -3,8 +3,6 @@
 import httpx
 import pytest
 
-from batonlm.bench.server_process import ServerProcess
-
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 MSG = [{"role": "user", "content": "Once upon a time"}]
@@ -104,13 +102,6 @@ def test_server_still_serves_after_bad_requests(server):
     assert r.status_code == 200
     assert r.json()["choices"][0]["message"]["content"].startswith(", there was a little")
     assert httpx.get(server.base_url + "/health", timeout=30).status_code == 200
-
-
-@pytest.fixture(scope="module")
-def guarded_server():
-    s = ServerProcess("--api-key", "sekrit", "--max-request-bytes", "2000")
-    yield s
-    assert s.stop() == 0
 
 
 def test_api_key_and_request_size(guarded_server):
