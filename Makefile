@@ -2,10 +2,10 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help install run test lint docs bench docker
+.PHONY: help install run test test-quick lint docs bench docker
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 install:  ## install batonlm with its test and dev extras (torch 2.13.0 first)
 	$(PIP) install "torch==2.13.0"
@@ -14,8 +14,11 @@ install:  ## install batonlm with its test and dev extras (torch 2.13.0 first)
 run:  ## serve the embedded stories260K model on http://127.0.0.1:30000
 	batonlm serve
 
-test:  ## run the test suite (what .ci/run runs)
-	$(PYTHON) -m pytest -q tests
+test:  ## run the test suite (what .ci/run runs), then print the 20 slowest tests
+	$(PYTHON) -m pytest -q tests --durations=20
+
+test-quick:  ## the unit and kernel tests not marked slow (a few minutes): the edit loop
+	$(PYTHON) -m pytest -q tests/unit tests/kernels -m "not slow" --durations=10
 
 lint:  ## ruff, then the mypy type check of batonlm/
 	$(PYTHON) -m ruff check batonlm tests benchmarks
@@ -24,7 +27,7 @@ lint:  ## ruff, then the mypy type check of batonlm/
 docs:  ## rewrite docs/flags.md from the settings' declarations
 	$(PYTHON) -m batonlm.settings_docs
 
-bench:  ## normal vs overlap loop on stories260K (writes benchmarks/results/)
+bench:  ## normal vs overlap loop on stories260K (writes benchmarks/results/local/)
 	$(PYTHON) benchmarks/overlap.py
 
 docker:  ## build the GPU image

@@ -150,7 +150,7 @@ def test_benchmark_commands_run(readme_server, tmp_path):
 
 def test_make_help_lists_the_targets():
     out = run("make help")
-    for target in ("install", "run", "test", "lint", "bench", "docker"):
+    for target in ("install", "run", "test", "test-quick", "lint", "docs", "bench", "docker"):
         assert f"make {target}" in out
 
 
