@@ -136,6 +136,13 @@ class ServerArgs:
         MAX_TOP_LOGPROBS, group=_LIMITS, ge=0, le=MAX_TOP_LOGPROBS,
         bounds=Bound(("top_logprobs", "logprobs", "prompt_logprobs", "top_logprobs_num"), "value", "top logprobs"),
         help="top logprobs per token")
+    max_response_bytes: int = setting(
+        64 * 1024 * 1024, group=_LIMITS, ge=1024, shown="64 MiB",
+        help="a whole (non-streamed) answer's size, estimated from the tokens and logprobs it holds: refused "
+             "(400) when it surely exceeds it, ended with a 400 when it grows past it; streams are not bounded")
+    max_tools: int = setting(
+        128, group=_LIMITS, ge=1, bounds=Bound(("tools",), "count", "tools"),
+        help="tools (functions) per chat request: OpenAI's own limit is 128")
     # ------------------------------------------------------------------ structured output and tools
     grammar_whitespace: str = setting(
         "bounded", group=_STRUCT, choices=GRAMMAR_WHITESPACE_CHOICES,
@@ -192,9 +199,10 @@ class ServerArgs:
     port: int = setting(30000, group=_HTTP, ge=1, le=65535, env=PORT_ENV, help=f"the port to listen on (${PORT_ENV})")
     api_key: str | None = setting(
         None, group=_HTTP, env=API_KEY_ENV,
-        help=f"require 'Authorization: Bearer KEY' on /v1 and /generate (${API_KEY_ENV}, or --api-key-file, keep "
-             "it out of `ps`)")
+        help=f"require 'Authorization: Bearer KEY' on every route but /health, /version, the API docs and "
+             f"/metrics (${API_KEY_ENV}, or --api-key-file, keep it out of `ps`)")
     api_key_file: str | None = setting(None, group=_HTTP, metavar="FILE", help="read the API key from FILE")
+    metrics_require_key: bool = setting(False, group=_HTTP, help="/metrics needs the API key too")
     max_request_bytes: int = setting(4 * 1024 * 1024, group=_HTTP, ge=1, shown="4 MiB",
                                      help="a larger request body is answered 413")
     max_connections: int = setting(1024, group=_HTTP, ge=1, help="open connections; 503 beyond")

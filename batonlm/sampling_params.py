@@ -36,6 +36,9 @@ class InvalidSamplingParams(ValueError):
         return InvalidSamplingParams(f"{parent}.{self.field}", self.message)
 
 
+GREEDY_BELOW = 1e-5
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     max_new_tokens: Annotated[int, Meta(ge=1, le=MAX_INT32)] = 128
     min_new_tokens: Annotated[int, Meta(ge=0, le=MAX_INT32)] = 0
@@ -66,7 +69,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # Under GREEDY_BELOW, logits / temperature overflow float32 (a logit of 10 / 1e-45 is inf,
+        # and softmax of infs is NaN); such a temperature draws the argmax anyway (vLLM's rule too).
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     @property
     def constraint(self) -> tuple[str, str] | None:

@@ -13,6 +13,10 @@ def _chat(**fields) -> dict:
     return {"messages": MSG, **fields}
 
 
+def _schema(schema: dict) -> dict:
+    return _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
 def _gen(**sampling) -> dict:
     return {"text": "Once", "sampling_params": sampling}
 
@@ -37,6 +41,14 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (CHAT, _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}), 400,
      "response_format.json_schema.schema", "invalid json schema"),
     (CHAT, _chat(regex="(unclosed"), 400, "regex", "invalid regex"),
+    # -- constraints the grammar backend would ignore (issue 23: 7), and tools beyond OpenAI's 128
+    (CHAT, _schema({"type": "object", "not": {"required": ["a"]}}), 400, "response_format.json_schema.schema",
+     "'not'"),
+    (CHAT, _schema({"allOf": [{"type": "string"}, {"type": "integer"}]}), 400, "response_format.json_schema.schema",
+     "allOf"),
+    (CHAT, _schema({"$ref": "file:///etc/passwd"}), 400, "response_format.json_schema.schema", "inside the schema"),
+    (CHAT, _chat(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]), 400, "tools",
+     "at most 128"),
     (CHAT, _chat(user=5), 400, "user", None),
     # -- chat: sampling values
     (CHAT, _chat(temperature="hot"), 400, "temperature", None),
@@ -129,6 +141,9 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (GEN, {"input_ids": ["1"]}, 400, "input_ids.0", None),
     (GEN, {"input_ids": []}, 400, "input_ids", "empty"),
     (GEN, {"text": "hi", "rid": 5}, 400, "rid", None),
+    (GEN, {"text": "hi", "rid": "a\nforged log line"}, 400, "rid", None),
+    (GEN, _gen(json_schema='{"type": "string", "pattern": "(?=a)b"}'), 400, "sampling_params.json_schema",
+     "lookahead"),
     (GEN, {"text": "hi", "rid": "r" * 300}, 400, "rid", None),
     (GEN, {"text": "hi", "stream": "yes"}, 400, "stream", None),
     (GEN, b'{"text": "\\ud800"}', 400, None, "surrogate"),

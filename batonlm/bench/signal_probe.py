@@ -128,7 +128,10 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
         threads = [threading.Thread(target=_stream, args=(url, streams), daemon=True) for _ in range(4)]
         for t in threads:
             t.start()
-        while _running(url) < 2:  # both running slots busy, two streams queued
+        while _in_server(url) < len(threads):  # every stream admitted (running or queued), none still connecting
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the streams never all reached the server:\n{log()}")
             time.sleep(0.05)
     if phase == "draining":
         proc.send_signal(signal.SIGTERM)
@@ -158,15 +161,14 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
     return Outcome(phase, sig.name, setup_name, code, exit_s, left, sorted(streams), text)
 
 
-def _running(url: str) -> float:
+def _in_server(url: str) -> float:
+    """Requests running or waiting, summed over every scheduler (DP replicas report one each)."""
     try:
         text = httpx.get(url + "/metrics", timeout=5).text
     except httpx.HTTPError:
         return 0.0
-    for line in text.splitlines():
-        if line.startswith("batonlm_num_requests_running"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("batonlm_num_requests_running", "batonlm_num_requests_waiting")))
 
 
 def fill_compile_cache(cache_dir: str) -> None:

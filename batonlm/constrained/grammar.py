@@ -13,6 +13,8 @@ import json
 import re
 from collections.abc import Callable
 
+from batonlm.constrained.schema_support import UnenforcedKeyword, check_enforced
+
 KINDS = ("json_schema", "regex", "ebnf")
 # The OpenAI `response_format: {"type": "json_object"}`: any JSON object.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -36,6 +38,10 @@ def check_constraint(kind: str, text: str) -> None:
             raise InvalidConstraint(f"not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidConstraint(f"a JSON schema is an object, got {type(schema).__name__}")
+        try:
+            check_enforced(schema)
+        except UnenforcedKeyword as e:
+            raise InvalidConstraint(str(e)) from None
     builders: dict[str, Callable[[str], object]] = {"json_schema": xgr.Grammar.from_json_schema, "regex": xgr.Grammar.from_regex,
                 "ebnf": xgr.Grammar.from_ebnf}
     if kind not in builders:
@@ -43,7 +49,12 @@ def check_constraint(kind: str, text: str) -> None:
     try:
         builders[kind](text)
     except Exception as e:  # xgrammar's parse errors: RuntimeError, InvalidJSONError, ...
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        message = lines[-1] if lines else type(e).__name__
-        # xgrammar prefixes its messages with "[time] source.cc:line: ".
-        raise InvalidConstraint(re.sub(r"^\[[0-9:]+\] \S+:[0-9]+: ", "", message)) from None
+        raise InvalidConstraint(backend_message(e)) from None
+
+
+def backend_message(e: BaseException) -> str:
+    """The grammar backend's error as a client may read it: its last line, without the "[time]
+    /path/source.cc:line: " prefixes xgrammar writes (internals that an answer never carries)."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    message = lines[-1] if lines else type(e).__name__
+    return re.sub(r"(\[[0-9:.]+\] )?\S+\.(cc|cpp|h|hpp|py):[0-9]+: ", "", message).strip() or type(e).__name__

@@ -81,7 +81,7 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
 
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     num_running: int
-    num_waiting: int
+    num_waiting: int  # for room in the batch (constrained requests compiling their grammar: below)
     kv_used: int  # held by running requests, or cached and locked by them
     kv_capacity: int
     kv_evictable: int  # cached and evictable
@@ -105,6 +105,7 @@ class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accept_hist: list[int] = msgspec.field(default_factory=list)
+    num_compiling: int = 0  # constrained requests waiting for their grammar to compile
     dp_rank: int = 0  # the replica that answered (the frontend sums the replicas' stats)
     # DP attention: iterations this replica ran idle/extend/decode (row) beside another replica
     # running idle/extend/decode (column), 3x3 row-major; overlap decisions checked equal.

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 
 from batonlm.constrained.backend import GrammarBackend
+from batonlm.constrained.grammar import backend_message
 from batonlm.constrained.grammar_cache import GrammarCache
 from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.request import FINISH_STOP, Request
@@ -63,13 +64,27 @@ class GrammarQueue:
                 waiting.append(req)
                 continue
             req.grammar = None
-            if future.exception() is not None:
-                failed.append((req, f"the {constraint[0]} could not be compiled: {future.exception()}"))
+            error = future.exception()
+            if error is not None:
+                failed.append((req, f"the {constraint[0]} could not be compiled: {backend_message(error)}"))
             else:
-                req.matcher = self.cache.backend.matcher(future.result())
+                matcher = self.cache.backend.matcher(future.result())
+                if self._admits_nothing(matcher):  # an empty language: every token would be masked
+                    failed.append((req, f"the {constraint[0]} admits no text: nothing could be generated"))
+                    continue
+                req.matcher = matcher
                 ready.append(req)
         self.pending = waiting
         return ready, failed
+
+    def _admits_nothing(self, matcher) -> bool:
+        """No first token is allowed (`[^\\s\\S]`, `root ::= root`): sampling from an all-masked
+        row drew token 0 for ever, one error line per token."""
+        if matcher.terminated:
+            return False
+        bitmask = self.cache.backend.allocate_bitmask(1)
+        matcher.fill_mask(bitmask, 0)
+        return not bool(bitmask.any())
 
     @staticmethod
     def needs_masks(batch: ScheduleBatch) -> bool:

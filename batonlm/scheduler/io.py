@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from typing import Protocol
 
 import zmq
@@ -16,7 +17,14 @@ class SchedulerIO(Protocol):
         """Every message waiting; with `timeout_s > 0`, first block up to that long for one."""
         ...
 
-    def send(self, msg: Message) -> None: ...
+    def send(self, msg: Message) -> None:
+        """Send, or keep for later when the frontend is not reading: never blocks, never fails."""
+        ...
+
+    def writable(self, timeout_s: float) -> bool:
+        """Send what `send` kept, waiting up to `timeout_s` for the frontend to read; whether
+        nothing is left. The scheduler plans no new batch while it is False (back-pressure)."""
+        ...
 
     @property
     def closed(self) -> bool:
@@ -30,7 +38,13 @@ class SchedulerIO(Protocol):
 
 
 class ZmqSchedulerIO:
-    """PULL requests from the frontend, PUSH outputs to it, over `ipc://` endpoints."""
+    """PULL requests from the frontend, PUSH outputs to it, over `ipc://` endpoints.
+
+    A frontend that stops reading (a stall on its event loop, GC, swap, a debugger) fills the
+    PUSH socket's queue (its high-water mark, 1000 messages). What does not fit waits in a backlog
+    here, and the scheduler plans no batch until the backlog is sent (`writable`): decoding pauses,
+    nothing is lost, and the backlog stays within one or two iterations' outputs. Only a frontend
+    that is gone (this process orphaned) has its outputs dropped."""
 
     def __init__(self, request_endpoint: str, output_endpoint: str) -> None:
         self._ctx = zmq.Context(1)
@@ -38,9 +52,8 @@ class ZmqSchedulerIO:
         self._pull.connect(request_endpoint)
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 1000)
-        # A dead frontend never reads: give up on a send instead of blocking forever.
-        self._push.setsockopt(zmq.SNDTIMEO, 1000)
         self._push.connect(output_endpoint)
+        self._backlog: deque[bytes] = deque()
         self._parent = os.getppid()
         self._closed = False
 
@@ -65,14 +78,35 @@ class ZmqSchedulerIO:
             out.append(codec.decode(data))
 
     def send(self, msg: Message) -> None:
-        try:
-            self._push.send(codec.encode(msg))
-        except zmq.Again:
-            if not self.orphaned:
-                raise
+        self._backlog.append(codec.encode(msg))
+        self._send_backlog()
+
+    def _send_backlog(self) -> bool:
+        while self._backlog:
+            try:
+                self._push.send(self._backlog[0], zmq.NOBLOCK)
+            except zmq.Again:
+                if self.orphaned:  # nobody will ever read them
+                    self._backlog.clear()
+                return False
+            self._backlog.popleft()
+        return True
+
+    def writable(self, timeout_s: float) -> bool:
+        if self._send_backlog():
+            return True
+        if timeout_s > 0:
+            self._push.poll(int(timeout_s * 1000), zmq.POLLOUT)
+        return self._send_backlog()
+
+    @property
+    def backlog(self) -> int:
+        """Outputs waiting for the frontend to read."""
+        return len(self._backlog)
 
     def close(self) -> None:
         self._closed = True
+        self.writable(1.0)  # the last outputs (a drain's aborts), if the frontend reads at all
         self._pull.close(0)
         self._push.close()
         self._ctx.term()

@@ -61,6 +61,9 @@ class LocalIO:
         self._pending = [p for p in self._pending if p[0] > now]
         return [m for _, _, m in due]
 
+    def writable(self, timeout_s: float) -> bool:
+        return True  # outputs are collected in a list: never full
+
     def send(self, msg: Message) -> None:
         if self._encode:
             codec.encode(msg)

@@ -44,6 +44,8 @@ from batonlm.settings import derive
 
 logger = logging.getLogger(__name__)
 
+BACKPRESSURE_WAIT_S = 0.05  # how long one iteration waits for a frontend that does not read
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -110,6 +112,7 @@ class Scheduler(RequestIntake):
         self.status_log = StatusLog()
         self._iteration_end = time.perf_counter()
         self._processed_early = False  # this iteration processed the last result before planning
+        self._held_since: float | None = None  # when the frontend stopped reading (back-pressure)
 
     # ------------------------------------------------------------------ state
     @property
@@ -121,6 +124,7 @@ class Scheduler(RequestIntake):
         return SchedulerStats(
             num_running=sum(1 for r in self.running if not r.finished),
             num_waiting=len(self.waiting),
+            num_compiling=len(self.grammars.pending),
             retractions=self.planner.num_retractions,
             iterations=self.iteration,
             prompt_tokens=self.prompt_tokens,
@@ -278,11 +282,26 @@ class Scheduler(RequestIntake):
         attention). A falsy batch: nothing to run."""
         t0 = time.perf_counter()
         idle = self.recv_requests()
-        batch = self.get_next_batch_to_run()
+        # Back-pressure: while the frontend does not read, plan nothing (the outputs would only
+        # pile up); requests keep arriving and aborts keep working (io.py).
+        t_wait = time.perf_counter()
+        writable = self.io.writable(BACKPRESSURE_WAIT_S)
+        idle += time.perf_counter() - t_wait
+        self._note_backpressure(writable, t_wait)
+        batch = self.get_next_batch_to_run() if writable else None
         self.timing.schedule_s += time.perf_counter() - t0 - idle
         self.timing.idle_s += idle
         done = self.io.closed and self.is_idle
         return self.agreement.agree(batch, done=done, stop=self._shutdown or self.io.orphaned)
+
+    def _note_backpressure(self, writable: bool, now: float) -> None:
+        if not writable and self._held_since is None:
+            self._held_since = now
+            logger.warning("the frontend is not reading its outputs: decoding paused until it does "
+                           "(%d requests running)", len(self.requests))
+        elif writable and self._held_since is not None:
+            logger.warning("the frontend reads again: decoding resumed after %.1f s", now - self._held_since)
+            self._held_since = None
 
     def process_before_planning(self) -> None:
         """Speculative decoding: how many drafts the last batch's verifications accepted decides

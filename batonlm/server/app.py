@@ -51,7 +51,8 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to replace the schema
 
-    app.add_middleware(GuardMiddleware, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
+    app.add_middleware(GuardMiddleware, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+                       metrics_require_key=args.metrics_require_key)
 
     async def expected_error(request: Request, exc: Exception) -> JSONResponse:
         return to_api_error(exc).response()

@@ -8,6 +8,7 @@ chunk through extra tasks and memory streams, which cost a third of the frontend
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
 import uuid
@@ -18,16 +19,20 @@ from batonlm.server.errors import APIError, current_request_id, to_api_error, to
 
 logger = logging.getLogger(__name__)
 
-_PROTECTED_PREFIXES = ("/v1/", "/generate", "/flush_cache")
+# With an API key, every route needs it but these (probes and the API's description): a route
+# added later is guarded without anyone remembering to.
+_OPEN_PATHS = frozenset({"/health", "/version", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 # A client's own X-Request-Id is kept when it is short and plain; otherwise one is made.
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_request_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_request_bytes: int,
+                 metrics_require_key: bool = False) -> None:
         self.app = app
         self.expected_auth = f"Bearer {api_key}".encode() if api_key else None
         self.max_request_bytes = max_request_bytes
+        self.open_paths = _OPEN_PATHS if metrics_require_key else _OPEN_PATHS | {"/metrics"}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -60,8 +65,8 @@ class GuardMiddleware:
                 await to_api_error(RuntimeError()).response()(scope, receive, send_with_id)
 
     def _check(self, scope: Scope, headers: dict[bytes, bytes]) -> APIError | None:
-        if self.expected_auth is not None and scope["path"].startswith(_PROTECTED_PREFIXES):
-            if headers.get(b"authorization") != self.expected_auth:
+        if self.expected_auth is not None and scope["path"] not in self.open_paths:
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected_auth):
                 return APIError(401, "Incorrect API key provided.", code="invalid_api_key")
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_request_bytes:

@@ -30,6 +30,8 @@ def _measure(measure: str, value: Any) -> int | None:
     """What a limit counts of a field's value (None: nothing it counts, e.g. chat's logprobs flag)."""
     if measure == "value":
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if not isinstance(value, str | list | dict):  # a raw body's wrong type: the parser names it
+        return None
     if measure == "count":
         return 1 if isinstance(value, str) else len(value)
     if measure == "prompts":
@@ -40,7 +42,8 @@ def _measure(measure: str, value: Any) -> int | None:
 
 def check_limits(args: ServerArgs, fields: Mapping[str, Any], prefix: str = "") -> None:
     """Every limit on the request `fields` (name -> value) has; parameters are named
-    `prefix + field` (e.g. "sampling_params.stop")."""
+    `prefix + field` (e.g. "sampling_params.stop"). Also run on the raw JSON body before it is
+    parsed, so that a request far beyond a limit (88,000 tools) costs no validation."""
     for lim in request_limits():
         for name in lim.bound.fields:
             value = fields.get(name)

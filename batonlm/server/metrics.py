@@ -21,6 +21,8 @@ class ServerMetrics:
         r = self.registry
         self.running = Gauge("batonlm_num_requests_running", "Requests being decoded", labels, registry=r)
         self.queued = Gauge("batonlm_num_requests_waiting", "Requests waiting for admission", labels, registry=r)
+        self.compiling = Gauge("batonlm_num_requests_compiling_grammar", "Constrained requests waiting for their "
+                               "grammar to compile", labels, registry=r)
         self.kv_usage = Gauge("batonlm_kv_cache_usage_ratio", "Fraction of KV slots in use", labels, registry=r)
         self.kv_used = Gauge("batonlm_kv_cache_used_slots", "KV slots in use", labels, registry=r)
         self.kv_total = Gauge("batonlm_kv_cache_total_slots", "KV slots in the cache", labels, registry=r)
@@ -111,6 +113,7 @@ class ServerMetrics:
         self._update_spec(stats)
         self.running.labels(**self.label).set(stats.num_running)
         self.queued.labels(**self.label).set(stats.num_waiting)
+        self.compiling.labels(**self.label).set(stats.num_compiling)
         self.kv_used.labels(**self.label).set(stats.kv_used)
         self.kv_total.labels(**self.label).set(stats.kv_capacity)
         self.kv_usage.labels(**self.label).set(stats.kv_used / max(1, stats.kv_capacity))

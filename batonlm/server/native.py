@@ -137,6 +137,7 @@ class GenerateRoute(Route[NativeGenerateRequest]):
     request_model = NativeGenerateRequest
     id_prefix = "gen"
     prompt_param = "text"
+    size_params = ("top_logprobs_num", "sampling_params.max_new_tokens")
     stream_type = GenerateStream
     job_type = GenerateJob
     # Its hooks take a GenerateJob (job_type makes it), narrower than Route's Job: hence the override ignores.
@@ -187,8 +188,7 @@ class GenerateRoute(Route[NativeGenerateRequest]):
     async def prompts(self, state: ServerState, job: GenerateJob) -> list[list[int]]:  # type: ignore[override]
         req = job.req
         out = []
-        for prompt in req.prompts:
-            ids = await state.manager.tokenize_async(prompt) if isinstance(prompt, str) else list(prompt)
+        for ids in await common.tokenize_prompts(state, req.prompts):
             if req.return_logprob and req.logprob_start_len > len(ids):
                 raise bad_request(f"logprob_start_len must be at most the prompt's length ({len(ids)} tokens), got "
                                   f"{req.logprob_start_len}", param="logprob_start_len")

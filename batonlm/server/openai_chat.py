@@ -75,6 +75,7 @@ class ChatRoute(OpenAIRoute[ChatCompletionRequest]):
     request_model = ChatCompletionRequest
     id_prefix = "chatcmpl"
     prompt_param = "messages"
+    size_params = ("top_logprobs", "max_tokens")
     object_name = "chat.completion"
     stream_type = ChatStream
     job_type = ChatJob

@@ -4,7 +4,6 @@ from OpenAI's fields, the constraint from response_format / regex / ebnf, chat r
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, ClassVar, TypeVar
 
@@ -16,13 +15,13 @@ from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream, usage
 from batonlm.server.protocol import SamplingFields
 from batonlm.server.state import ServerState
 from batonlm.tokenizer_manager.chat_template import apply_chat_template
+from batonlm.tokenizer_manager.offload import INLINE_CHARS, maybe_offload
 from batonlm.tokenizer_manager.request_state import GenerationChunk
 
 F = TypeVar("F", bound=SamplingFields)
 
 
 # Conversations longer than this (in characters) are rendered and tokenized in a thread.
-RENDER_INLINE_CHARS = 8192
 
 
 async def render_chat(
@@ -37,9 +36,16 @@ async def render_chat(
         except Exception as e:
             raise bad_request(f"the chat template failed on these messages: {e}", param="messages") from None
 
-    if sum(len(m["content"] or "") for m in messages) <= RENDER_INLINE_CHARS and not tools:
-        return render()
-    return await asyncio.to_thread(render)
+    size = sum(len(m["content"] or "") for m in messages) + (INLINE_CHARS if tools else 0)
+    return await maybe_offload(size, "text", render)
+
+
+async def tokenize_prompts(state: ServerState, prompts: list) -> list[list[int]]:
+    """A batch of prompts, each a text or token ids: the texts tokenized together (off the loop
+    when together they are long)."""
+    texts = [p for p in prompts if isinstance(p, str)]
+    ids = iter(await state.manager.tokenize_many_async(texts) if texts else [])
+    return [next(ids) if isinstance(p, str) else list(p) for p in prompts]
 
 
 # SamplingParams fields an OpenAI request names otherwise or gives in another form; the others
@@ -93,7 +99,7 @@ async def check_constraint_param(kind: str, text: str, param: str, what: str | N
     """Parse a constraint in a thread (a pathological one, a regex like a{100000}, takes
     seconds); a 400 naming `param` when it does not parse."""
     try:
-        await asyncio.to_thread(check_constraint, kind, text)
+        await maybe_offload(len(text), "constraint", check_constraint, kind, text)
     except InvalidConstraint as e:
         raise bad_request(f"invalid {what or kind.replace('_', ' ')}: {e}", param=param) from None
 

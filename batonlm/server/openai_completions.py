@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import logprobs
 from batonlm.server.errors import bad_request
-from batonlm.server.openai_common import OpenAIRoute, OpenAIStream
+from batonlm.server.openai_common import OpenAIRoute, OpenAIStream, tokenize_prompts
 from batonlm.server.pipeline import ChoiceResult, Job
 from batonlm.server.protocol import CompletionRequest
 from batonlm.server.state import ServerState
@@ -107,7 +107,7 @@ class CompletionsRoute(OpenAIRoute[CompletionRequest]):
             return [await state.manager.tokenize_async(prompt)]
         if _is_token_ids(prompt):
             return [list(prompt)]
-        return [await state.manager.tokenize_async(p) if isinstance(p, str) else list(p) for p in prompt]
+        return await tokenize_prompts(state, prompt)
 
     def sampling_params(self, state: ServerState, job: CompletionJob, prompt_ids: list[int]) -> list[SamplingParams]:
         params = super().sampling_params(state, job, prompt_ids)

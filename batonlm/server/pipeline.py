@@ -21,22 +21,24 @@ import contextlib
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
+import orjson
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import limits
-from batonlm.server.errors import to_api_error
+from batonlm.server.errors import bad_request, to_api_error
 from batonlm.server.logprobs import prompt_token_logprobs
 from batonlm.server.sse import DONE, sse
 from batonlm.server.state import ServerState, server_state, until_disconnected
 from batonlm.tokenizer_manager.manager import Admission
+from batonlm.tokenizer_manager.offload import maybe_offload
 from batonlm.tokenizer_manager.request_state import GenerationChunk, TokenLogprob
 
 R = TypeVar("R", bound=BaseModel)
@@ -107,6 +109,8 @@ class Route(Generic[R]):
     prompt_param: ClassVar[str]  # the field named when a prompt is too long or invalid
     stream_type: ClassVar[type[Stream]]
     job_type: ClassVar[type[Job]] = Job
+    # The fields named when a whole answer would be too large: (with logprobs, without).
+    size_params: ClassVar[tuple[str, str]] = ("logprobs", "max_tokens")
 
     async def handle(self, request: Request) -> Any:
         state = server_state(request)
@@ -118,8 +122,8 @@ class Route(Generic[R]):
             if job.admission is not None:  # a body never iterated (its client gone) gives the room back too
                 weakref.finalize(job, job.admission.release)
             return StreamingResponse(self.sse(state, job), media_type="text/event-stream")
-        results = await until_disconnected(request, collect_choices(state, job))
-        return JSONResponse(self.answer(state, job, results))
+        results = await until_disconnected(request, collect_choices(state, job, self.size_param(job)))
+        return await json_answer(answer_size(results), lambda: self.answer(state, job, results))
 
     async def prepare(self, state: ServerState, req: R) -> Job[R]:
         job = self.job_type(req, self.request_id(req), int(time.time()))
@@ -136,7 +140,34 @@ class Route(Generic[R]):
             job.admission.release()
             raise
         job.prompt_tokens = sum(len(ids) for ids in prompts)
+        if not job.stream:
+            try:
+                self.check_answer_size(state, job)
+            except BaseException:
+                job.admission.release()
+                raise
         return job
+
+    def size_param(self, job: Job[R]) -> str:
+        """The field named when the whole answer is too large."""
+        logprobs = any(p.logprobs is not None or p.prompt_logprobs is not None for _, p in job.choices)
+        return self.size_params[0 if logprobs else 1]
+
+    def check_answer_size(self, state: ServerState, job: Job[R]) -> None:
+        """Refuse a whole answer that surely exceeds --max-response-bytes: echoed prompt
+        logprobs and the tokens every choice must generate (min_tokens, or max_tokens when EOS
+        is ignored) are certain (one 307 KB request grew the frontend past 6 GB)."""
+        values = 0
+        for ids, p in job.choices:
+            surely = p.max_new_tokens if p.ignore_eos else p.min_new_tokens
+            values += surely * (1 + (0 if p.logprobs is None else 1 + p.logprobs))
+            if p.prompt_logprobs is not None:
+                values += (len(ids) - p.logprob_start_len) * (2 + p.prompt_logprobs)
+        if values * BYTES_PER_VALUE > state.args.max_response_bytes:
+            raise bad_request(
+                f"the answer would take more than --max-response-bytes ({state.args.max_response_bytes} bytes: at "
+                f"least {values * BYTES_PER_VALUE}); stream it (stream: true), or ask for fewer choices, tokens or "
+                "logprobs", param=self.size_param(job), code="response_too_large")
 
     # ------------------------------------------------------------------ hooks
     def request_id(self, req: R) -> str:
@@ -181,6 +212,8 @@ class Route(Generic[R]):
             yield sse(payload)
         try:
             async for i, chunk in stream_choices(state, job):
+                if chunk.error is not None:  # the scheduler refused it (a grammar that cannot compile, ...)
+                    raise RequestRejected(chunk.error)
                 for payload in stream.events(i, chunk):
                     yield sse(payload)
         except Exception as e:
@@ -192,7 +225,23 @@ class Route(Generic[R]):
         yield DONE
 
 
-async def stream_choices(state: ServerState, job: Job) -> AsyncIterator[tuple[int, GenerationChunk]]:
+def answer_size(results: list[ChoiceResult]) -> int:
+    """About how many values a whole answer holds (tokens, logprobs and their alternatives)."""
+    def per_token(items: list[TokenLogprob] | None) -> int:
+        return 1 + len(items[-1].top or ()) if items else 0
+
+    return sum(len(r.token_ids) + len(r.logprobs) * per_token(r.logprobs)
+               + len(r.prompt_logprobs or ()) * per_token(r.prompt_logprobs) for r in results)
+
+
+async def json_answer(size: int, build: Callable[[], Any]) -> Response:
+    """A whole answer as JSON, built and serialised off the event loop when it is large (`size`
+    values): 2,048 choices with logprobs take seconds, every other stream waiting meanwhile."""
+    body = await maybe_offload(size, "text", lambda: orjson.dumps(build(), option=orjson.OPT_NON_STR_KEYS))
+    return Response(body, media_type="application/json")
+
+
+async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[int, GenerationChunk], None]:
     """Run every choice at once; yield (choice index, chunk) as they come. Cancelling the
     consumer cancels every choice (each aborts its request).
 
@@ -246,28 +295,46 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncIterator[tuple[in
             job.admission.release()  # choices cancelled before they started
 
 
-async def collect_choices(state: ServerState, job: Job) -> list[ChoiceResult]:
+# What one value (a token, a logprob, an alternative) takes in an answer's JSON at the least: a
+# lower bound, so that only answers surely too large are refused.
+BYTES_PER_VALUE = 16
+
+
+async def collect_choices(state: ServerState, job: Job, size_param: str = "max_tokens") -> list[ChoiceResult]:
+    """Every choice's chunks, collected; a 400 naming `size_param` when they grow past
+    --max-response-bytes (the choices are aborted)."""
     results = [ChoiceResult() for _ in job.choices]
-    async for i, chunk in stream_choices(state, job):
-        r = results[i]
-        r.text += chunk.text
-        r.token_ids += chunk.token_ids
-        r.completion_tokens = chunk.completion_tokens
-        if chunk.cached_tokens is not None:
-            r.cached_tokens = chunk.cached_tokens
-        if chunk.logprobs:
-            r.logprobs += chunk.logprobs
-        if chunk.prompt_logprobs is not None:
-            r.prompt_logprobs = prompt_token_logprobs(*job.choices[i], chunk)
-        if chunk.spec is not None:
-            r.spec = chunk.spec
-        if chunk.finish_reason is not None:
-            r.finish_reason = chunk.finish_reason
-            r.error = chunk.error
+    budget = state.args.max_response_bytes // BYTES_PER_VALUE  # values
+    async with contextlib.aclosing(stream_choices(state, job)) as chunks:
+        async for i, chunk in chunks:
+            budget -= len(chunk.token_ids) + sum(2 + len(it.top or ()) for it in chunk.logprobs or ())
+            budget -= sum(2 + len(top) for top in chunk.prompt_top_logprobs or ())
+            if budget < 0:  # closing the stream cancels every choice (each aborts its request)
+                raise bad_request(f"the answer grew past --max-response-bytes ({state.args.max_response_bytes} "
+                                  "bytes); stream it (stream: true), or ask for fewer choices, tokens or logprobs",
+                                  param=size_param, code="response_too_large")
+            _add(results[i], chunk, job.choices[i])
     for r in results:
         if r.error:
             raise RequestRejected(r.error)
     return results
+
+
+def _add(r: ChoiceResult, chunk: GenerationChunk, choice: tuple[list[int], SamplingParams]) -> None:
+    r.text += chunk.text
+    r.token_ids += chunk.token_ids
+    r.completion_tokens = chunk.completion_tokens
+    if chunk.cached_tokens is not None:
+        r.cached_tokens = chunk.cached_tokens
+    if chunk.logprobs:
+        r.logprobs += chunk.logprobs
+    if chunk.prompt_logprobs is not None:
+        r.prompt_logprobs = prompt_token_logprobs(*choice, chunk)
+    if chunk.spec is not None:
+        r.spec = chunk.spec
+    if chunk.finish_reason is not None:
+        r.finish_reason = chunk.finish_reason
+        r.error = chunk.error
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: list[int], n: int) -> dict:

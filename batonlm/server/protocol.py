@@ -232,10 +232,11 @@ class ChatCompletionRequest(SamplingFields):
     @field_validator("tools")
     @classmethod
     def _unique_names(cls, v: list[Tool] | None) -> list[Tool] | None:
-        names = [t.function.name for t in v or []]
-        dup = next((n for n in names if names.count(n) > 1), None)
-        if dup is not None:
-            raise ValueError(f"two tools are named {dup!r}")
+        seen: set[str] = set()  # linear: a request may carry tens of thousands of tools
+        for t in v or []:
+            if t.function.name in seen:
+                raise ValueError(f"two tools are named {t.function.name!r}")
+            seen.add(t.function.name)
         return v
 
     @field_validator("tool_choice")
@@ -303,7 +304,8 @@ class NativeGenerateRequest(_Strict):
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict | None = None
     stream: bool = False
-    rid: Annotated[str, Field(max_length=256)] | None = None
+    # Visible ASCII only: a request id goes into log lines, where a newline would forge one.
+    rid: Annotated[str, Field(pattern=r"^[!-~]{1,256}$")] | None = None
     # SGLang's logprob fields: the output tokens' logprobs, and with logprob_start_len >= 0 the
     # prompt's from that position on; top_logprobs_num alternatives; the tokens' text too.
     return_logprob: bool = False

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from batonlm.config import ServerArgs
+from batonlm.server import limits
 from batonlm.server.errors import (
     APIError,
     ClientGone,
@@ -68,6 +69,8 @@ class ServerState:
     async def read(self, request: Request, model: type[M]) -> M:
         """The request body, read within the limits and parsed into `model`."""
         data = await read_json(request, self.args.max_request_bytes, self.args.client_timeout)
+        if isinstance(data, dict):
+            limits.check_limits(self.args, data)
         return parse(model, data)
 
     def check_healthy(self) -> None:

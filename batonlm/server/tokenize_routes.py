@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 
 from batonlm.server import openai_common as common
 from batonlm.server.errors import bad_request
+from batonlm.server.pipeline import json_answer
 from batonlm.server.protocol import DetokenizeRequest, TokenizeRequest
 from batonlm.server.state import server_state
 from batonlm.version import __version__
@@ -25,10 +26,14 @@ async def tokenize(request: Request):
     else:
         ids = await state.manager.tokenize_async(req.prompt or "", req.add_special_tokens)
     info = state.manager.info
-    out = {"count": len(ids), "max_model_len": info.context_length if info else None, "tokens": ids}
-    if req.return_token_strs:
-        out["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
-    return out
+
+    def answer() -> dict:
+        out = {"count": len(ids), "max_model_len": info.context_length if info else None, "tokens": ids}
+        if req.return_token_strs:
+            out["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
+        return out
+
+    return await json_answer(len(ids), answer)  # a 4 MiB prompt's token strings: seconds of work
 
 
 @router.post("/detokenize")

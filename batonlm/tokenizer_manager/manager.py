@@ -33,6 +33,7 @@ from batonlm.request_checks import RequestRejected, check_request
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
 from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
 from batonlm.tokenizer_manager.dp_router import DPRouter
+from batonlm.tokenizer_manager.offload import maybe_offload
 from batonlm.tokenizer_manager.request_state import (
     FINISH_ABORT,
     ClientTooSlow,
@@ -47,10 +48,6 @@ from batonlm.tokenizer_manager.scheduler_link import LaunchScheduler, SchedulerL
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 
 logger = logging.getLogger(__name__)
-
-# Texts longer than this are tokenized in a thread: the tokenizers library releases the GIL,
-# so a megabyte of prompt does not stall every other request's stream.
-TOKENIZE_INLINE_CHARS = 8192
 
 
 class Admission:
@@ -161,15 +158,20 @@ class TokenizerManager:
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
 
+    def tokenize_many(self, prompts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=add_special_tokens).input_ids]
+
     async def tokenize_async(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
-        if len(prompt) <= TOKENIZE_INLINE_CHARS:
-            return self.tokenize(prompt, add_special_tokens)
-        return await asyncio.to_thread(self.tokenize, prompt, add_special_tokens)
+        return await maybe_offload(len(prompt), "text", self.tokenize, prompt, add_special_tokens)
+
+    async def tokenize_many_async(self, prompts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Several prompts at once, off the loop when together they are long (256 prompts of
+        8,000 characters each stalled every client for 1.6 s when tokenized one by one inline)."""
+        size = sum(map(len, prompts))
+        return await maybe_offload(size, "text", self.tokenize_many, prompts, add_special_tokens)
 
     async def detokenize_async(self, token_ids: list[int]) -> str:
-        if len(token_ids) <= TOKENIZE_INLINE_CHARS:
-            return self.tokenizer.decode(token_ids)
-        return await asyncio.to_thread(self.tokenizer.decode, token_ids)
+        return await maybe_offload(len(token_ids), "text", self.tokenizer.decode, token_ids)
 
     def validate_prompt(self, input_ids: list[int], params: SamplingParams, prompt_param: str | None = None) -> None:
         """Reject what the scheduler would reject, with the numbers, before sending anything

@@ -34,6 +34,20 @@ class ClientTooSlow(RuntimeError):
     """A stream's client fell more than `max_stream_backlog` outputs behind; it was aborted."""
 
 
+# A token the constraints or the temperature rule out has logprob -inf, which JSON cannot carry
+# (json.dumps refuses it, orjson writes null against OpenAI's schema): answers floor it here,
+# where every route's logprobs come from, at OpenAI's and vLLM's -9999.0.
+LOGPROB_FLOOR = -9999.0
+
+
+def _floor(lp: float) -> float:
+    return lp if lp >= LOGPROB_FLOOR else LOGPROB_FLOOR  # a NaN (never expected) becomes the floor too
+
+
+def _floor_top(top) -> list[tuple[int, float]]:
+    return [(t, _floor(lp)) for t, lp in top]
+
+
 @dataclass
 class TokenLogprob:
     """A token's logprob and its top alternatives (id, logprob); the first prompt token has
@@ -138,7 +152,7 @@ class RequestState:
         logprobs = None
         if out.logprobs is not None:
             top = out.top_logprobs or [[] for _ in out.logprobs]
-            logprobs = [TokenLogprob(t, lp, list(tl)) for t, lp, tl in zip(out.token_ids, out.logprobs, top)]
+            logprobs = [TokenLogprob(t, _floor(lp), _floor_top(tl)) for t, lp, tl in zip(out.token_ids, out.logprobs, top)]
         chunk = GenerationChunk(
             rid=self.rid,
             text=text,
@@ -149,8 +163,10 @@ class RequestState:
             error=out.error,
             logprobs=logprobs,
             cached_tokens=out.cached_tokens,
-            prompt_logprobs=out.prompt_logprobs,
-            prompt_top_logprobs=out.prompt_top_logprobs,
+            prompt_logprobs=None if out.prompt_logprobs is None else [
+                None if lp is None else _floor(lp) for lp in out.prompt_logprobs],
+            prompt_top_logprobs=None if out.prompt_top_logprobs is None else [
+                _floor_top(tl) for tl in out.prompt_top_logprobs],
             spec=out.spec,
         )
         return chunk, stopped_early

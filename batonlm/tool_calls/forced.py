@@ -5,6 +5,7 @@ as such. A model that knows no tools still returns calls whose arguments validat
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from batonlm.tool_calls.parser import ToolCall, call_from_object
@@ -14,14 +15,40 @@ NO_ARGUMENTS = {"type": "object", "properties": {}}
 
 def forced_schema(functions: list[tuple[str, dict[str, Any] | None]], parallel: bool) -> dict[str, Any]:
     """The JSON schema of one call of any of `functions` ((name, parameters schema) pairs), or
-    with `parallel`, of a non-empty array of calls."""
+    with `parallel`, of a non-empty array of calls. Each function's local definitions (`$defs`,
+    `definitions`: what pydantic writes for nested models) move to the root, renamed per
+    function, with its `$ref`s: nested in the combined schema, "#/$defs/X" would point nowhere."""
+    defs: dict[str, Any] = {}
     calls = [
-        {"type": "object", "properties": {"name": {"const": name}, "arguments": params or NO_ARGUMENTS},
+        {"type": "object",
+         "properties": {"name": {"const": name}, "arguments": _hoist_defs(params or NO_ARGUMENTS, f"f{i}_", defs)},
          "required": ["name", "arguments"]}
-        for name, params in functions
+        for i, (name, params) in enumerate(functions)
     ]
     one = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return {"type": "array", "items": one, "minItems": 1} if parallel else one
+    schema = {"type": "array", "items": one, "minItems": 1} if parallel else one
+    return {**schema, "$defs": defs} if defs else schema
+
+
+_LOCAL_REF = re.compile(r"^#/(\$defs|definitions)/")
+
+
+def _hoist_defs(params: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
+    local = {**params.get("definitions", {}), **params.get("$defs", {})}
+    if not local:
+        return params
+
+    def renamed(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (_LOCAL_REF.sub(f"#/$defs/{prefix}", v) if k == "$ref" and isinstance(v, str) else renamed(v))
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [renamed(v) for v in node]
+        return node
+
+    for name, sub in local.items():
+        defs[prefix + name] = renamed(sub)
+    return renamed({k: v for k, v in params.items() if k not in ("$defs", "definitions")})
 
 
 def parse_forced(text: str) -> list[ToolCall]:

@@ -129,12 +129,13 @@ def test_generate_is_as_strict_as_the_openai_routes(server):
 
 
 def test_long_prompts_are_tokenized_off_the_event_loop(stories_path):
-    """A long text is tokenized in a worker thread (the tokenizers library releases the GIL), so
-    the event loop keeps serving other requests meanwhile."""
+    """A long text, or many prompts that are long together, are tokenized in batonlm's own pool
+    (the tokenizers library releases the GIL), so the event loop keeps serving other requests."""
     import asyncio
 
     from batonlm.config import ServerArgs
-    from batonlm.tokenizer_manager.manager import TOKENIZE_INLINE_CHARS, TokenizerManager
+    from batonlm.tokenizer_manager.manager import TokenizerManager
+    from batonlm.tokenizer_manager.offload import INLINE_CHARS
     from batonlm.tokenizer_manager.tokenizer import load_tokenizer
 
     tok = load_tokenizer(stories_path)
@@ -142,20 +143,23 @@ def test_long_prompts_are_tokenized_off_the_event_loop(stories_path):
 
     class Spy:
         def __call__(self, text, **kwargs):
-            threads.append(threading.get_ident())
+            threads.append(threading.current_thread().name)
             return tok(text, **kwargs)
 
     manager = TokenizerManager(ServerArgs(), Spy(), launch=None)  # type: ignore[arg-type]
+    many = ["Once upon a time. " * 60] * (INLINE_CHARS // 1000 + 1)  # each short, together long
 
     async def main():
-        loop_thread = threading.get_ident()
         short = await manager.tokenize_async("Once upon a time")
-        long = await manager.tokenize_async("Once upon a time. " * (TOKENIZE_INLINE_CHARS // 10))
-        return loop_thread, short, long
+        long = await manager.tokenize_async("Once upon a time. " * (INLINE_CHARS // 10))
+        batch = await manager.tokenize_many_async(many)
+        return threading.current_thread().name, short, long, batch
 
-    loop_thread, short, long = asyncio.run(main())
-    assert threads[0] == loop_thread and threads[1] != loop_thread
-    assert short == list(tok("Once upon a time").input_ids) and len(long) > TOKENIZE_INLINE_CHARS // 10
+    loop_thread, short, long, batch = asyncio.run(main())
+    assert threads[0] == loop_thread
+    assert threads[1].startswith("batonlm-text") and threads[2].startswith("batonlm-text"), threads
+    assert short == list(tok("Once upon a time").input_ids) and len(long) > INLINE_CHARS // 10
+    assert batch == [list(tok(p).input_ids) for p in many]
 
 
 # ---------------------------------------------------------------- 3. slow and silent clients

@@ -2,6 +2,7 @@
 
 import httpx
 import pytest
+from live_helpers import metric, wait_until
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -32,7 +33,7 @@ BAD_REQUESTS = [
     (CHAT, {"messages": MSG, "logit_bias": {"5": 200}}, 400, "logit_bias.5", "less than or equal to 100"),
     (CHAT, {"messages": MSG, "stop_token_ids": [70000]}, 400, "stop_token_ids", "outside the vocabulary"),
     (CHAT, {"messages": MSG, "top_logprobs": 3}, 400, "top_logprobs", "logprobs"),
-    (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", "less than or equal to 20"),
+    (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", "at most 20"),
     (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools.0.function", "Missing"),
     (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}],
             "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice", "names no tool"),
@@ -48,7 +49,7 @@ BAD_REQUESTS = [
     (COMP, {"prompt": "hi", "suffix": "there"}, 400, "suffix", None),
     (COMP, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "only with echo"),
     (COMP, {"prompt": "hi", "max_tokens": -1, "echo": True}, 400, "max_tokens", "greater than or equal to 0"),
-    (COMP, {"prompt": "hi", "echo": True, "logprobs": 21}, 400, "logprobs", "less than or equal to 20"),
+    (COMP, {"prompt": "hi", "echo": True, "logprobs": 21}, 400, "logprobs", "at most 20"),
     (COMP, {"prompt": "hi", "best_of": 2}, 400, "best_of", "Unrecognized"),
     ("/generate", {"text": "hi", "input_ids": [1]}, 400, None, "exactly one"),
     ("/generate", {"text": "hi", "sampling_params": {"temprature": 1}}, 400, "sampling_params.temprature", "unknown"),
@@ -113,5 +114,35 @@ def test_api_key_and_request_size(guarded_server):
     ok = httpx.post(url + CHAT, json={"messages": MSG, "max_tokens": 3}, headers=auth, timeout=30)
     assert ok.status_code == 200
     assert httpx.get(url + "/health", timeout=30).status_code == 200  # health needs no key
+    for path in ("/version", "/metrics", "/openapi.json"):  # probes and descriptions are open (metrics: by default)
+        assert httpx.get(url + path, timeout=30).status_code == 200, path
+    # Every route that does work needs the key, the tokenizer's too (a 4 MiB /tokenize was a
+    # free 3 s stall); a route that does not exist answers 401 before 404, as OpenAI's does.
+    for method, path, body in [("POST", "/tokenize", {"prompt": "Once"}), ("POST", "/detokenize", {"tokens": [1]}),
+                               ("GET", "/tokenizer_info", None), ("POST", "/flush_cache", None),
+                               ("GET", "/v1/models", None), ("POST", "/generate", {"text": "Once"}),
+                               ("GET", "/no/such/route", None)]:
+        _check_error(httpx.request(method, url + path, json=body, timeout=30), 401, None, None)
+    assert httpx.post(url + "/tokenize", json={"prompt": "Once"}, headers=auth, timeout=30).status_code == 200
     big = {"messages": [{"role": "user", "content": "x" * 5000}]}
     _check_error(httpx.post(url + CHAT, json=big, headers=auth, timeout=30), 413, None, "2000")
+
+
+def test_whole_answers_stay_within_the_response_budget(guarded_server):
+    """--max-response-bytes 8192 (512 values at 16 bytes): refused before it runs when the tokens
+    are certain (ignore_eos), ended when the answer grows past it; the same request streams."""
+    url, auth = guarded_server.base_url, {"Authorization": "Bearer sekrit"}
+    body = {"prompt": "Once upon a time", "max_tokens": 200, "n": 4, "logprobs": 5, "temperature": 0}
+    r = httpx.post(url + "/v1/completions", json={**body, "ignore_eos": True}, headers=auth, timeout=60)
+    _check_error(r, 400, "logprobs", "max-response-bytes")
+    assert r.json()["error"]["code"] == "response_too_large"
+    r = httpx.post(url + "/v1/completions", json=body, headers=auth, timeout=60)
+    _check_error(r, 400, "logprobs", "grew past")  # greedy: the story runs past 16 tokens (512 / 4 choices / 8)
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": MSG, "max_tokens": 100, "n": 8, "ignore_eos": True},
+                   headers=auth, timeout=60)
+    _check_error(r, 400, "max_tokens", "max-response-bytes")
+    r = httpx.post(url + "/v1/completions", json={**body, "stream": True}, headers=auth, timeout=60)
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text
+    small = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 8}, headers=auth, timeout=60)
+    assert small.status_code == 200, small.text
+    wait_until(lambda: metric(url, "batonlm_num_requests_running") == 0, what="the ended choices aborted")

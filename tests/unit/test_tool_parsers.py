@@ -89,3 +89,27 @@ def test_forced_schema_and_parse():
     assert _calls(parse_forced('[{"name": "add", "arguments": {"a": 2}}]')) == [("add", {"a": 2})]
     assert _calls(parse_forced('{"name": "add", "arguments": {"a": 2}}')) == [("add", {"a": 2})]
     assert parse_forced('{"name": "add", "arguments": {"a": ') == []
+
+
+def test_forced_calls_keep_each_tools_local_definitions():
+    """Tool parameters with `$defs` (pydantic's nested models): in the combined schema of a forced
+    call, "#/$defs/Addr" pointed nowhere and the request failed with a 400 naming json_schema."""
+    from batonlm.constrained.grammar import check_constraint
+
+    addr = {"type": "object", "properties": {"city": {"type": "string"}, "next": {"$ref": "#/$defs/Addr"}},
+            "required": ["city"]}
+    person = {"$defs": {"Addr": addr}, "type": "object", "properties": {"home": {"$ref": "#/$defs/Addr"}},
+              "required": ["home"]}
+    other = {"definitions": {"Addr": {"type": "integer"}}, "type": "object",
+             "properties": {"home": {"$ref": "#/definitions/Addr"}}, "required": ["home"]}
+    for parallel in (False, True):
+        schema = forced_schema([("person", person), ("other", other)], parallel)
+        check_constraint("json_schema", json.dumps(schema))  # the grammar backend resolves every $ref
+        wrap = (lambda c: [c]) if parallel else (lambda c: c)
+        jsonschema.validate(wrap({"name": "person", "arguments": {"home": {"city": "a", "next": {"city": "b"}}}}),
+                            schema)
+        jsonschema.validate(wrap({"name": "other", "arguments": {"home": 3}}), schema)  # its own Addr
+        for bad in ({"name": "person", "arguments": {"home": {"town": "a"}}},
+                    {"name": "other", "arguments": {"home": {"city": "a"}}}):
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(wrap(bad), schema)

@@ -1,0 +1,176 @@
+"""The surfaces added after the first hostile-client probe (constraints, tools, logprobs), probed
+again (issue 23): a test per defect, against the session server."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+import pytest
+
+CHAT, COMP = "/v1/chat/completions", "/v1/completions"
+MSG = [{"role": "user", "content": "Once upon a time"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+FLOOR = -9999.0  # OpenAI's and vLLM's logprob for a token that cannot be drawn
+
+
+def _logprob_numbers(node):
+    """Every logprob value in an answer, wherever its shape keeps it: chat's `logprob` entries,
+    the legacy `token_logprobs` list and `top_logprobs` maps (text -> logprob)."""
+    if isinstance(node, list):
+        for v in node:
+            yield from _logprob_numbers(v)
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            if k == "logprob":
+                yield v
+            elif k == "token_logprobs":
+                yield from v
+            elif k == "top_logprobs" and isinstance(v, list) and v and isinstance(v[0], dict) and "logprob" not in v[0]:
+                yield from (x for m in v if m is not None for x in m.values())  # legacy maps
+            else:
+                yield from _logprob_numbers(v)
+
+
+# (route, body) pairs that answered 500 ("Out of range float values are not JSON compliant":
+# the -inf logprob of a token the constraint masks) or streamed `"logprob": null`.
+MASKED_LOGPROBS = [
+    (COMP, {"prompt": "Once", "max_tokens": 4, "regex": "(yes|no)", "logprobs": 5}),
+    (CHAT, {"messages": MSG, "max_tokens": 8, "response_format": {"type": "json_object"}, "logprobs": True,
+            "top_logprobs": 2}),
+    (CHAT, {"messages": MSG, "max_tokens": 24, "tools": [TOOL], "tool_choice": "required", "logprobs": True,
+            "top_logprobs": 3}),
+    (COMP, {"prompt": "Once", "max_tokens": 4, "temperature": 1e-45, "logprobs": 3}),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(("path", "body"), MASKED_LOGPROBS, ids=["regex", "json_object", "tool_required", "tiny_temp"])
+def test_logprobs_of_tokens_that_cannot_be_drawn_are_numbers(server, path, body, stream):
+    r = httpx.post(server.base_url + path, json={**body, "stream": stream}, timeout=60)
+    assert r.status_code == 200, r.text
+    if stream:
+        answers = [json.loads(line[6:]) for line in r.text.splitlines()
+                   if line.startswith("data: ") and line != "data: [DONE]"]
+    else:
+        answers = [r.json()]
+    values = [v for a in answers for v in _logprob_numbers(a["choices"])]
+    assert values, answers  # the answer does carry logprobs
+    for v in values:
+        assert isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v) and FLOOR <= v <= 0, v
+    if "regex" in body:  # after "y" only "es" can follow: the other alternatives are masked
+        assert FLOOR in values
+
+
+def test_a_tiny_temperature_draws_what_greedy_draws(server):
+    """temperature 1e-45 divided the logits into infinities (NaN probabilities); it is greedy."""
+    def text(temperature: float) -> str:
+        r = httpx.post(server.base_url + COMP, json={"prompt": "Once", "max_tokens": 12, "temperature": temperature},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    assert text(1e-45) == text(0.0) == text(1e-6)
+
+
+# ---------------------------------------------------------------- 1. a frontend that does not read
+
+
+def test_a_frontend_that_stops_reading_pauses_decoding_and_loses_nothing():
+    """SIGSTOP of the main process (what a long GC pause, swap or a debugger do) while 48 streams
+    decode: the scheduler's outputs fill the socket, its send used to time out after 1 s and the
+    scheduler exited. Now decoding pauses until the frontend reads, and every stream completes."""
+    import os
+    import signal
+    import threading
+
+    from live_helpers import metric, wait_until
+
+    from batonlm.bench.server_process import ServerProcess
+
+    streams, max_tokens = 48, 480  # 5,760 iterations of 4 requests: far more outputs than the socket holds
+    s = ServerProcess("--max-running-requests", "4", "--compile", "off")
+    try:
+        done: list[int] = []
+
+        def stream() -> None:
+            body = {"prompt": "Once", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            with httpx.stream("POST", s.base_url + COMP, json=body, timeout=600) as r:
+                events = [json.loads(line[6:]) for line in r.iter_lines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+            assert not any("error" in e for e in events), events[-1]
+            done.append(events[-1]["usage"]["completion_tokens"])
+
+        threads = [threading.Thread(target=stream, daemon=True) for _ in range(streams)]
+        for t in threads:
+            t.start()
+        in_server = lambda: metric(s.base_url, "batonlm_num_requests_running") + metric(  # noqa: E731
+            s.base_url, "batonlm_num_requests_waiting")
+        wait_until(lambda: in_server() == streams, timeout=60, what="every stream admitted")
+        os.kill(s.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: "decoding paused" in s.log(), timeout=300, what="the scheduler to pause")
+        finally:
+            os.kill(s.proc.pid, signal.SIGCONT)
+        for t in threads:
+            t.join(600)
+        assert done == [max_tokens] * streams, done
+        assert "decoding resumed" in s.log()
+        assert s.proc.poll() is None and httpx.get(s.base_url + "/health", timeout=30).status_code == 200
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+# ---------------------------------------------------------------- 3, 8. heavy or hostile fields
+
+
+def test_a_request_far_beyond_a_limit_costs_no_parsing(server):
+    """20,000 tools (1 MB): the uniqueness check was quadratic and the tool schemas were all
+    validated on the event loop (11.9 s for everyone); the raw body's count is refused first."""
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+             for i in range(20_000)]
+    r = httpx.post(server.base_url + CHAT, json={"messages": MSG, "tools": tools}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "at most 128 tools" in r.json()["error"]["message"]
+    dup = [TOOL, TOOL]
+    r = httpx.post(server.base_url + CHAT, json={"messages": MSG, "tools": dup}, timeout=60)
+    assert r.status_code == 400 and "two tools are named 'f'" in r.text, r.text
+
+
+@pytest.mark.parametrize("rid", ["a\nforged log line", "tab\there", "", "x" * 257])
+def test_a_request_id_is_visible_ascii(server, rid):
+    r = httpx.post(server.base_url + "/generate", json={"text": "Once", "rid": rid}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "rid", r.text
+
+
+def test_grammar_errors_carry_no_backend_internals(server):
+    """minLength -5 fails in xgrammar's compile, whose message began "[13:04:34] /project/cpp/...cc:1563: "."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": -5}}}
+    r = httpx.post(server.base_url + COMP, json={"prompt": "Once", "max_tokens": 8, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}, timeout=60)
+    assert ".cc" not in r.text and "/project" not in r.text and "cpp" not in r.text, r.text
+    assert r.status_code == 400 or "error" in r.text, r.text
+
+
+def test_a_whole_answer_that_surely_exceeds_the_budget_is_refused_before_it_runs(server):
+    """Echoed prompt logprobs are certain: 512 choices x 500 prompt tokens x 22 values (OOMed the
+    frontend past 6 GB from a 307 KB request). Streamed, the same request is not bounded."""
+    body = {"prompt": [list(range(3, 503))] * 32, "n": 16, "echo": True, "logprobs": 20, "max_tokens": 1}
+    r = httpx.post(server.base_url + COMP, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "logprobs" and err["code"] == "response_too_large", err
+
+
+@pytest.mark.parametrize(("kind", "text"), [("regex", "[^\\s\\S]"), ("ebnf", "root ::= root")])
+def test_a_constraint_whose_language_is_empty_is_an_error_not_unk_tokens(server, kind, text):
+    """Every token masked: sampling drew token 0 (<unk>) until max_tokens, one ERROR line each."""
+    body = {"prompt": "Once", "max_tokens": 4, kind: text}
+    r = httpx.post(server.base_url + COMP, json=body, timeout=60)
+    assert r.status_code == 400 and "admits no text" in r.json()["error"]["message"], r.text
+    r = httpx.post(server.base_url + COMP, json={**body, "stream": True}, timeout=60)  # an error event, not "abort"
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert "admits no text" in events[-1]["error"]["message"], r.text
