@@ -218,6 +218,10 @@ class ServerArgs:
         4096, group=_HTTP, ge=1, unit="outputs", help="outputs a stream may fall behind its client before it is aborted")
     shutdown_timeout: float = setting(
         30.0, group=_HTTP, gt=0, unit="seconds", help="on SIGTERM, time in-flight requests get to finish")
+    watchdog_timeout: float = setting(
+        300.0, group=_HTTP, gt=0, unit="seconds",
+        help="a scheduler with requests that finishes no iteration for this long (it, its device worker or a "
+             "rank is stopped or hung) fails them, /health answers 503 and the server exits 1")
     # ------------------------------------------------------------------ observability
     log_level: str = setting("info", group=_OBS, choices=LOG_LEVELS, help="the log's threshold (every process)")
     debug_future_map: bool = setting(

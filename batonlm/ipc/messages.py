@@ -62,9 +62,11 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
 
 
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):
-    """Everything that advanced in one scheduler iteration."""
+    """Everything that advanced in one scheduler iteration (none: a heartbeat, the scheduler is
+    busy and making progress: a long prefill emits no token for a while)."""
 
     outputs: list[TokenOutput]
+    dp_rank: int = 0  # the replica that sent it
 
 
 class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):

@@ -70,7 +70,7 @@ class LocalIO:
         if isinstance(msg, SchedulerStats):
             self.stats.append(msg)
             return
-        if not isinstance(msg, BatchOutput):
+        if not isinstance(msg, BatchOutput) or not msg.outputs:  # heartbeats: no watchdog here
             return
         t = time.perf_counter()
         for out in msg.outputs:

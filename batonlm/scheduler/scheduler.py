@@ -45,6 +45,7 @@ from batonlm.settings import derive
 logger = logging.getLogger(__name__)
 
 BACKPRESSURE_WAIT_S = 0.05  # how long one iteration waits for a frontend that does not read
+HEARTBEAT_S = 1.0  # a busy scheduler sends at least this often (batonlm/tokenizer_manager/watchdog.py)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class Scheduler(RequestIntake):
         self._iteration_end = time.perf_counter()
         self._processed_early = False  # this iteration processed the last result before planning
         self._held_since: float | None = None  # when the frontend stopped reading (back-pressure)
+        self._last_sent = time.monotonic()
 
     # ------------------------------------------------------------------ state
     @property
@@ -244,9 +246,13 @@ class Scheduler(RequestIntake):
         self.requests.pop(req.rid, None)
 
     def flush_outputs(self) -> None:
-        if self._outputs:
-            self.io.send(BatchOutput(self._outputs))
+        now = time.monotonic()
+        # Busy without outputs (prefill chunks, compiles): a heartbeat now and then tells the
+        # frontend's watchdog this scheduler still finishes iterations.
+        if self._outputs or (now - self._last_sent > HEARTBEAT_S and not self.is_idle):
+            self.io.send(BatchOutput(self._outputs, self.dp_rank))
             self._outputs = []
+            self._last_sent = now
 
     # ------------------------------------------------------------------ loops
     def event_loop_normal(self) -> None:

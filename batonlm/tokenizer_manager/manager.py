@@ -46,6 +46,7 @@ from batonlm.tokenizer_manager.request_state import (
 )
 from batonlm.tokenizer_manager.scheduler_link import LaunchScheduler, SchedulerLink, SchedulerProcess
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
+from batonlm.tokenizer_manager.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class TokenizerManager:
         self._reserved = 0  # requests admitted and not sent yet (Admission)
         self.draining = False
         self.observer: RequestObserver | None = None
+        self._watchdog: asyncio.Task | None = None
 
     # The scheduler(s), as the link to them sees them.
     @property
@@ -112,11 +114,24 @@ class TokenizerManager:
         self.link.on_death = callback
 
     async def start(self) -> SchedulerInfo:
-        """Spawn the scheduler(s) and wait until they have loaded the model."""
-        return await self.link.start()
+        """Spawn the scheduler(s) and wait until they have loaded the model; then watch them."""
+        info = await self.link.start()
+        watchdog = Watchdog(self.args.watchdog_timeout, self.router.in_flight, self.link.last_heard, self._stuck)
+        self._watchdog = asyncio.create_task(watchdog.run())
+        return info
 
     async def shutdown(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         await self.link.shutdown()
+
+    def _stuck(self, replica: int, quiet_s: float) -> None:
+        which = "the scheduler" if self.args.dp_size == 1 else f"the scheduler of replica {replica}"
+        logger.error("%s finished no iteration for %.0f s with %d request(s) waiting (--watchdog-timeout %g s): it, "
+                     "its device worker or a rank is stopped or hung; stopping the server", which, quiet_s,
+                     self.router.in_flight[replica], self.args.watchdog_timeout)
+        self._fail_all(SchedulerGone(f"the server is stuck ({which} made no progress for {quiet_s:.0f} s)"))
+        self.link.kill()  # the processes' exit takes the server down (exit code 1)
 
     # ------------------------------------------------------------------ lifecycle
     async def drain(self, timeout_s: float) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -69,6 +70,7 @@ class SchedulerLink:
         self.handles: list[SchedulerProcess] = []
         self.info: SchedulerInfo | None = None
         self.healthy = False
+        self.last_heard = [time.monotonic()] * args.dp_size  # per replica: its last message
         # Per replica: futures waiting for its SchedulerStats / FlushCacheResult, in order.
         self._waiters: dict[type, list[list[asyncio.Future]]] = {
             kind: [[] for _ in range(args.dp_size)] for kind in (SchedulerStats, FlushCacheResult)
@@ -153,8 +155,10 @@ class SchedulerLink:
             if handle.process.is_alive():
                 # A scheduler that is exiting already (SIGTERM to the whole process group) has no
                 # socket left: a PUSH send with no peer blocks for ever. stop() waits for it anyway.
+                # Straight to its socket: after another replica died `send` refuses (not healthy),
+                # and this replica would be left running.
                 try:
-                    await asyncio.wait_for(self.send(ShutdownRequest(), i), SHUTDOWN_SEND_TIMEOUT_S)
+                    await asyncio.wait_for(self._pushes[i].send(codec.encode(ShutdownRequest())), SHUTDOWN_SEND_TIMEOUT_S)
                 except asyncio.TimeoutError:
                     logger.info("the scheduler did not take the shutdown request; waiting for it to exit")
             await asyncio.to_thread(handle.stop)
@@ -165,6 +169,13 @@ class SchedulerLink:
         if self._output_task is not None:
             self._output_task.cancel()
         self._close_sockets()
+
+    def kill(self) -> None:
+        """Kill every scheduler now (stuck ones: a stopped process takes no request to stop);
+        their exit is then noticed as a death."""
+        self.healthy = False
+        for handle in self.handles:
+            handle.process.kill()
 
     def _close_sockets(self) -> None:
         for sock in (*self._pushes, self._pull):
@@ -228,6 +239,8 @@ class SchedulerLink:
         assert self._pull is not None  # start() opened it before starting this task
         while True:
             msg = codec.decode(await self._pull.recv())
+            if isinstance(msg, BatchOutput | SchedulerStats):
+                self.last_heard[msg.dp_rank] = time.monotonic()
             if isinstance(msg, BatchOutput):
                 self._on_outputs(msg)
             elif isinstance(msg, SchedulerStats | FlushCacheResult):

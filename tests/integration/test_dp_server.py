@@ -9,7 +9,7 @@ import httpx
 import pytest
 from live_helpers import greedy_completions, wait_until
 
-from batonlm.bench.server_process import ServerProcess
+from batonlm.bench.server_process import ServerProcess, children
 
 # A prompt long enough for the prefix cache (and the router's 16-token blocks) to matter.
 SYSTEM = ("Once upon a time there was a tiny frog who lived in a pond. Every day he would jump from leaf to leaf "
@@ -45,13 +45,18 @@ def test_two_replicas_serve_what_one_serves(one_rank_texts, flags):
         assert s.stop() == 0
 
 
-def test_a_dead_replica_takes_the_server_down():
-    s = ServerProcess("--dp", "2", "--enable-dp-attention", "--dist-timeout", "3")
+@pytest.mark.parametrize("victim", ["dp-attention-worker", "replica-scheduler"])
+def test_a_dead_replica_takes_the_server_down(victim):
+    """kill -9 of one replica's device worker (DP attention), or of one replica's scheduler
+    (plain --dp: the frontend's shutdown refused to tell the live replica, so the frontend never
+    exited and that replica's processes stayed)."""
+    flags = ("--enable-dp-attention", "--dist-timeout", "3") if victim == "dp-attention-worker" else ()
+    s = ServerProcess("--dp", "2", *flags)
     try:
         descendants = s.descendants()
-        workers = [p for p in descendants if p not in _schedulers(s)]
+        workers = [w for p in _schedulers(s) for w in children(p)]  # the device workers
         t0 = time.monotonic()
-        os.kill(workers[-1], signal.SIGKILL)  # one replica's device worker
+        os.kill(workers[-1] if victim == "dp-attention-worker" else _schedulers(s)[-1], signal.SIGKILL)
         s.proc.wait(10)
         assert s.proc.returncode not in (0, None) and time.monotonic() - t0 < 5.0, s.log()
         wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")
@@ -61,6 +66,12 @@ def test_a_dead_replica_takes_the_server_down():
 
 
 def _schedulers(s: ServerProcess) -> list[int]:
-    from batonlm.bench.server_process import children
+    """The main process's children that are scheduler processes (not multiprocessing's
+    resource tracker), in start order."""
+    def cmdline(pid: int) -> str:
+        try:
+            return open(f"/proc/{pid}/cmdline").read()
+        except OSError:
+            return ""
 
-    return children(s.proc.pid)
+    return sorted(p for p in children(s.proc.pid) if "resource_tracker" not in cmdline(p))

@@ -174,3 +174,53 @@ def test_a_constraint_whose_language_is_empty_is_an_error_not_unk_tokens(server,
     r = httpx.post(server.base_url + COMP, json={**body, "stream": True}, timeout=60)  # an error event, not "abort"
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     assert "admits no text" in events[-1]["error"]["message"], r.text
+
+
+# ---------------------------------------------------------------- 5. liveness that means progress
+
+
+@pytest.mark.parametrize("target", ["scheduler", "device worker", "tp rank 1"])
+def test_a_stopped_process_is_seen_and_the_server_exits(target):
+    """SIGSTOP of the scheduler or its device worker while a stream runs: /health said 200 and
+    the client waited for ever. Now the watchdog (--watchdog-timeout 2) ends the stream with an
+    error event, and the server exits 1, leaving no process behind."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from live_helpers import wait_until
+
+    from batonlm.bench.server_process import ServerProcess, children
+
+    s = ServerProcess("--compile", "off", "--watchdog-timeout", "2", *(["--tp", "2"] if "tp" in target else []))
+    try:
+        scheduler = next(p for p in children(s.proc.pid) if "resource_tracker" not in open(f"/proc/{p}/cmdline").read())
+        victim = {"scheduler": scheduler, "device worker": min(children(scheduler)),
+                  "tp rank 1": max(s.descendants())}[target]
+        assert "tp" not in target or len(s.descendants()) >= 4, s.descendants()  # main's tracker, scheduler, 2 ranks
+        everyone = s.descendants()
+        events: list[dict] = []
+
+        def stream() -> None:
+            body = {"prompt": "Once", "max_tokens": 480, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", s.base_url + COMP, json=body, timeout=60) as r:
+                events.extend(json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {"))
+
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        wait_until(lambda: len(events) > 2, what="the stream started")
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.monotonic()
+        t.join(30)
+        assert "error" in events[-1] and "stuck" in events[-1]["error"]["message"], events[-1]
+        s.proc.wait(15)
+        assert s.proc.returncode == 1 and time.monotonic() - t0 < 12, s.log()
+        assert "finished no iteration" in s.log()
+
+        def left() -> list[int]:
+            return [p for p in everyone if os.path.exists(f"/proc/{p}") and "zombie" not in
+                    open(f"/proc/{p}/status").read()]
+        wait_until(lambda: not left(), timeout=10, what="every process gone")
+    finally:
+        s.stop()
