@@ -155,6 +155,13 @@ class ServerArgs:
     reasoning_parser: str = setting(
         "none", group=_STRUCT, choices=REASONING_PARSER_CHOICES,
         help="split <think>...</think> into message.reasoning_content")
+    max_constraint_bytes: int = setting(
+        64 * 1024, group=_STRUCT, ge=1, shown="64 KiB",
+        help="a JSON schema, regex or grammar larger than this is refused (400): compiles grow with it (a 1 MB "
+             "schema took minutes)")
+    grammar_compile_timeout: float = setting(
+        60.0, group=_STRUCT, gt=0, unit="seconds",
+        help="a constrained request whose grammar has not compiled in this time ends with an error")
     # ------------------------------------------------------------------ speculative decoding
     speculative_algorithm: str = setting(
         "none", group=_SPEC, choices=SPECULATIVE_ALGORITHMS,

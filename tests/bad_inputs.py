@@ -47,6 +47,9 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (CHAT, _schema({"allOf": [{"type": "string"}, {"type": "integer"}]}), 400, "response_format.json_schema.schema",
      "allOf"),
     (CHAT, _schema({"$ref": "file:///etc/passwd"}), 400, "response_format.json_schema.schema", "inside the schema"),
+    (CHAT, _schema({"enum": [f"value {i}" for i in range(8000)]}), 400, "response_format.json_schema.schema",
+     "--max-constraint-bytes"),  # 50,000-value enums blocked every constrained request for minutes
+    (COMP, {"prompt": "Once", "regex": "a" * 70_000}, 400, "regex", "--max-constraint-bytes"),
     (CHAT, _chat(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]), 400, "tools",
      "at most 128"),
     (CHAT, _chat(user=5), 400, "user", None),

@@ -36,5 +36,9 @@ class GrammarBackend(ABC):
     @abstractmethod
     def matcher(self, compiled: Any) -> GrammarMatcher: ...
 
+    def size_bytes(self, compiled: Any) -> int:
+        """What a compiled grammar holds in memory (the cache's bound)."""
+        return 0
+
     @abstractmethod
     def allocate_bitmask(self, rows: int) -> torch.Tensor: ...

@@ -1,5 +1,6 @@
 """Compiled grammars, made in a thread pool and kept by their text: the scheduler loop never
-waits for a compile, and requests sharing a constraint share one compile."""
+waits for a compile, and requests sharing a constraint share one compile. The cache is bounded
+in entries and in bytes (one grammar measured 160 MB); the least recently used go first."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from batonlm.constrained.backend import GrammarBackend
 
 MAX_CACHED_GRAMMARS = 256
+MAX_CACHED_BYTES = 512 * 1024 * 1024
 
 
 class GrammarCache:
@@ -40,9 +42,27 @@ class GrammarCache:
         self.compiles += 1
         fut = self._pool.submit(self._compile, kind, text)
         self._futures[key] = fut
+        self._evict()
+        return fut
+
+    def cancel(self, fut: Future) -> None:
+        """Drop a compile nobody waits for, if it has not started."""
+        if fut.cancel():
+            for key, f in list(self._futures.items()):
+                if f is fut:
+                    del self._futures[key]
+
+    def _evict(self) -> None:
         while len(self._futures) > MAX_CACHED_GRAMMARS:
             self._futures.popitem(last=False)
-        return fut
+        sizes = {k: self.backend.size_bytes(f.result()) for k, f in self._futures.items()
+                 if f.done() and not f.cancelled() and f.exception() is None}
+        total = sum(sizes.values())
+        for key in list(sizes):  # oldest first
+            if total <= MAX_CACHED_BYTES:
+                break
+            total -= sizes[key]
+            del self._futures[key]
 
     def _compile(self, kind: str, text: str) -> Any:
         return self.backend.compile(kind, text)

@@ -41,7 +41,9 @@ class XGrammarBackend(GrammarBackend):
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self._xgr = xgr
         self.vocab_size = vocab_size
-        self.compiler = xgr.GrammarCompiler(info, max_threads=threads)
+        # No cache of its own (unbounded by default: it grew the scheduler by 1.1 GB and kept it):
+        # GrammarCache keeps the compiled grammars, bounded.
+        self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
         self.whitespace = whitespace
 
     def compile(self, kind: str, text: str) -> Any:
@@ -54,6 +56,9 @@ class XGrammarBackend(GrammarBackend):
         if kind == "ebnf":
             return self.compiler.compile_grammar(text)
         raise ValueError(f"unknown constraint kind {kind!r}")
+
+    def size_bytes(self, compiled: Any) -> int:
+        return int(compiled.memory_size_bytes)
 
     def matcher(self, compiled: Any) -> GrammarMatcher:
         return XGrammarMatcher(self._xgr.GrammarMatcher(compiled))

@@ -10,6 +10,7 @@ right after its forward — the same path (`Scheduler.launch_delayed_sampling`).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -32,10 +33,13 @@ def grammar_backend(tokenizer_path: str | None, vocab_size: int, eos_ids: tuple[
 
 
 class GrammarQueue:
-    def __init__(self, make_backend: Callable[[], GrammarBackend], threads: int = 2) -> None:
+    def __init__(self, make_backend: Callable[[], GrammarBackend], threads: int = 2,
+                 compile_timeout_s: float = 60.0) -> None:
         self.cache = GrammarCache(make_backend, threads)
         self.pending: deque[Request] = deque()
         self.masked_batches = 0  # batches sampled through grammar masks
+        self.compile_timeout_s = compile_timeout_s
+        self._since: dict[str, float] = {}  # rid -> when its compile was asked for
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -44,13 +48,20 @@ class GrammarQueue:
         assert req.params.constraint is not None  # only constrained requests come here
         kind, text = req.params.constraint
         req.grammar = self.cache.get(kind, text)
+        self._since[req.rid] = time.monotonic()
         self.pending.append(req)
 
     def remove(self, req: Request) -> bool:
-        if req in self.pending:
-            self.pending.remove(req)
-            return True
-        return False
+        """Take an aborted request out; its compile is cancelled when no other request waits
+        for it and it has not started (one that runs cannot be stopped: its result is kept)."""
+        if req not in self.pending:
+            return False
+        self.pending.remove(req)
+        self._since.pop(req.rid, None)
+        if req.grammar is not None and not any(r.grammar is req.grammar for r in self.pending):
+            self.cache.cancel(req.grammar)
+        req.grammar = None
+        return True
 
     def poll(self) -> tuple[list[Request], list[tuple[Request, str]]]:
         """Requests whose grammar is ready (with their matcher), and those whose compile failed."""
@@ -61,8 +72,15 @@ class GrammarQueue:
             future, constraint = req.grammar, req.params.constraint
             assert future is not None and constraint is not None  # set by add(), cleared only here
             if not future.done():
+                if time.monotonic() - self._since[req.rid] > self.compile_timeout_s:
+                    failed.append((req, f"the {constraint[0]} did not compile within --grammar-compile-timeout "
+                                        f"({self.compile_timeout_s:g} s): simplify it"))
+                    self._since.pop(req.rid)
+                    req.grammar = None
+                    continue
                 waiting.append(req)
                 continue
+            self._since.pop(req.rid, None)
             req.grammar = None
             error = future.exception()
             if error is not None:

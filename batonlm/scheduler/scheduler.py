@@ -65,6 +65,7 @@ class SchedulerConfig:
     random_seed: int = 0
     tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
     grammar_whitespace: str = "bounded"
+    grammar_compile_timeout: float = 60.0
     dp_rank: int = 0  # the data-parallel replica this scheduler is
     speculative: SpecConfig | None = None  # speculative decoding, when on
 
@@ -91,7 +92,8 @@ class Scheduler(RequestIntake):
         self.waiting: deque[Request] = deque()
         self.grammars = GrammarQueue(  # constrained requests while their grammar compiles
             lambda: grammar_backend(config.tokenizer_path, config.vocab_size, config.eos_token_ids,
-                                    config.grammar_whitespace)
+                                    config.grammar_whitespace),
+            compile_timeout_s=config.grammar_compile_timeout,
         )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

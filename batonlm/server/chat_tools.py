@@ -76,7 +76,7 @@ async def plan_tools(state, req: ChatCompletionRequest) -> ToolPlan:
         if params is None:
             continue
         await check_constraint_param("json_schema", json.dumps(params), f"tools.{i}.function.parameters",
-                                     what=f"parameters schema of {tool.function.name!r}")
+                                     state.args.max_constraint_bytes, what=f"parameters schema of {tool.function.name!r}")
     template_tools = [t.model_dump(exclude_none=True) for t in tools] or None
     plan = ToolPlan(mode, state.tool_parser if mode == "auto" else None, template_tools)
     if plan.forced:

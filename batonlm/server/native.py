@@ -180,7 +180,7 @@ class GenerateRoute(Route[NativeGenerateRequest]):
         assert job.params is not None
         if job.params.constraint is not None:
             kind, text = job.params.constraint
-            await common.check_constraint_param(kind, text, f"sampling_params.{kind}")
+            await common.check_constraint_param(kind, text, f"sampling_params.{kind}", state.args.max_constraint_bytes)
 
     def num_choices(self, job: GenerateJob) -> int:  # type: ignore[override]
         return len(job.req.prompts) * job.n

@@ -95,16 +95,20 @@ def sampling_params(
     return base.for_choices(req.n)
 
 
-async def check_constraint_param(kind: str, text: str, param: str, what: str | None = None) -> None:
+async def check_constraint_param(kind: str, text: str, param: str, max_bytes: int, what: str | None = None) -> None:
     """Parse a constraint in a thread (a pathological one, a regex like a{100000}, takes
-    seconds); a 400 naming `param` when it does not parse."""
+    seconds); a 400 naming `param` when it is larger than `max_bytes` or does not parse."""
+    size = len(text.encode())
+    if size > max_bytes:
+        raise bad_request(f"the {what or kind.replace('_', ' ')} is {size} bytes; at most {max_bytes} are allowed "
+                          "(--max-constraint-bytes)", param=param, code="limit_exceeded")
     try:
         await maybe_offload(len(text), "constraint", check_constraint, kind, text)
     except InvalidConstraint as e:
         raise bad_request(f"invalid {what or kind.replace('_', ' ')}: {e}", param=param) from None
 
 
-async def request_constraint(req: SamplingFields) -> dict[str, str]:
+async def request_constraint(req: SamplingFields, max_bytes: int) -> dict[str, str]:
     """The SamplingParams constraint field of a request's response_format / regex / ebnf: at
     most one, and it parses, else a 400 naming the field the user wrote."""
     given = _constraints(req)
@@ -114,7 +118,7 @@ async def request_constraint(req: SamplingFields) -> dict[str, str]:
         raise bad_request(f"give at most one of response_format (JSON), regex and ebnf, got {given[0][2]} and "
                           f"{given[1][2]}", param=given[1][2])
     kind, text, field_name = given[0]
-    await check_constraint_param(kind, text, field_name)
+    await check_constraint_param(kind, text, field_name, max_bytes)
     return {kind: text}
 
 
@@ -143,7 +147,7 @@ class OpenAIRoute(Route[F]):
         limits.check_limits(state.args, dict(job.req))
 
     async def constrain(self, state: ServerState, job: Job[F]) -> None:
-        job.constraint = await request_constraint(job.req)
+        job.constraint = await request_constraint(job.req, state.args.max_constraint_bytes)
 
     def sampling_params(self, state: ServerState, job: Job[F], prompt_ids: list[int]) -> list[SamplingParams]:
         return sampling_params(state, job.req, len(prompt_ids), self.prompt_param, job.constraint)
