@@ -1,11 +1,15 @@
 """A bounded soak of `batonlm serve`: streams, aborts, slow readers, bad inputs and disconnects,
-all at once, for a few minutes; then checks that nothing broke and nothing leaked.
+and the hostile-client probe's mix (constraints — JSON schemas, regexes, forced tool calls —,
+logprobs with constraints, prompt logprobs with echo), all at once, for a few minutes; then
+checks that nothing broke and nothing leaked.
 
 Reports: requests by kind and status (the aim: 0 5xx, every good stream ends in [DONE], every
-bad input gets its 4xx), KV and request slots back to 0 after the load, and the main process's
-RSS and open file descriptors over time (the aim: flat after warm-up).
+bad input gets its 4xx), KV and request slots back to 0 after the load, the main process's RSS
+and open file descriptors over time (the aim: flat after warm-up), and /health's latency
+(polled every second; the aim: max < 1 s).
 
     python benchmarks/soak.py [--duration 180] [--concurrency 24] [--output-json PATH]
+                              [--server-args --dp 2 ...]
 
 Not part of CI (it runs for minutes); docs/reliability.md has the latest numbers.
 """
@@ -89,6 +93,41 @@ class Soak:
         except httpx.TimeoutException:
             self.note("disconnect", "ok")
 
+    async def constrained(self, c: httpx.AsyncClient) -> None:
+        """The probe's constrained mix: a JSON schema, a regex with logprobs, forced tool calls."""
+        kind = self.rng.choice(["schema", "regex", "tools"])
+        if kind == "schema":
+            schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                       "age": {"type": "integer"}}, "required": ["name", "age"]}
+            body = {"messages": [{"role": "user", "content": self.rng.choice(PROMPTS)}], "max_tokens": 60,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+                    "logprobs": True, "top_logprobs": 3}
+            path = "/v1/chat/completions"
+        elif kind == "regex":
+            body = {"prompt": self.rng.choice(PROMPTS), "max_tokens": 8, "regex": "(yes|no|maybe)", "logprobs": 5}
+            path = "/v1/completions"
+        else:
+            tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}}}
+            body = {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 60, "tools": [tool],
+                    "tool_choice": "required"}
+            path = "/v1/chat/completions"
+        stream = self.rng.random() < 0.5
+        if stream:
+            async with c.stream("POST", self.url + path, json={**body, "stream": True}) as r:
+                text = (await r.aread()).decode()
+            ok = r.status_code == 200 and text.rstrip().endswith("data: [DONE]") and '"error"' not in text
+            return self.note(f"constrained_{kind}", "ok" if ok else ("broken_stream" if r.status_code == 200 else
+                                                                      str(r.status_code)), text[-300:])
+        r = await c.post(self.url + path, json=body)
+        self.note(f"constrained_{kind}", "ok" if r.status_code == 200 else str(r.status_code), r.text)
+
+    async def prompt_logprobs(self, c: httpx.AsyncClient) -> None:
+        body = {"prompt": self.rng.choice(PROMPTS), "max_tokens": self.rng.randint(1, 16), "echo": True,
+                "logprobs": self.rng.choice([0, 5, 20]), "n": self.rng.choice([1, 4])}
+        r = await c.post(self.url + "/v1/completions", json=body)
+        self.note("prompt_logprobs", "ok" if r.status_code == 200 else str(r.status_code), r.text)
+
     async def bad_input(self, c: httpx.AsyncClient) -> None:
         path, body, status, _, _ = self.rng.choice(CORPUS)
         if isinstance(body, bytes):
@@ -115,7 +154,8 @@ class Soak:
 
     async def worker(self, c: httpx.AsyncClient, until: float) -> None:
         kinds = [self.full_stream] * 4 + [self.non_streamed] * 2 + [self.aborted_stream] * 2 + [
-            self.disconnect, self.bad_input, self.bad_input, self.slow_reader]
+            self.disconnect, self.bad_input, self.bad_input, self.slow_reader] + [self.constrained] * 2 + [
+            self.prompt_logprobs]
         while time.monotonic() < until:
             fn = self.rng.choice(kinds)
             try:
@@ -127,10 +167,12 @@ class Soak:
 async def sample(url: str, pid: int, until: float, t0: float, samples: list[dict]) -> None:
     async with httpx.AsyncClient(timeout=30) as c:
         while time.monotonic() < until:
+            t = time.monotonic()
             health = await c.get(url + "/health")
             samples.append({"t": round(time.monotonic() - t0, 1), "rss_mb": rss_bytes(pid) / 2**20,
-                            "fds": open_fds(pid), "health": health.status_code})
-            await asyncio.sleep(5)
+                            "fds": open_fds(pid), "health": health.status_code,
+                            "health_s": round(time.monotonic() - t, 4)})
+            await asyncio.sleep(1)
 
 
 def _metric(text: str, name: str) -> float:
@@ -170,6 +212,7 @@ async def run(url: str, pid: int, duration: float, concurrency: int, seed: int) 
                                 round(warm[-1]["rss_mb"], 1)] if warm else None,
         "fds_after_warmup": [warm[0]["fds"], max(s["fds"] for s in warm), warm[-1]["fds"]] if warm else None,
         "health_failures": sum(1 for s in samples if s["health"] != 200),
+        "health_max_s": max((s["health_s"] for s in samples), default=None),
         "samples": samples,
     }
 
@@ -196,7 +239,8 @@ def main() -> int:
     for line in result["server_errors"]:
         print("   ", line)
     print(f"after the load: KV slots used {result['kv_used_after']:.0f}, request slots used "
-          f"{result['req_slots_used_after']:.0f}; /health failures {result['health_failures']}")
+          f"{result['req_slots_used_after']:.0f}; /health failures {result['health_failures']}, slowest "
+          f"{result['health_max_s']} s")
     print(f"main process RSS MB after warm-up (first, max, last): {result['rss_mb_after_warmup']}")
     print(f"main process open fds after warm-up (first, max, last): {result['fds_after_warmup']}")
     print(f"server exit code: {code}")
