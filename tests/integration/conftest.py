@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,15 @@ def server():
 
 @pytest.fixture(scope="session")
 def guarded_server():
-    """A server with an API key (`sekrit`), a 2000-byte cap on request bodies, an 8 KiB budget
-    for whole answers and no prefix cache: test_server_errors.py checks the first three,
-    test_server_cache.py the last. None of them changes what the others do, so one server serves
-    both."""
-    s = ServerProcess("--api-key", "sekrit", "--max-request-bytes", "2000", "--max-response-bytes", "8192",
-                      "--disable-radix-cache")
+    """A server with an API key (`sekrit`, from $BATONLM_API_KEY: off the command line), a
+    2000-byte cap on request bodies, an 8 KiB budget for whole answers and no prefix cache:
+    test_server_errors.py checks the first three, test_server_cache.py the last. None of them
+    changes what the others do, so one server serves both."""
+    os.environ["BATONLM_API_KEY"] = "sekrit"
+    try:
+        s = ServerProcess("--max-request-bytes", "2000", "--max-response-bytes", "8192", "--disable-radix-cache")
+    finally:
+        del os.environ["BATONLM_API_KEY"]
     yield s
     assert s.stop() == 0, s.log()
 

@@ -1,4 +1,4 @@
-"""The compiled CPU decode step gives the eager step's tokens: every test family and stories260K,
+"""The compiled CPU decode step gives the eager step's tokens: stories260K (a Llama) and every other test family,
 both loops, greedy and seeded sampling, batches padded to their bucket; it is really used; a
 compiler that fails leaves the engine eager with one warning, not a crash."""
 
@@ -67,7 +67,8 @@ def compiled_stories(stories_path, compile_cache):
     h.close()
 
 
-@pytest.mark.parametrize("family", ["stories", *TEST_FAMILIES])
+# stories260K is a Llama: the tiny random Llama would compile the same graph again (30 s).
+@pytest.mark.parametrize("family", ["stories", *(f for f in TEST_FAMILIES if f != "llama")])
 def test_compiled_decode_gives_the_eager_tokens(request, compile_cache, family):
     path, prompts = _model(request, family), _prompts(11)
     eager = _tokens(path, "off", compile_cache, prompts)

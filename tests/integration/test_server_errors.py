@@ -107,6 +107,7 @@ def test_server_still_serves_after_bad_requests(server):
 
 def test_api_key_and_request_size(guarded_server):
     url = guarded_server.base_url
+    assert b"sekrit" not in open(f"/proc/{guarded_server.proc.pid}/cmdline", "rb").read()  # from the environment
     _check_error(httpx.post(url + CHAT, json={"messages": MSG}, timeout=30), 401, None, "api key")
     bad_key = {"Authorization": "Bearer nope"}
     _check_error(httpx.post(url + CHAT, json={"messages": MSG}, headers=bad_key, timeout=30), 401, None, None)

@@ -142,18 +142,6 @@ def test_killing_the_scheduler_fails_requests_fast_and_exits():
         s.stop()
 
 
-def test_sigterm_shuts_everything_down_cleanly():
-    s = ServerProcess()
-    descendants = s.descendants()
-    assert len(descendants) >= 2  # the scheduler and its device worker
-    t0 = time.monotonic()
-    assert s.stop() == 0
-    assert time.monotonic() - t0 < 10
-    wait_until(lambda: not [p for p in descendants if os.path.exists(f"/proc/{p}")], timeout=5)
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(s.base_url + "/health", timeout=2)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_to_the_whole_process_group_shuts_everything_down_cleanly(sig):
     """Ctrl-C in a terminal sends SIGINT to the whole process group (main, scheduler, worker);

@@ -179,7 +179,7 @@ def test_a_constraint_whose_language_is_empty_is_an_error_not_unk_tokens(server,
 # ---------------------------------------------------------------- 5. liveness that means progress
 
 
-@pytest.mark.parametrize("target", ["scheduler", "device worker", "tp rank 1"])
+@pytest.mark.parametrize("target", ["scheduler", "device worker"])  # a stopped TP rank: test_tp_server.py
 def test_a_stopped_process_is_seen_and_the_server_exits(target):
     """SIGSTOP of the scheduler or its device worker while a stream runs: /health said 200 and
     the client waited for ever. Now the watchdog (--watchdog-timeout 2) ends the stream with an
@@ -193,12 +193,10 @@ def test_a_stopped_process_is_seen_and_the_server_exits(target):
 
     from batonlm.bench.server_process import ServerProcess, children
 
-    s = ServerProcess("--compile", "off", "--watchdog-timeout", "2", *(["--tp", "2"] if "tp" in target else []))
+    s = ServerProcess("--compile", "off", "--watchdog-timeout", "2")
     try:
         scheduler = next(p for p in children(s.proc.pid) if "resource_tracker" not in open(f"/proc/{p}/cmdline").read())
-        victim = {"scheduler": scheduler, "device worker": min(children(scheduler)),
-                  "tp rank 1": max(s.descendants())}[target]
-        assert "tp" not in target or len(s.descendants()) >= 4, s.descendants()  # main's tracker, scheduler, 2 ranks
+        victim = scheduler if target == "scheduler" else children(scheduler)[0]
         everyone = s.descendants()
         events: list[dict] = []
 

@@ -60,11 +60,14 @@ class _Stream(threading.Thread):
         self.at = time.monotonic()
 
 
+# Four of the {kill, stop} x {rank 0, rank 1} x {decoding, idle} cells, one per way of noticing:
+# a collective that fails (kill rank 1 decoding), the heartbeat (kill rank 1 idle), the scheduler's
+# pipe (kill rank 0), a collective that times out (stop rank 1). A stopped device worker (rank 0)
+# is test_surface_faults.py's (the watchdog).
 @pytest.mark.parametrize(("sig", "rank", "busy"), [
-    (signal.SIGKILL, 1, True), (signal.SIGKILL, 0, True), (signal.SIGKILL, 1, False), (signal.SIGKILL, 0, False),
-    (signal.SIGSTOP, 1, True), (signal.SIGSTOP, 0, False),
-], ids=["kill-rank1-decoding", "kill-rank0-decoding", "kill-rank1-idle (the heartbeat notices)",
-        "kill-rank0-idle (the scheduler notices)", "stop-rank1-decoding", "stop-rank0-idle"])
+    (signal.SIGKILL, 1, True), (signal.SIGKILL, 1, False), (signal.SIGKILL, 0, False), (signal.SIGSTOP, 1, True),
+], ids=["kill-rank1-decoding", "kill-rank1-idle (the heartbeat notices)", "kill-rank0-idle (the scheduler notices)",
+        "stop-rank1-decoding"])
 def test_a_dead_or_hung_rank_takes_the_server_down(sig, rank, busy, one_rank_texts):
     timeout = 3.0
     check = sig == signal.SIGKILL and rank == 1 and busy  # one of them also checks what it serves
