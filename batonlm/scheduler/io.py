@@ -99,11 +99,6 @@ class ZmqSchedulerIO:
             self._push.poll(int(timeout_s * 1000), zmq.POLLOUT)
         return self._send_backlog()
 
-    @property
-    def backlog(self) -> int:
-        """Outputs waiting for the frontend to read."""
-        return len(self._backlog)
-
     def close(self) -> None:
         self._closed = True
         self.writable(1.0)  # the last outputs (a drain's aborts), if the frontend reads at all

@@ -42,8 +42,9 @@ def _measure(measure: str, value: Any) -> int | None:
 
 def check_limits(args: ServerArgs, fields: Mapping[str, Any], prefix: str = "") -> None:
     """Every limit on the request `fields` (name -> value) has; parameters are named
-    `prefix + field` (e.g. "sampling_params.stop"). Also run on the raw JSON body before it is
-    parsed, so that a request far beyond a limit (88,000 tools) costs no validation."""
+    `prefix + field` (e.g. "sampling_params.stop"). Run on every route's raw JSON body before it
+    is parsed (`ServerState.read`: a request far beyond a limit, 88,000 tools, costs no
+    validation), and by /generate on its nested sampling_params."""
     for lim in request_limits():
         for name in lim.bound.fields:
             value = fields.get(name)

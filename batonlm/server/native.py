@@ -162,10 +162,9 @@ class GenerateRoute(Route[NativeGenerateRequest]):
             params = SamplingParams.from_dict(raw)
         except InvalidSamplingParams as e:
             raise e.nested("sampling_params") from None
+        # (The top-level fields' limits were checked on the raw body; these are nested.)
         limits.check_limits(state.args, {**msgspec.structs.asdict(params), "stop": stop, "n": n},
                             prefix="sampling_params.")
-        limits.check_limits(state.args, {"top_logprobs_num": req.top_logprobs_num, "text": req.text,
-                                         "input_ids": req.input_ids})
         if req.return_logprob:
             k = req.top_logprobs_num
             scored = {"prompt_logprobs": k, "logprob_start_len": req.logprob_start_len} if req.logprob_start_len >= 0 else {}

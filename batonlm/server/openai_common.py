@@ -9,13 +9,12 @@ from typing import Any, ClassVar, TypeVar
 
 from batonlm.constrained.grammar import JSON_OBJECT_SCHEMA, InvalidConstraint, check_constraint
 from batonlm.sampling_params import SamplingParams
-from batonlm.server import limits
 from batonlm.server.errors import bad_request
 from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream, usage
 from batonlm.server.protocol import SamplingFields
 from batonlm.server.state import ServerState
 from batonlm.tokenizer_manager.chat_template import apply_chat_template
-from batonlm.tokenizer_manager.offload import INLINE_CHARS, maybe_offload
+from batonlm.tokenizer_manager.offload import maybe_offload, offload
 from batonlm.tokenizer_manager.request_state import GenerationChunk
 
 F = TypeVar("F", bound=SamplingFields)
@@ -36,8 +35,9 @@ async def render_chat(
         except Exception as e:
             raise bad_request(f"the chat template failed on these messages: {e}", param="messages") from None
 
-    size = sum(len(m["content"] or "") for m in messages) + (INLINE_CHARS if tools else 0)
-    return await maybe_offload(size, "text", render)
+    if tools:  # their schemas go through the template too: off the loop whatever the messages' size
+        return await offload("text", render)
+    return await maybe_offload(sum(len(m["content"] or "") for m in messages), "text", render)
 
 
 async def tokenize_prompts(state: ServerState, prompts: list) -> list[list[int]]:
@@ -144,7 +144,6 @@ class OpenAIRoute(Route[F]):
 
     def check(self, state: ServerState, job: Job[F]) -> None:
         job.stop, job.n = job.req.stop_strings, job.req.n
-        limits.check_limits(state.args, dict(job.req))
 
     async def constrain(self, state: ServerState, job: Job[F]) -> None:
         job.constraint = await request_constraint(job.req, state.args.max_constraint_bytes)

@@ -5,8 +5,8 @@ its request model, how its request becomes choices (a prompt's token ids and a S
 each), and how results are shaped, streamed (`Stream`) or whole (`answer`). `Route.handle`
 runs the steps they share, in this order:
 
-  read the body (size, deadline, JSON, the request model) -> the model name and the server's
-  health -> the route's checks and the request limits -> its constraint -> admission (429 when
+  read the body (size, deadline, JSON, the request limits, the request model) -> the model name
+  and the server's health -> the route's checks -> its constraint -> admission (429 when
   full) -> its prompts' token ids -> a SamplingParams per choice -> each prompt validated
   (context, vocabulary, KV capacity) -> the events streamed, or the results collected.
 
@@ -32,7 +32,6 @@ from pydantic import BaseModel
 
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
-from batonlm.server import limits
 from batonlm.server.errors import bad_request, to_api_error
 from batonlm.server.logprobs import prompt_token_logprobs
 from batonlm.server.sse import DONE, sse
@@ -63,6 +62,7 @@ class Job(Generic[R]):
     n: int = 1  # choices per prompt
     started: float = field(default_factory=time.perf_counter)
     admission: Admission | None = None  # the room admission took for its choices
+    answer_values: int = 0  # collected: the tokens, logprobs and alternatives the answer holds
 
     @property
     def stream(self) -> bool:
@@ -123,7 +123,7 @@ class Route(Generic[R]):
                 weakref.finalize(job, job.admission.release)
             return StreamingResponse(self.sse(state, job), media_type="text/event-stream")
         results = await until_disconnected(request, collect_choices(state, job, self.size_param(job)))
-        return await json_answer(answer_size(results), lambda: self.answer(state, job, results))
+        return await json_answer(job.answer_values, lambda: self.answer(state, job, results))
 
     async def prepare(self, state: ServerState, req: R) -> Job[R]:
         job = self.job_type(req, self.request_id(req), int(time.time()))
@@ -174,8 +174,8 @@ class Route(Generic[R]):
         return request_id(self.id_prefix)
 
     def check(self, state: ServerState, job: Job[R]) -> None:
-        """The route's own checks of its request, and the request limits; sets `job.stop`."""
-        limits.check_limits(state.args, dict(job.req))
+        """The route's own checks of its request (the request limits on its top-level fields
+        were checked on the raw body, `ServerState.read`); sets `job.stop`."""
 
     async def constrain(self, state: ServerState, job: Job[R]) -> None:
         """Check the request's constraint and set `job.constraint` (none by default)."""
@@ -223,15 +223,6 @@ class Route(Generic[R]):
         for payload in stream.closing():
             yield sse(payload)
         yield DONE
-
-
-def answer_size(results: list[ChoiceResult]) -> int:
-    """About how many values a whole answer holds (tokens, logprobs and their alternatives)."""
-    def per_token(items: list[TokenLogprob] | None) -> int:
-        return 1 + len(items[-1].top or ()) if items else 0
-
-    return sum(len(r.token_ids) + len(r.logprobs) * per_token(r.logprobs)
-               + len(r.prompt_logprobs or ()) * per_token(r.prompt_logprobs) for r in results)
 
 
 async def json_answer(size: int, build: Callable[[], Any]) -> Response:
@@ -307,9 +298,9 @@ async def collect_choices(state: ServerState, job: Job, size_param: str = "max_t
     budget = state.args.max_response_bytes // BYTES_PER_VALUE  # values
     async with contextlib.aclosing(stream_choices(state, job)) as chunks:
         async for i, chunk in chunks:
-            budget -= len(chunk.token_ids) + sum(2 + len(it.top or ()) for it in chunk.logprobs or ())
-            budget -= sum(2 + len(top) for top in chunk.prompt_top_logprobs or ())
-            if budget < 0:  # closing the stream cancels every choice (each aborts its request)
+            job.answer_values += len(chunk.token_ids) + sum(2 + len(it.top or ()) for it in chunk.logprobs or ())
+            job.answer_values += sum(2 + len(top) for top in chunk.prompt_top_logprobs or ())
+            if job.answer_values > budget:  # closing the stream cancels every choice (each aborts its request)
                 raise bad_request(f"the answer grew past --max-response-bytes ({state.args.max_response_bytes} "
                                   "bytes); stream it (stream: true), or ask for fewer choices, tokens or logprobs",
                                   param=size_param, code="response_too_large")
