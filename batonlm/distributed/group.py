@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout  # private: the only way to lower a connected group's timeout
 
 
 @dataclass
@@ -82,8 +83,14 @@ class TPGroup:
         if cuda:  # NCCL builds its communicators on the current device
             torch.cuda.set_device(torch.device(device))
         store = rendezvous(init_addr, rank, size)
-        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=size, timeout=timeout)
-        cpu_group = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
+        # Connecting the ranks waits as long as the rendezvous (ranks start at their own pace: on a
+        # busy host one may come seconds after the others); only then do collectives get the short
+        # timeout that notices a stopped rank.
+        meet = timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, timeout_s))
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=size, timeout=meet)
+        cpu_group = dist.new_group(backend="gloo", timeout=meet) if cuda else dist.group.WORLD
+        for group in {dist.group.WORLD, cpu_group}:
+            _set_pg_timeout(timeout, group)
         return cls(rank, size, dist.group.WORLD, cpu_group, gather_into_tensor=cuda, store=store)
 
     def wait_all(self, key: str) -> None:
