@@ -18,7 +18,6 @@ from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.request_state import GenerationChunk
-from batonlm.tokenizer_manager.tokenizer import load_tokenizer
 
 _DONE = object()
 
@@ -35,16 +34,17 @@ class Engine:
         if self.args.node_rank > 0:
             raise ConfigError("node_rank", "a node other than 0 only runs ranks: start it with `batonlm serve "
                               "--node-rank K`; the Engine is node 0")
-        self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="batonlm-engine-loop", daemon=True)
         self._thread.start()
-        self._manager = TokenizerManager(self.args, self.tokenizer, start_scheduler)
+        self._manager = TokenizerManager(self.args, None, start_scheduler)
         try:
-            self.info = self._call(self._manager.start())
+            self.info = self._call(self._manager.start_with_tokenizer())
         except BaseException:
+            self._call(self._manager.shutdown())
             self._stop_loop()
             raise
+        self.tokenizer = self._manager.tokenizer
         self._closed = False
 
     # ------------------------------------------------------------------ plumbing

@@ -206,6 +206,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
     except (OSError, AttributeError):  # not Linux/glibc: the pipe's EOF still ends an idle worker
         pass
+    # A parent that died while this interpreter started (a cancelled start) sent no signal.
+    parent = mp.parent_process()
+    if parent is not None and parent.pid != os.getppid():
+        os._exit(0)
 
 
 def _keep_freed_memory() -> None:

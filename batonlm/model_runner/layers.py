@@ -54,14 +54,20 @@ class RotaryEmbedding(nn.Module):
     cos: torch.Tensor  # buffers: [max_positions, head_dim]
     sin: torch.Tensor
 
-    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
+    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, meta: bool = False) -> None:
+        """`meta`: shapes only (the model is being built on the meta device, where computing the
+        tables would cost seconds of torch's Python reference ops; `init_buffers` computes them)."""
         super().__init__()
-        inv_freq = rope_inv_freq(rope, head_dim)
-        pos = torch.arange(max_positions, dtype=torch.float32)
-        freqs = pos[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        if meta:
+            cos = sin = torch.empty(max_positions, head_dim, device="meta")
+        else:
+            inv_freq = rope_inv_freq(rope, head_dim)
+            pos = torch.arange(max_positions, dtype=torch.float32)
+            freqs = pos[:, None] * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos(), emb.sin()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [T, 1, head_dim] for the given positions, in the model dtype."""

@@ -18,7 +18,7 @@ from batonlm.launcher import SchedulerStartError, start_scheduler
 from batonlm.logging_setup import configure_logging
 from batonlm.server.http_protocol import guarded_protocol
 from batonlm.tokenizer_manager.manager import TokenizerManager
-from batonlm.tokenizer_manager.tokenizer import TokenizerLoadError, load_tokenizer
+from batonlm.tokenizer_manager.tokenizer import TokenizerLoadError
 from batonlm.version import __version__
 
 logger = logging.getLogger("batonlm.serve")
@@ -132,13 +132,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _serve(args: ServerArgs, sock: socket.socket, tokenizer) -> int:
-    manager = TokenizerManager(args, tokenizer, start_scheduler)
+async def _serve(args: ServerArgs, sock: socket.socket) -> int:
+    manager = TokenizerManager(args, None, start_scheduler)
     try:
-        info = await manager.start()
+        info = await manager.start_with_tokenizer()
     except SchedulerStartError as e:
         await manager.shutdown()
         raise StartupError(f"the model could not be started: {e}") from None
+    except BaseException:
+        await manager.shutdown()
+        raise
     try:
         server, sched_died = _http_server(args, manager)
     except BaseException:  # stopped before serving: the scheduler goes too
@@ -219,8 +222,7 @@ def serve(args: ServerArgs) -> int:
         args = args.replace(api_key=args.resolved_api_key(), api_key_file=None)
         raise_open_file_limit(args.max_connections + 256)
         sock = bind_socket(args.host, args.port)
-        tokenizer = load_tokenizer(args.tokenizer or args.model)
-        return asyncio.run(_serve(args, sock, tokenizer))
+        return asyncio.run(_serve(args, sock))
     except (StartupError, TokenizerLoadError, ConfigError) as e:
         logger.error("%s", e)
         return 2

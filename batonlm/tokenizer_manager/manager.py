@@ -47,6 +47,7 @@ from batonlm.tokenizer_manager.request_state import (
 from batonlm.tokenizer_manager.scheduler_link import LaunchScheduler, SchedulerLink, SchedulerProcess
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 from batonlm.tokenizer_manager.watchdog import Watchdog
+from batonlm.tokenizer_manager.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,21 @@ class TokenizerManager:
     @on_scheduler_death.setter
     def on_scheduler_death(self, callback: Callable[[], None] | None) -> None:
         self.link.on_death = callback
+
+    async def start_with_tokenizer(self) -> SchedulerInfo:
+        """`start`, and meanwhile load the tokenizer (when the manager was made without one):
+        each spends seconds importing transformers and torch, which two cores do at once. A
+        tokenizer that fails to load (TokenizerLoadError) cancels the start: no model is loaded
+        for nothing."""
+        start = asyncio.create_task(self.start())
+        try:
+            if self.tokenizer is None:
+                self.tokenizer = await asyncio.to_thread(load_tokenizer, self.args.tokenizer or self.args.model)
+        except BaseException:
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+            raise
+        return await start
 
     async def start(self) -> SchedulerInfo:
         """Spawn the scheduler(s) and wait until they have loaded the model; then watch them."""

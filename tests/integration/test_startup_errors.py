@@ -56,3 +56,12 @@ def test_broken_checkpoint(tmp_path, stories_path):
     shutil.copytree(stories_path, d)
     (d / "model.safetensors").unlink()
     assert_clean_error(serve(str(d)), "could not be started", "no safetensors weights")
+
+
+def test_a_tokenizer_that_does_not_load_stops_the_start(tmp_path):
+    # The tokenizer loads while the scheduler starts: its failure cancels the start (exit code 2,
+    # one line, the model never reported ready).
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    out = serve("--tokenizer", str(tmp_path))
+    assert_clean_error(out, "could not load a tokenizer from", str(tmp_path))
+    assert out.returncode == 2 and "ready on" not in out.stdout + out.stderr

@@ -141,7 +141,7 @@ class DecoderLM(CausalLM):
         self.model = DecoderBody(cfg, opts, self.shard, self.tp, self.mlp_rows[1], self.mlp_group)
         vocab_rows = self.shard.vocab_rows()[1]
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, meta=True)
 
     def init_buffers(self, device: torch.device | str) -> None:
         cfg = self.config
