@@ -2,7 +2,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help install run test test-quick lint docs bench docker
+.PHONY: help install run test test-all test-quick lint docs bench docker
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -14,7 +14,10 @@ install:  ## install batonlm with its test and dev extras (torch 2.13.0 first)
 run:  ## serve the embedded stories260K model on http://127.0.0.1:30000
 	batonlm serve
 
-test:  ## run the test suite (what .ci/run runs), then print the 20 slowest tests
+test:  ## run the test suite but its slow tier (what .ci/run runs; <= 15 min on 2 cores), then its 20 slowest tests
+	$(PYTHON) -m pytest -q tests -m "not slow" --durations=20
+
+test-all:  ## every test, the slow tier too (every family compiled, the whole signal matrix, multi-node endings)
 	$(PYTHON) -m pytest -q tests --durations=20
 
 test-quick:  ## the unit and kernel tests not marked slow (a few minutes): the edit loop

@@ -1,5 +1,5 @@
 """The Triton attention backend (interpreted on the CPU) gives the engine the tokens of the torch
-backend: GQA, a sliding window, chunks on cached prefixes, decodes, both loops."""
+backend: GQA, a sliding window, chunks on cached prefixes, decodes."""
 
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ def test_triton_attention_gives_the_torch_tokens(request, monkeypatch, model):
     prompts = [shared + [rng.randrange(3, 512) for _ in range(rng.randint(1, 25))] for _ in range(4)]
     params = [{"max_new_tokens": 8, "temperature": 0.0}, {"max_new_tokens": 8, "temperature": 0.8, "seed": 3}]
     outs = {}
-    for backend in ("torch", "triton"):
+    # The torch backend in both loops; the interpreted kernels (a minute a run) in the overlap
+    # loop, whose launches are the normal loop's, one iteration ahead.
+    for backend, loops in (("torch", (False, True)), ("triton", (True,))):
         # Chunks of 16 tokens on a shared (cached) prefix, beside decodes.
         h = SchedulerHarness(path, attention_backend=backend, chunked_prefill_size=16, max_running_requests=8)
         try:
-            for overlap in (False, True):
+            for overlap in loops:
                 for i, ids in enumerate(prompts):
                     h.submit(f"r{i}", ids, params[i % 2], at=i)
                 records = h.run(overlap=overlap)
@@ -35,4 +37,4 @@ def test_triton_attention_gives_the_torch_tokens(request, monkeypatch, model):
                 outs[backend, overlap] = {k: v.token_ids for k, v in records.items()}
         finally:
             h.close()
-    assert outs["triton", False] == outs["torch", False] == outs["triton", True] == outs["torch", True]
+    assert outs["triton", True] == outs["torch", False] == outs["torch", True]

@@ -68,7 +68,10 @@ def compiled_stories(stories_path, compile_cache):
 
 
 # stories260K is a Llama: the tiny random Llama would compile the same graph again (30 s).
-@pytest.mark.parametrize("family", ["stories", *(f for f in TEST_FAMILIES if f != "llama")])
+# The other families' graphs (a bias, q/k norms, a sliding window) are the slow tier's (`make
+# test-all`): 50 s each to compile.
+@pytest.mark.parametrize("family", ["stories", *(pytest.param(f, marks=pytest.mark.slow)
+                                                 for f in TEST_FAMILIES if f != "llama")])
 def test_compiled_decode_gives_the_eager_tokens(request, compile_cache, family):
     path, prompts = _model(request, family), _prompts(11)
     eager = _tokens(path, "off", compile_cache, prompts)

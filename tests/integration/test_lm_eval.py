@@ -35,21 +35,30 @@ def lm_eval_env(tmp: Path) -> dict[str, str]:
     return {**os.environ, "HF_HOME": str(tmp / "hf_home"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def _lm_eval(tmp: Path, name: str, model: str, model_args: str) -> dict[str, list[dict]]:
-    """Run the lm_eval command line from the repository root; its logged samples."""
-    out = tmp / name
-    cmd = [sys.executable, "-m", "lm_eval", "--model", model, "--model_args", model_args, "--device", "cpu",
-           "--tasks", ",".join(TASKS), "--include_path", "tests/data/lm_eval", "--output_path", str(out),
-           "--log_samples"]
-    proc = subprocess.run(cmd, env=lm_eval_env(tmp), cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return lm_eval_samples(out)
+def _lm_eval(tmp: Path, runs: dict[str, tuple[str, str]]) -> dict[str, dict[str, list[dict]]]:
+    """Run the lm_eval command line from the repository root, once per run (name -> model,
+    model_args), the runs at once; the logged samples of each."""
+    procs = {}
+    for name, (model, model_args) in runs.items():
+        cmd = [sys.executable, "-m", "lm_eval", "--model", model, "--model_args", model_args, "--device", "cpu",
+               "--tasks", ",".join(TASKS), "--include_path", "tests/data/lm_eval", "--output_path", str(tmp / name),
+               "--log_samples"]
+        log = open(tmp / f"{name}.log", "w")  # a file, not a pipe: neither run waits on a full pipe
+        procs[name] = (subprocess.Popen(cmd, env=lm_eval_env(tmp), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+    for name, (proc, log) in procs.items():
+        proc.wait(timeout=600)
+        log.close()
+        assert proc.returncode == 0, (tmp / f"{name}.log").read_text()[-6000:]
+    return {name: lm_eval_samples(tmp / name) for name in runs}
 
 
 def test_lm_eval_local_completions_matches_the_hf_backend(server, tmp_path, stories_path):
-    api = _lm_eval(tmp_path, "api", "local-completions",
-                   f"base_url={server.base_url}/v1/completions,model=stories260K,num_concurrent=2,max_retries=1")
-    hf = _lm_eval(tmp_path, "hf", "hf", f"pretrained={stories_path},dtype=float32,add_bos_token=False")
+    runs = _lm_eval(tmp_path, {
+        "api": ("local-completions",
+                f"base_url={server.base_url}/v1/completions,model=stories260K,num_concurrent=2,max_retries=1"),
+        "hf": ("hf", f"pretrained={stories_path},dtype=float32,add_bos_token=False"),
+    })
+    api, hf = runs["api"], runs["hf"]
 
     choice_api, choice_hf = api["batonlm_stories_choice"], hf["batonlm_stories_choice"]
     assert len(choice_api) == len(choice_hf) == 10

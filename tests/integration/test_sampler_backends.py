@@ -19,7 +19,6 @@ def _run(sampler: str) -> list[dict]:
         params = [{**sp, "max_new_tokens": 12} for _, sp in REQUESTS]
         return engine.generate(prompts, sampling_params=params)
 
-@pytest.mark.slow
 def test_torch_and_triton_samplers_agree(monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned device worker inherits it

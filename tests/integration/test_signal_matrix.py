@@ -2,10 +2,11 @@
 compiles the decode step, starts from a warm compile cache, serves idle, serves streams, or
 drains (a second signal) — with one rank, `--tp 2` and `--dp 2`. Every time: exit code 0 (a
 requested stop), within 10 s, no process left, no traceback; streams in flight finish, or end
-with an error event after a second signal. This is a cut of the whole matrix that keeps the
-suite's time: every phase once with one rank (the signals alternating, so each is sent in
-both halves of a start and of serving), and the paths --tp 2 and --dp 2 add (their start, their
-drain); benchmarks/signal_matrix.py runs every cell ({SIGINT, SIGTERM} x 6 phases x 3 setups)."""
+with an error event after a second signal. This is a cut of the whole matrix: every phase once
+with one rank (the signals alternating, so each is sent in both halves of a start and of
+serving), and the paths --tp 2 and --dp 2 add (their start, their drain); `make test` runs
+three of these cells (a start, a drain, a --tp 2 start), `make test-all` all of them, and
+benchmarks/signal_matrix.py every cell ({SIGINT, SIGTERM} x 6 phases x 3 setups)."""
 
 import signal
 
@@ -13,9 +14,8 @@ import pytest
 
 from batonlm.bench.signal_probe import SETUPS, fill_compile_cache, probe
 
-pytestmark = pytest.mark.slow
-
 INT, TERM = signal.SIGINT, signal.SIGTERM
+SUITE = {("1 rank", "loading", TERM), ("1 rank", "draining", INT), ("--tp 2", "loading", INT)}
 CASES = [
     ("1 rank", "loading", INT), ("1 rank", "compiling", TERM), ("1 rank", "warm", INT), ("1 rank", "idle", TERM),
     ("1 rank", "load", INT), ("1 rank", "draining", INT), ("1 rank", "loading", TERM),
@@ -25,6 +25,8 @@ CASES = [
     ("--tp 2", "loading", INT), ("--tp 2", "draining", TERM),
     ("--dp 2", "loading", TERM), ("--dp 2", "draining", INT),
 ]
+CELLS = [pytest.param(*c, id=f"{c[0]}-{c[1]}-{c[2].name}", marks=() if c in SUITE else pytest.mark.slow)
+         for c in CASES]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def warm_cache(tmp_path_factory):
     return cache
 
 
-@pytest.mark.parametrize(("setup", "phase", "sig"), CASES, ids=[f"{s}-{p}-{g.name}" for s, p, g in CASES])
+@pytest.mark.parametrize(("setup", "phase", "sig"), CELLS)
 def test_a_signal_at_any_moment_stops_everything(setup, phase, sig, request):
     cache = request.getfixturevalue("warm_cache") if phase == "warm" else None
     o = probe(phase, sig, SETUPS[setup], setup_name=setup, compile_cache=cache)

@@ -54,7 +54,7 @@ def stories_case(stories_path):
     return prompts, max_new, arrivals, _generate(stories_path, prompts, max_new, arrivals=arrivals)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: the uneven-split test
 def test_stories260k_gives_the_same_tokens_at_any_rank_count(stories_path, stories_case, tp):
     """(8 ranks, where its 4 KV heads are replicated and its 172 MLP features split 22/21, give
     the same tokens too; the uneven-split test below covers both at 4 ranks, faster.)"""

@@ -115,8 +115,10 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize(("ending", "tp"), [("sigterm-node0", 4), ("kill-node1-rank", 2), ("stop-node1-rank", 2)],
-                         ids=["two-ranks-per-node-sigterm-node0", "kill-node1-rank", "stop-node1-rank"])
+@pytest.mark.parametrize(("ending", "tp"), [
+    pytest.param("sigterm-node0", 4, marks=pytest.mark.slow), ("kill-node1-rank", 2),
+    pytest.param("stop-node1-rank", 2, marks=pytest.mark.slow),
+], ids=["two-ranks-per-node-sigterm-node0", "kill-node1-rank", "stop-node1-rank"])
 def test_two_local_nodes_serve_through_node_0(tmp_path, one_rank_texts, ending, tp):
     addr = f"127.0.0.1:{free_port()}"
     log1 = open(tmp_path / "node1.log", "w")
