@@ -15,7 +15,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _set_pg_timeout  # private: the only way to lower a connected group's timeout
+from torch.distributed.distributed_c10d import (
+    _set_pg_timeout,  # private: the only way to lower a connected group's timeout
+)
 
 
 @dataclass

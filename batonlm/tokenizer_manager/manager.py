@@ -46,8 +46,8 @@ from batonlm.tokenizer_manager.request_state import (
 )
 from batonlm.tokenizer_manager.scheduler_link import LaunchScheduler, SchedulerLink, SchedulerProcess
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
-from batonlm.tokenizer_manager.watchdog import Watchdog
 from batonlm.tokenizer_manager.tokenizer import load_tokenizer
+from batonlm.tokenizer_manager.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -35,14 +36,12 @@ def lm_eval_env(tmp: Path) -> dict[str, str]:
     return {**os.environ, "HF_HOME": str(tmp / "hf_home"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def _lm_eval(tmp: Path, runs: dict[str, tuple[str, str]]) -> dict[str, dict[str, list[dict]]]:
-    """Run the lm_eval command line from the repository root, once per run (name -> model,
-    model_args), the runs at once; the logged samples of each."""
+def _lm_eval(tmp: Path, runs: dict[str, list[str]]) -> dict[str, dict[str, list[dict]]]:
+    """Run lm_eval command lines (name -> argv after `lm_eval`) from the repository root, all at
+    once; the logged samples of each."""
     procs = {}
-    for name, (model, model_args) in runs.items():
-        cmd = [sys.executable, "-m", "lm_eval", "--model", model, "--model_args", model_args, "--device", "cpu",
-               "--tasks", ",".join(TASKS), "--include_path", "tests/data/lm_eval", "--output_path", str(tmp / name),
-               "--log_samples"]
+    for name, argv in runs.items():
+        cmd = [sys.executable, "-m", "lm_eval", *argv, "--output_path", str(tmp / name), "--log_samples"]
         log = open(tmp / f"{name}.log", "w")  # a file, not a pipe: neither run waits on a full pipe
         procs[name] = (subprocess.Popen(cmd, env=lm_eval_env(tmp), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
     for name, (proc, log) in procs.items():
@@ -52,11 +51,24 @@ def _lm_eval(tmp: Path, runs: dict[str, tuple[str, str]]) -> dict[str, dict[str,
     return {name: lm_eval_samples(tmp / name) for name in runs}
 
 
+def readme_command(base_url: str) -> list[str]:
+    """The README's lm-eval command (after `lm_eval`), pointed at `base_url`."""
+    from test_readme import README_URL, blocks, commands
+
+    install, cmd = commands(blocks("bash", "lm_eval --model local-completions")[0])
+    assert install.startswith("pip install") and "lm-eval" in install
+    argv = shlex.split(cmd.replace(README_URL, base_url))
+    assert argv[0] == "lm_eval"
+    return argv[1:]
+
+
 def test_lm_eval_local_completions_matches_the_hf_backend(server, tmp_path, stories_path):
+    """The API run is the README's command as written, against the server as the README starts it
+    (the session server); lm-eval's hf backend runs beside it."""
     runs = _lm_eval(tmp_path, {
-        "api": ("local-completions",
-                f"base_url={server.base_url}/v1/completions,model=stories260K,num_concurrent=2,max_retries=1"),
-        "hf": ("hf", f"pretrained={stories_path},dtype=float32,add_bos_token=False"),
+        "api": readme_command(server.base_url),
+        "hf": ["--model", "hf", "--model_args", f"pretrained={stories_path},dtype=float32,add_bos_token=False",
+               "--device", "cpu", "--tasks", ",".join(TASKS), "--include_path", "tests/data/lm_eval"],
     })
     api, hf = runs["api"], runs["hf"]
 
