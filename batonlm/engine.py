@@ -7,6 +7,7 @@ frontend, running the TokenizerManager on an asyncio loop in a background thread
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator
@@ -41,7 +42,8 @@ class Engine:
         try:
             self.info = self._call(self._manager.start_with_tokenizer())
         except BaseException:
-            self._call(self._manager.shutdown())
+            with contextlib.suppress(Exception):  # the start's own error is the one to raise
+                self._call(self._manager.shutdown())
             self._stop_loop()
             raise
         self.tokenizer = self._manager.tokenizer
