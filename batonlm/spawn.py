@@ -41,6 +41,15 @@ def start(process: mp.process.BaseProcess) -> None:
         process.start()
 
 
+def parent_pid() -> int:
+    """In a child, the pid of the process that started it (not `os.getppid()` now: that parent
+    may be gone already, the child re-parented, while its interpreter started and imported)."""
+    import os
+
+    parent = mp.parent_process()
+    return parent.pid if parent is not None and parent.pid is not None else os.getppid()
+
+
 def exit_child(code: int) -> None:
     """End a child process now, after what its normal end runs (multiprocessing's finalizers,
     e.g. shared semaphores; the logs flushed), without the interpreter's teardown: with torch

@@ -207,8 +207,7 @@ def _die_with_parent() -> None:
     except (OSError, AttributeError):  # not Linux/glibc: the pipe's EOF still ends an idle worker
         pass
     # A parent that died while this interpreter started (a cancelled start) sent no signal.
-    parent = mp.parent_process()
-    if parent is not None and parent.pid != os.getppid():
+    if spawn.parent_pid() != os.getppid():
         os._exit(0)
 
 

@@ -81,21 +81,12 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
 PARENT_CHECK_S = 0.25
 
 
-def _parent_pid() -> int:
-    """The pid of the process that started this one (not `os.getppid()` now: it may be gone
-    already, this process re-parented, while the interpreter started and imported)."""
-    import multiprocessing
-
-    parent = multiprocessing.parent_process()
-    return parent.pid if parent is not None and parent.pid is not None else os.getppid()
-
-
 def _exit_with_parent_while_starting() -> None:
     """Loading the model and compiling the decode step take a while, and nothing else would
     notice a main process killed meanwhile (SIGKILL, or a SIGTERM to it alone): a thread
     watches it and ends this process (its device workers die with it). Once serving, the loop
     notices the parent is gone by itself (`SchedulerIO.orphaned`)."""
-    parent = _parent_pid()
+    parent = spawn.parent_pid()
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -136,11 +136,10 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
     manager = TokenizerManager(args, None, start_scheduler)
     try:
         info = await manager.start_with_tokenizer()
-    except SchedulerStartError as e:
+    except BaseException as e:  # the scheduler(s) go too
         await manager.shutdown()
-        raise StartupError(f"the model could not be started: {e}") from None
-    except BaseException:
-        await manager.shutdown()
+        if isinstance(e, SchedulerStartError):
+            raise StartupError(f"the model could not be started: {e}") from None
         raise
     try:
         server, sched_died = _http_server(args, manager)
