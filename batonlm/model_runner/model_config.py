@@ -179,8 +179,10 @@ def _sliding_windows(text: dict[str, Any], model_type: str, num_layers: int) -> 
     window = text.get("sliding_window")
     layer_types = text.get("layer_types")
     if layer_types is None:
-        if model_type == "mistral":
+        if model_type in ("mistral", "mixtral"):
             layer_types = [_SLIDING if window else _FULL] * num_layers
+        elif model_type == "qwen3_moe":  # every layer, when use_sliding_window
+            layer_types = [_SLIDING if window and text.get("use_sliding_window") else _FULL] * num_layers
         elif text.get("use_sliding_window"):
             first = int(text.get("max_window_layers", num_layers))
             layer_types = [_SLIDING if i >= first else _FULL for i in range(num_layers)]

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from batonlm.model_runner.models.base import CausalLM
+from batonlm.model_runner.moe import FusedExperts
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,11 @@ def _targets(model: CausalLM) -> dict[str, _Target]:
     starts = {"q_proj": (q_start, q_full), "k_proj": (kv_start, kv_full), "v_proj": (kv_start, kv_full),
               "gate_proj": (mlp_start, cfg.intermediate_size), "up_proj": (mlp_start, cfg.intermediate_size)}
     out: dict[str, _Target] = {}
-    for name, p in model.named_parameters():
+    for param_name, p in model.named_parameters():
+        name = _checkpoint_name(model, param_name)
+        if param_name.endswith(_EXPERT_PARAMS):
+            out.update(_expert_targets(model, param_name, name, p))
+            continue
         fused = next((f for f, _, _ in model.stacked_params if f"{f}." in name), None)
         if fused is not None:
             sizes = model.shard_sizes(fused)
@@ -110,6 +115,37 @@ def _targets(model: CausalLM) -> dict[str, _Target]:
                 p[vocab_count:].zero_()  # the padding rows past the vocabulary
         else:
             out[name] = _Target(p, 0, p.shape[0])
+    return out
+
+
+_EXPERT_PARAMS = ("experts.w13", "experts.w2")
+
+
+def _checkpoint_name(model: CausalLM, name: str) -> str:
+    for ours, theirs in model.checkpoint_renames:
+        name = name.replace(ours, theirs)
+    return name
+
+
+def _expert_targets(model: CausalLM, param_name: str, name: str, p: torch.Tensor) -> dict[str, _Target]:
+    """The fused experts' parameter `param_name` (checkpoint prefix from `name`): expert e's gate
+    and up projections fill rows of w13[e] (this rank's slice of each), its down projection
+    w2[e] (this rank's columns)."""
+    module, _, kind = param_name.rpartition(".")
+    experts = model.get_submodule(module)
+    assert isinstance(experts, FusedExperts), param_name
+    start, count = experts.rows
+    full = experts.intermediate
+    prefix = name.rpartition(".")[0]
+    gate, up, down = model.expert_weight_names
+    out: dict[str, _Target] = {}
+    for e in range(p.shape[0]):
+        view = p.data[e]
+        if kind == "w13":
+            out[f"{prefix}.{e}.{gate}.weight"] = _Target(view, 0, count, 0, start, full)
+            out[f"{prefix}.{e}.{up}.weight"] = _Target(view, count, count, 0, start, full)
+        else:
+            out[f"{prefix}.{e}.{down}.weight"] = _Target(view, 0, count, 1, start, full)
     return out
 
 

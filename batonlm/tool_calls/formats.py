@@ -84,7 +84,7 @@ class MistralParser(ToolCallParser):
 
 
 # Model architecture -> the format its chat template and fine-tuning use.
-_BY_ARCHITECTURE = {"LlamaForCausalLM": "llama3", "MistralForCausalLM": "mistral"}
+_BY_ARCHITECTURE = {"LlamaForCausalLM": "llama3", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mistral"}
 
 
 def parser_for(choice: str, architecture: str | None) -> ToolCallParser:

@@ -36,20 +36,25 @@ def _single_process_tokens(model, schedule):
         h.close()
 
 
-@pytest.mark.parametrize(("overlap", "consecutive_prefill_rule", "seeds"),
-                         [(True, False, (1, 2, 3)), (True, True, (4,)), (False, False, (5,))],
-                         ids=["overlap", "overlap-consecutive-prefill-rule", "normal"])
+@pytest.mark.parametrize(("model", "overlap", "consecutive_prefill_rule", "seeds"),
+                         [("stories", True, False, (1, 2, 3)), ("stories", True, True, (4,)),
+                          ("stories", False, False, (5,)), ("qwen3_moe", True, False, (6,))],
+                         ids=["overlap", "overlap-consecutive-prefill-rule", "normal", "moe-overlap"])
 def test_two_replicas_with_dp_attention_match_one_process(
-    stories_path, tmp_path, overlap, consecutive_prefill_rule, seeds
+    request, tmp_path, model, overlap, consecutive_prefill_rule, seeds
 ):
+    """With a mixture-of-experts model (qwen3_moe) the sparse MoE layer is what the ranks run
+    together, each holding its share of every expert."""
+    model_path = request.getfixturevalue("stories_path") if model == "stories" else \
+        request.getfixturevalue("tiny_models")[model]
     env = {"BATONLM_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1" if consecutive_prefill_rule else "0"}
     pairings = [0] * 9
     for seed in seeds:
         schedule = _schedule(seed)
-        want = _single_process_tokens(stories_path, schedule)
+        want = _single_process_tokens(model_path, schedule)
         dp_dir = tmp_path / f"seed{seed}"
         dp_dir.mkdir()
-        reports = run_ranks(dp_scheduler_job, 2, stories_path, str(dp_dir), schedule, overlap, env, timeout=300)
+        reports = run_ranks(dp_scheduler_job, 2, model_path, str(dp_dir), schedule, overlap, env, timeout=300)
         got = {}
         iterations = set()
         for records, (pairs, checked, iters) in reports.values():

@@ -109,3 +109,60 @@ def test_large_checkpoints_show_a_progress_bar(stories_path, capsys, monkeypatch
     monkeypatch.setattr(weight_loader, "PROGRESS_BAR_BYTES", 1)
     load_model(ModelConfig.from_hf(stories_path), torch.float32, "cpu")[0]
     assert "Loading weights: 100%" in capsys.readouterr().err
+
+
+def test_moe_families_read_their_expert_layout(tiny_models):
+    """Qwen3-MoE: a dense first layer (`mlp_only_layers`), top-3 of 8 renormalised, rounded to
+    the model dtype; Mixtral: every layer sparse, weights kept in float32."""
+    from batonlm.model_runner.moe import SparseMoE
+
+    qwen = MODEL_ARCHITECTURES["Qwen3MoeForCausalLM"].options(ModelConfig.from_hf(tiny_models["qwen3_moe"]).raw)
+    assert qwen.moe_layers == frozenset({1}) and qwen.qk_norm
+    assert (qwen.moe.num_experts, qwen.moe.top_k, qwen.moe.intermediate_size) == (8, 3, 32)
+    assert qwen.moe.renormalize and not qwen.moe.weights_in_fp32
+    cfg = ModelConfig.from_hf(tiny_models["mixtral"])
+    mixtral = MODEL_ARCHITECTURES["MixtralForCausalLM"].options(cfg.raw)
+    assert mixtral.moe_layers == frozenset({0, 1}) and mixtral.moe.renormalize and mixtral.moe.weights_in_fp32
+    model, stats = load_model(cfg, torch.float32, "cpu")
+    layer = model.model.layers[0].mlp
+    assert isinstance(layer, SparseMoE) and layer.experts.w13.shape == (4, 2 * 48, 64)
+    # Expert 2's up projection (Mixtral's w3) is the second half of its fused rows.
+    ckpt = load_file(f"{tiny_models['mixtral']}/model.safetensors")
+    assert torch.equal(layer.experts.w13[2, 48:], ckpt["model.layers.0.block_sparse_moe.experts.2.w3.weight"])
+    assert torch.equal(layer.experts.w2[3], ckpt["model.layers.0.block_sparse_moe.experts.3.w2.weight"])
+    assert stats.bytes_read == stats.checkpoint_bytes
+
+
+def test_a_moe_checkpoint_missing_an_expert_is_named(tmp_path, tiny_models):
+    d = _copy(tiny_models["mixtral"], tmp_path / "m")
+    tensors = load_file(d / "model.safetensors")
+    del tensors["model.layers.1.block_sparse_moe.experts.3.w2.weight"]
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(WeightLoadError, match=r"1 missing tensor\(s\): model\.layers\.1\.block_sparse_moe\.experts\.3\.w2\.weight"):
+        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
+    raw = json.loads((d / "config.json").read_text())
+    del raw["num_experts_per_tok"]
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelConfigError, match="needs 'num_experts_per_tok'"):
+        load_model(ModelConfig.from_hf(d), torch.float32, "cpu")
+
+
+def test_moe_experts_split_over_the_mlp_ranks(tiny_models):
+    """Each rank holds every expert's slice of intermediate features (rows of gate/up, columns
+    of down), and the slices of all ranks are the checkpoint's. Three ranks of the MLP (DP
+    attention's split, which tensor parallelism shares): 32 features as 11, 11, 10."""
+    from batonlm.distributed.group import TPGroup
+
+    cfg = ModelConfig.from_hf(tiny_models["qwen3_moe"])
+    ckpt = load_file(f"{tiny_models['qwen3_moe']}/model.safetensors")
+    ups, downs = [], []
+    for rank in range(3):
+        model, stats = load_model(cfg, torch.float32, "cpu", mlp_group=TPGroup(rank, 3))
+        experts = model.model.layers[1].mlp.experts
+        count = experts.rows[1]
+        assert count == (11, 11, 10)[rank] and experts.w13.shape == (8, 2 * count, 64)
+        ups.append(experts.w13[5, count:])
+        downs.append(experts.w2[5])
+        assert stats.bytes_read < stats.checkpoint_bytes
+    assert torch.equal(torch.cat(ups), ckpt["model.layers.1.mlp.experts.5.up_proj.weight"])
+    assert torch.equal(torch.cat(downs, dim=1), ckpt["model.layers.1.mlp.experts.5.down_proj.weight"])

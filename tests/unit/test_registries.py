@@ -45,3 +45,18 @@ def test_lazy_registry_imports_on_first_use_and_names_the_known():
     assert reg["json"] is json.dumps
     with pytest.raises(UnknownEntry, match=r"widget 'xml' is not supported \(supported: json\)"):
         reg["xml"]
+
+
+def test_readme_and_models_doc_list_every_architecture():
+    """The README's supported list and docs/models.md's table name exactly the registered
+    architectures."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    para = readme[readme.index("Supported architectures:"):].split("\n\n")[0]
+    registered = set(MODEL_ARCHITECTURES.names())
+    assert set(re.findall(r"`(\w+ForCausalLM)`", para)) == registered
+    table = [line for line in (root / "docs" / "models.md").read_text().splitlines() if line.startswith("| `")]
+    assert {re.match(r"\| `(\w+)`", line).group(1) for line in table if "ForCausalLM" in line} == registered

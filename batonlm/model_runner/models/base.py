@@ -40,6 +40,11 @@ class CausalLM(nn.Module, ABC):
     # (fused parameter, checkpoint tensor it holds a slice of, the slice's index in the fused
     # parameter's first dimension); `shard_sizes` gives the slices' sizes on this rank.
     stacked_params: tuple[tuple[str, str, int], ...] = ()
+    # Mixture of experts (moe.py): each expert's gate, up and down projection in the checkpoint
+    # (`<layer's MoE module>.experts.<e>.<name>.weight`), which fill the fused `experts.w13`/`w2`.
+    expert_weight_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # (fragment of a parameter's name here, what the checkpoint calls it) where they differ.
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
     # The LM head, or None when it is tied to the embedding (the checkpoint's is then skipped).
     lm_head: nn.Module | None
 

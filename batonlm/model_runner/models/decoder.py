@@ -1,5 +1,5 @@
-"""One decoder for the Llama-like families (Llama 2/3, Mistral, Qwen2, Qwen3): what they
-differ in is a `DecoderOptions`, which each family's subclass (`families.py`) reads from its
+"""One decoder for the Llama-like families (Llama 2/3, Mistral, Qwen2, Qwen3, and with sparse
+MoE layers in place of MLPs Qwen3-MoE and Mixtral): what they differ in is a `DecoderOptions`, which each family's subclass (`families.py`) reads from its
 config.
 
 Module names mirror Hugging Face's except where projections are fused (`qkv_proj`,
@@ -11,7 +11,7 @@ the ranks, the LM head gathers their logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.base import CausalLM
+from batonlm.model_runner.moe import MoEOptions, SparseMoE
 from batonlm.model_runner.parallel_layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
@@ -40,6 +41,8 @@ class DecoderOptions:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # an RMSNorm over each query and key head, before the rotary
+    moe: MoEOptions | None = None  # the experts of the layers in `moe_layers` (moe.py)
+    moe_layers: frozenset[int] = field(default_factory=frozenset)
 
 
 class Attention(nn.Module):
@@ -84,7 +87,12 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, opts, layer, shard, tp)
-        self.mlp = GatedMLP(cfg.hidden_size, mlp_rows, cfg.hidden_act, bias=opts.mlp_bias, tp=mlp_group)
+        self.mlp: nn.Module
+        if layer in opts.moe_layers:
+            assert opts.moe is not None, "moe_layers without MoEOptions"
+            self.mlp = SparseMoE(cfg.hidden_size, opts.moe, cfg.hidden_act, mlp_group)
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, mlp_rows, cfg.hidden_act, bias=opts.mlp_bias, tp=mlp_group)
         # DP attention: the MLP is split over the data-parallel ranks, not over `tp`.
         self.dp_mlp = mlp_group if mlp_group is not tp else None
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

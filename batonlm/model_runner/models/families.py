@@ -1,13 +1,16 @@
-"""The Llama-like families: the decoder of `decoder.py`, each with its options read from its
+"""The Llama-like families, dense and mixture-of-experts: the decoder of `decoder.py`, each with its options read from its
 Hugging Face config. A class per architecture, named after it and registered under that name in
 `batonlm.registries.MODEL_ARCHITECTURES`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from batonlm.model_runner.model_config import ModelConfigError
 from batonlm.model_runner.models.decoder import DecoderLM, DecoderOptions
+from batonlm.model_runner.moe import MoEOptions
 
 
 class LlamaForCausalLM(DecoderLM):
@@ -32,3 +35,53 @@ class Qwen3ForCausalLM(DecoderLM):
     def options(cls, raw: dict[str, Any]) -> DecoderOptions:
         bias = bool(raw.get("attention_bias", False))
         return DecoderOptions(qkv_bias=bias, o_bias=bias, qk_norm=True)
+
+
+def _moe_field(raw: dict[str, Any], *keys: str) -> int:
+    """The first of `keys` the config has (checkpoints name the expert count either way:
+    transformers 5 writes `num_local_experts` for every family), a positive integer."""
+    value = next((raw[k] for k in keys if raw.get(k) is not None), None)
+    if not isinstance(value, int) or value < 1:
+        raise ModelConfigError(
+            f"config.json: a mixture-of-experts model needs {' or '.join(map(repr, keys))} (a positive integer), "
+            f"got {value!r}"
+        )
+    return value
+
+
+class Qwen3MoeForCausalLM(DecoderLM):
+    """Qwen3's attention; sparse MoE layers every `decoder_sparse_step` layers except
+    `mlp_only_layers` (dense MLPs of `intermediate_size`)."""
+
+    @classmethod
+    def options(cls, raw: dict[str, Any]) -> DecoderOptions:
+        moe = MoEOptions(
+            num_experts=_moe_field(raw, "num_experts", "num_local_experts"),
+            top_k=_moe_field(raw, "num_experts_per_tok"),
+            intermediate_size=_moe_field(raw, "moe_intermediate_size"),
+            renormalize=bool(raw.get("norm_topk_prob", False)),
+            weights_in_fp32=False,
+        )
+        step = int(raw.get("decoder_sparse_step") or 1)
+        dense = set(raw.get("mlp_only_layers") or [])
+        layers = frozenset(i for i in range(int(raw["num_hidden_layers"])) if i not in dense and (i + 1) % step == 0)
+        return replace(Qwen3ForCausalLM.options(raw), moe=moe, moe_layers=layers)
+
+
+class MixtralForCausalLM(DecoderLM):
+    """Mistral's attention; every layer's MLP a sparse MoE (`block_sparse_moe`, experts' w1 / w3
+    / w2 the gate / up / down projections), top-k probabilities always renormalised."""
+
+    expert_weight_names = ("w1", "w3", "w2")
+    checkpoint_renames = ((".mlp.", ".block_sparse_moe."),)
+
+    @classmethod
+    def options(cls, raw: dict[str, Any]) -> DecoderOptions:
+        moe = MoEOptions(
+            num_experts=_moe_field(raw, "num_local_experts", "num_experts"),
+            top_k=_moe_field(raw, "num_experts_per_tok"),
+            intermediate_size=_moe_field(raw, "intermediate_size"),
+            renormalize=True,
+            weights_in_fp32=True,
+        )
+        return DecoderOptions(moe=moe, moe_layers=frozenset(range(int(raw["num_hidden_layers"]))))

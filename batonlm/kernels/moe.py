@@ -1,0 +1,148 @@
+"""Mixture-of-experts: each token's hidden state through its top-k experts' gated MLPs, summed
+with its routing weights. Three formulations of the same sum, and a Triton kernel:
+
+- `fused_moe_reference`: the meaning, one expert at a time over the rows routed to it (what
+  transformers computes), in any dtype; the tests run it in float64.
+- `fused_moe_grouped`: the eager CPU path. The (token, k) pairs are sorted by expert once; each
+  expert with rows takes one matmul per projection over its contiguous segment (a loop over the
+  experts that have tokens, never over tokens).
+- `fused_moe_dense`: every expert over every token, the unrouted products weighted by exact
+  zeros. Shapes depend only on the batch size, so it traces into a compiled graph (the CPU's
+  compiled decode step, where batches are small).
+- `fused_moe_triton` (CUDA): the pairs sorted by expert and padded to the kernel's row block
+  (`moe_align`), one grouped GEMM launch per projection (`_triton_moe.py`); every shape depends
+  only on the batch size, so a CUDA graph captures it.
+
+Weights: `w13` [E, 2 * I, H] (gate rows then up rows, each expert's fused gate/up projection),
+`w2` [E, H, I]. `topk_ids` / `topk_weights` [T, K]. Each formulation adds a token's K weighted
+expert outputs in ascending expert order, as transformers' loop over experts does, so with equal
+products the sums are equal to the bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+# (x, w13, w2, topk_ids, topk_weights, act) -> [T, H]: each formulation below.
+MoEFunction = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Activation], torch.Tensor
+]
+
+
+def sort_by_expert(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's K choices in ascending expert order (the order their outputs are added)."""
+    ids, order = topk_ids.sort(dim=1, stable=True)
+    return ids, topk_weights.gather(1, order)
+
+
+def _gated(h: torch.Tensor, act: Activation) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    return act(gate) * up
+
+
+def _weighted_sum(y: torch.Tensor, weights: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """y [T, K, H] expert outputs (ascending expert order per token), weights [T, K] ->
+    [T, H]: (((0 + w0 y0) + w1 y1) + ...), each product rounded to `out_dtype` as transformers'
+    index_add does."""
+    out = torch.zeros(y.shape[0], y.shape[2], dtype=out_dtype, device=y.device)
+    for k in range(y.shape[1]):
+        out = out + (y[:, k] * weights[:, k, None]).to(out_dtype)
+    return out
+
+
+def fused_moe_reference(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    act: Activation = F.silu,
+) -> torch.Tensor:
+    """One expert at a time (ascending), over the rows routed to it, accumulated with index_add."""
+    out = torch.zeros_like(x)
+    for e in range(w13.shape[0]):
+        token, slot = torch.where(topk_ids == e)
+        if token.numel() == 0:
+            continue
+        y = F.linear(_gated(F.linear(x[token], w13[e]), act), w2[e])
+        out.index_add_(0, token, (y * topk_weights[token, slot, None]).to(x.dtype))
+    return out
+
+
+def fused_moe_grouped(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    act: Activation = F.silu,
+) -> torch.Tensor:
+    """The (token, k) pairs sorted by expert; one matmul pair per expert that has rows."""
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    rows = x[order // k]
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    y = torch.empty((t * k, w2.shape[1]), dtype=x.dtype, device=x.device)
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            seg = rows[start : start + n]
+            y[order[start : start + n]] = F.linear(_gated(F.linear(seg, w13[e]), act), w2[e])
+            start += n
+    return _weighted_sum(y.view(t, k, -1), weights, x.dtype)
+
+
+def fused_moe_dense(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    act: Activation = F.silu,
+) -> torch.Tensor:
+    """Every expert over every token (batched matmuls over [E, T, .]), weighted by the routing
+    weight or an exact zero: the products a token was routed to are those of the grouped path,
+    and adding zeros changes no sum."""
+    e = w13.shape[0]
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    h = _gated(torch.matmul(x.unsqueeze(0), w13.transpose(1, 2)), act)  # [E, T, I]
+    y = torch.matmul(h, w2.transpose(1, 2))  # [E, T, H]
+    dense = torch.zeros(x.shape[0], e, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
+    out = torch.zeros_like(x)
+    for i in range(e):  # ascending experts, like the others (zeros added exactly)
+        out = out + (y[i] * dense[:, i, None]).to(x.dtype)
+    return out
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (token, k) pairs grouped by expert, each group padded to a multiple of `block_m`:
+    `sorted_ids` [P] (a pair's flat index t * K + k, or T * K for padding) and `block_expert`
+    [P / block_m] (the expert of each row block, `num_experts` for blocks past the last group).
+    P = T * K + E * (block_m - 1) rounded up to block_m: it depends only on the batch size, and
+    every op here is one a CUDA graph captures (no host synchronisation)."""
+    flat = topk_ids.flatten()
+    n = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    starts = ends - padded
+    order = flat.argsort(stable=True)
+    by_expert = flat[order]
+    first_of_expert = counts.cumsum(0) - counts
+    pos = starts[by_expert] + torch.arange(n, device=flat.device) - first_of_expert[by_expert]
+    size = -(-(n + num_experts * (block_m - 1)) // block_m) * block_m
+    sorted_ids = torch.full((size,), n, dtype=torch.int64, device=flat.device).scatter(0, pos, order)
+    block_starts = torch.arange(0, size, block_m, device=flat.device)
+    block_expert = torch.searchsorted(ends, block_starts, right=True)
+    return sorted_ids, block_expert
+
+
+def fused_moe_triton(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    act: Activation = F.silu,
+) -> torch.Tensor:
+    """`fused_moe_grouped` as two grouped GEMM launches (the activation between them in torch)."""
+    from batonlm.kernels import _triton_moe
+
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    sorted_ids, block_expert = moe_align(ids, w13.shape[0], _triton_moe.BLOCK_M)
+    h = _triton_moe.grouped_gemm(x, w13, sorted_ids, block_expert, rows=t * k, a_row_div=k)  # [T*K, 2I]
+    y = _triton_moe.grouped_gemm(_gated(h, act), w2, sorted_ids, block_expert, rows=t * k, a_row_div=1)
+    return _weighted_sum(y.view(t, k, -1), weights, x.dtype)

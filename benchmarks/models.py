@@ -1,0 +1,136 @@
+"""Model families on the CPU: the MoE layer's formulations, and decode tok/s per family.
+
+Part 1, the mixture-of-experts layer alone (batonlm/kernels/moe.py), float32, every core:
+per-expert loop (transformers' eager experts: one expert at a time over its rows, indexed
+accumulation) vs batonlm's grouped path (pairs sorted by expert once, one matmul pair per expert
+with rows) vs the dense path (every expert over every token, what the compiled step traces), at
+T tokens; median of `--rounds`, the three alternating in each round.
+
+Part 2, each family end to end: a random model of the family at one small shape (hidden 256,
+4 layers; the MoE families 8 experts, top 2) served by `batonlm.Engine` (eager step, overlap
+loop), B streams of `--new-tokens` greedy tokens each (EOS ignored); output tok/s over the
+whole batch (prefill included), median of `--rounds`.
+
+    python benchmarks/models.py [--batch 1 16] [--tokens 1 16 64 256] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from vs_transformers import build_random_llama  # noqa: E402
+
+from batonlm.kernels.moe import fused_moe_dense, fused_moe_grouped, fused_moe_reference  # noqa: E402
+
+TEST_MODELS = ROOT / "configs" / "test-models"
+SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "head_dim": 32, "moe_intermediate_size": 128, "num_experts": 8,
+         "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def moe_layer(tokens: list[int], rounds: int, experts: int, top_k: int, hidden: int, inter: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
+    ways = {"per-expert loop": fused_moe_reference, "grouped": fused_moe_grouped, "dense": fused_moe_dense}
+    rows = []
+    for t in tokens:
+        x = torch.randn(t, hidden, generator=g)
+        ids = torch.rand(t, experts, generator=g).topk(top_k, dim=1).indices
+        weights = torch.rand(t, top_k, generator=g)
+        times: dict[str, list[float]] = {k: [] for k in ways}
+        for fn in ways.values():  # warm (allocator, thread pool)
+            fn(x, w13, w2, ids, weights, F.silu)
+        for _ in range(rounds):
+            for name, fn in ways.items():
+                t0 = time.perf_counter()
+                fn(x, w13, w2, ids, weights, F.silu)
+                times[name].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        rows.append({"tokens": t, **{f"{k} ms": round(v, 3) for k, v in med.items()},
+                     "grouped / loop": round(med["grouped"] / med["per-expert loop"], 2),
+                     "dense / loop": round(med["dense"] / med["per-expert loop"], 2)})
+    return rows
+
+
+def build_family(family: str, out: Path) -> str:
+    """A random model of the family's test config (configs/test-models/) at the SHAPE above."""
+    raw = json.loads((TEST_MODELS / f"{family}.json").read_text())
+    raw.update({k: v for k, v in SHAPE.items() if k in raw or k == "head_dim"})
+    raw.pop("mlp_only_layers", None)
+    config_file = out.parent / f"{family}.json"
+    config_file.write_text(json.dumps(raw))
+    return build_random_llama(config_file, out)
+
+
+def family_decode(families: list[str], batches: list[int], new_tokens: int, rounds: int) -> list[dict]:
+    from batonlm import Engine
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in families:
+            path = build_family(family, Path(tmp) / family)
+            engine = Engine(path, compile="off", max_running_requests=max(batches))
+            try:
+                for b in batches:
+                    ids = [[1] + [3 + (7 * i + j) % 500 for j in range(31)] for i in range(b)]
+                    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+                    engine.generate(input_ids=ids[:1], sampling_params=params)  # warm
+                    times = []
+                    for _ in range(rounds):
+                        t0 = time.perf_counter()
+                        out = engine.generate(input_ids=ids, sampling_params=params)
+                        times.append(time.perf_counter() - t0)
+                        assert all(o["completion_tokens"] == new_tokens for o in out)
+                    rows.append({"family": family, "streams": b,
+                                 "tok/s": round(b * new_tokens / statistics.median(times), 1)})
+            finally:
+                engine.shutdown()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    lines = [" | ".join(keys), " | ".join("---" for _ in keys)]
+    lines += [" | ".join(str(r[k]) for k in keys) for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--moe-shape", type=int, nargs=4, default=[64, 8, 1024, 256],
+                    metavar=("EXPERTS", "TOP_K", "HIDDEN", "INTERMEDIATE"))
+    ap.add_argument("--families", nargs="+", default=sorted(p.stem for p in TEST_MODELS.glob("*.json")))
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    e, k, h, i = args.moe_shape
+    print(f"MoE layer: {e} experts, top {k}, hidden {h}, expert intermediate {i}, float32, "
+          f"{torch.get_num_threads()} threads")
+    moe = moe_layer(args.tokens, args.rounds, e, k, h, i)
+    print(table(moe))
+    print(f"\nDecode per family (hidden 256, 4 layers, eager, overlap loop), {args.new_tokens} new tokens per stream")
+    fams = family_decode(args.families, args.batch, args.new_tokens, args.rounds)
+    print(table(fams))
+    if args.json:
+        args.json.write_text(json.dumps({"moe_layer": moe, "families": fams}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
