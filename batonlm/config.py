@@ -69,6 +69,10 @@ class ServerArgs:
         None, group=_MODEL, unset="derived from MODEL", help="the model id clients send")
     context_length: int | None = setting(
         None, group=_MODEL, ge=1, unset="the model's", help="cap the model's context length (tokens)")
+    model_impl: str = setting(
+        "auto", group=_MODEL, choices=("auto", "native", "transformers"),
+        help="native: batonlm's model code (docs/models.md); transformers: transformers' modeling code with "
+             "batonlm's paged KV cache (one rank, eager step); auto: native when batonlm has the architecture")
     # ------------------------------------------------------------------ device and decode step
     device: str = setting("auto", group=_DEVICE, choices=DEVICE_CHOICES, help="auto: cuda when there is a GPU")
     dtype: str = setting("auto", group=_DEVICE, choices=DTYPE_CHOICES,

@@ -34,6 +34,7 @@ class DeviceSpec:
     attention_backend: str
     sampler: str
     debug_future_map: bool = False
+    model_impl: str = "native"  # or transformers (resolved by ModelConfig.from_hf)
     cpu_threads: int = 1  # intra-op threads of the CPU device worker
     cpu_device_worker: str = "process"  # CPU only: "process" (a worker process) or "inline" (debugging)
     # The decode step (decode_graphs.py): CPU, compiled for batches up to compile_max_bs (0: eager);
@@ -163,6 +164,18 @@ def compile_pays(cfg: ModelConfig) -> bool:
     return cfg.hidden_size < MULTITHREAD_MIN_HIDDEN
 
 
+def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig) -> None:
+    """transformers' layers are whole and run eagerly: one rank per replica, no graphs."""
+    if args.tp_size > 1 or args.enable_dp_attention:
+        raise DeviceConfigError(
+            f"{cfg.architecture} runs on transformers' modeling code, on one device per replica: --tp and "
+            "--enable-dp-attention need a native model (docs/models.md); --dp works")
+    if args.compile == "on":
+        raise DeviceConfigError(f"--compile on: {cfg.architecture} runs on transformers' modeling code, whose "
+                                "decode step runs eagerly")
+    logger.info("%s runs on transformers' modeling code: the decode step runs eagerly", cfg.architecture)
+
+
 def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str = "triton") -> tuple[int, int]:
     """(compile_max_bs, cuda_graph_max_bs) from `--compile` and the CUDA graph flags. CUDA
     graphs need the Triton attention backend: a graph is captured for the longest context, and
@@ -196,6 +209,9 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
     sampler = args.sampler if args.sampler != "auto" else default_sampler(device)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
     compile_max_bs, cuda_graph_max_bs = decode_step(args, device, cfg, attention)
+    if cfg.impl == "transformers":
+        _check_transformers_fallback(args, cfg)
+        compile_max_bs = cuda_graph_max_bs = 0
     if args.tp_size > 1:
         from batonlm.distributed.layout import check_split
 
@@ -220,6 +236,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         DeviceSpec,
         args,
         model_path=cfg.path,
+        model_impl=cfg.impl,
         dtype=dtype_name,
         device=device,
         kv_capacity=_kv_capacity(args, cfg, dtype, device, ctx),

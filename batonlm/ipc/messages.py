@@ -79,6 +79,7 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
     device: str
     dtype: str
     overlap: bool
+    model_impl: str = "native"  # or "transformers" (the fallback)
 
 
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):

@@ -54,14 +54,19 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    # "native": batonlm's model class; "transformers": transformers' modeling code with batonlm's
+    # KV cache (models/transformers_fallback.py).
+    impl: str = "native"
 
     @property
     def context_length(self) -> int:
         return self.max_position_embeddings
 
     @classmethod
-    def from_hf(cls, path: str | os.PathLike[str]) -> ModelConfig:
-        """Read `config.json` (and `generation_config.json` when present) from a model directory."""
+    def from_hf(cls, path: str | os.PathLike[str], model_impl: str = "auto") -> ModelConfig:
+        """Read `config.json` (and `generation_config.json` when present) from a model directory.
+        `model_impl` (`--model-impl`): native, transformers, or auto (native when batonlm has
+        the architecture, else transformers when it can run it)."""
         root = Path(path)
         cfg_file = root / "config.json"
         if not root.is_dir():
@@ -72,9 +77,10 @@ class ModelConfig:
             raw = json.loads(cfg_file.read_text())
         except json.JSONDecodeError as e:
             raise ModelConfigError(f"{cfg_file} is not valid JSON: {e}") from e
-        text = raw
         # First: an unsupported model may lack the fields read below.
-        architecture = _architecture(raw, cfg_file)
+        architecture, impl = _architecture(raw, cfg_file, model_impl)
+        # transformers' config maps other names (GPT-2's n_embd, ...) to the ones read below.
+        text = raw if impl == "native" else _transformers_fields(root, raw)
 
         def req(key: str) -> Any:
             if key not in text or text[key] is None:
@@ -101,13 +107,14 @@ class ModelConfig:
             model_type=model_type,
             vocab_size=int(req("vocab_size")),
             hidden_size=hidden,
-            intermediate_size=int(req("intermediate_size")),
+            intermediate_size=int(req("intermediate_size") if impl == "native" else
+                                  text.get("intermediate_size") or 4 * hidden),
             num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-            rope=_rope(text),
+            rope=_rope(text) if impl == "native" else RopeConfig(),  # transformers' own rotary
             max_position_embeddings=int(text.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             hidden_act=str(text.get("hidden_act", "silu")),
@@ -116,20 +123,65 @@ class ModelConfig:
             eos_token_ids=tuple(eos),
             bos_token_id=text.get("bos_token_id"),
             raw=raw,
+            impl=impl,
         )
 
 
-def _architecture(raw: dict[str, Any], cfg_file: Path) -> str:
-    """The config's architecture (`architectures[0]`), if `MODEL_ARCHITECTURES` has it."""
+MODEL_IMPLS = ("auto", "native", "transformers")
+
+
+def _architecture(raw: dict[str, Any], cfg_file: Path, model_impl: str) -> tuple[str, str]:
+    """The config's architecture (`architectures[0]`) and which implementation runs it."""
+    if model_impl not in MODEL_IMPLS:
+        raise ModelConfigError(f"model implementation {model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
     archs = raw.get("architectures") or []
     name = str(archs[0]) if isinstance(archs, list) and archs else None
-    if name is None or name not in MODEL_ARCHITECTURES:
-        named = repr(name) if name else "(none: 'architectures' is missing or empty)"
-        raise ModelConfigError(
-            f"{cfg_file}: model architecture {named} is not supported "
-            f"(supported: {', '.join(MODEL_ARCHITECTURES.names())})"
-        )
-    return name
+    native = ", ".join(MODEL_ARCHITECTURES.names())
+    if name is None:
+        raise ModelConfigError(f"{cfg_file}: 'architectures' is missing or empty: the model's class cannot be "
+                               f"known (native: {native}; others through transformers)")
+    if model_impl == "native" or (model_impl == "auto" and name in MODEL_ARCHITECTURES):
+        if name not in MODEL_ARCHITECTURES:
+            raise ModelConfigError(f"{cfg_file}: model architecture {name!r} has no native module (native: {native}); "
+                                   f"--model-impl auto or transformers runs transformers' modeling code")
+        return name, "native"
+    why = _transformers_support(name)
+    if why is not None:
+        raise ModelConfigError(f"{cfg_file}: model architecture {name!r} is not supported: batonlm has no native "
+                               f"module for it (native: {native}), and {why}")
+    return name, "transformers"
+
+
+def _transformers_support(architecture: str) -> str | None:
+    """None if transformers can run `architecture` with batonlm's attention, else why not."""
+    import transformers
+
+    cls = getattr(transformers, architecture, None)
+    if not isinstance(cls, type) or not architecture.endswith(("ForCausalLM", "LMHeadModel")):
+        return f"transformers {transformers.__version__} has no causal LM class {architecture!r}"
+    if not getattr(cls, "_supports_attention_backend", False):
+        return f"transformers' {architecture} takes no pluggable attention function (the fallback needs one)"
+    return None
+
+
+# What from_hf reads, taken from transformers' config object for the fallback.
+_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+           "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
+           "hidden_act", "sliding_window", "layer_types", "use_sliding_window", "max_window_layers")
+
+
+def _transformers_fields(root: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    try:
+        text = AutoConfig.from_pretrained(root).get_text_config()
+    except Exception as e:  # noqa: BLE001 - transformers' own message says what is wrong
+        raise ModelConfigError(f"transformers cannot read {root / 'config.json'}: {e}") from e
+    if getattr(text, "attn_logit_softcapping", None):
+        raise ModelConfigError(f"{root / 'config.json'}: attention logit soft-capping (attn_logit_softcapping) is "
+                               "not supported by the transformers fallback")
+    fields = {k: getattr(text, k) for k in _FIELDS if getattr(text, k, None) is not None}
+    return {**raw, **fields}
 
 
 def _as_ids(value: Any) -> list[int]:

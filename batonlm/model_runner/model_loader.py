@@ -1,5 +1,5 @@
-"""Build a model from its config (its class from `MODEL_ARCHITECTURES`) and fill it from its
-checkpoint."""
+"""Build a model from its config (its class from `MODEL_ARCHITECTURES`, or transformers' own
+with `cfg.impl == "transformers"`) and fill it from its checkpoint."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ def load_model(
 ) -> tuple[CausalLM, LoadStats]:
     """The model (this rank's part of it: `shard`, by default the group's rank's; with DP
     attention its share of the MLP among `mlp_group`) and what loading it read."""
+    if cfg.impl == "transformers":
+        from batonlm.model_runner.models.transformers_fallback import load_transformers_model
+
+        return load_transformers_model(cfg, dtype, device, tp, mlp_group)
     model_class = MODEL_ARCHITECTURES[cfg.architecture]
     tp = tp or TPGroup.single()
     shard = shard or tp_layout(cfg, tp.rank, tp.size)

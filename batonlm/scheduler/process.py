@@ -37,7 +37,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
     from batonlm.scheduler.speculative import SpecConfig
     from batonlm.settings import derive
 
-    cfg = ModelConfig.from_hf(args.model)
+    cfg = ModelConfig.from_hf(args.model, args.model_impl)
     spec = device_spec(args, cfg, dp_rank, dp_dir)
     device = create_device(spec)
     speculative = None
@@ -73,6 +73,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
         device=spec.device,
         dtype=spec.dtype,
         overlap=not args.disable_overlap,
+        model_impl=cfg.impl,
     )
     return sched, info
 

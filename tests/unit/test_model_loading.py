@@ -45,20 +45,23 @@ def test_model_config_errors(tmp_path, stories_path):
         ModelConfig.from_hf(d)
 
 
-@pytest.mark.parametrize(("config", "named"), [
-    ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2}, "'GPT2LMHeadModel'"),
-    ({"model_type": "llama", "hidden_size": 64}, "(none: 'architectures' is missing or empty)"),
-])
-def test_an_unsupported_architecture_is_named_at_config_reading(tmp_path, config, named):
+def test_an_architecture_batonlm_has_no_module_for_is_named_at_config_reading(tmp_path):
     """Before any other field is read (GPT-2's config has no hidden_size), the error names the
-    architecture and the supported ones."""
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    architecture and the native ones; with `auto` GPT-2 goes to transformers, whose config
+    maps its field names (n_embd is hidden_size)."""
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+            "vocab_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(gpt2))
     with pytest.raises(ModelConfigError) as err:
+        ModelConfig.from_hf(tmp_path, "native")
+    native = ", ".join(MODEL_ARCHITECTURES.names())
+    assert str(err.value).endswith(f"model architecture 'GPT2LMHeadModel' has no native module (native: {native}); "
+                                   "--model-impl auto or transformers runs transformers' modeling code")
+    cfg = ModelConfig.from_hf(tmp_path)
+    assert (cfg.impl, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.head_dim) == ("transformers", 64, 2, 4, 16)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(ModelConfigError, match="'architectures' is missing or empty: the model's class cannot be known"):
         ModelConfig.from_hf(tmp_path)
-    supported = ", ".join(MODEL_ARCHITECTURES.names())
-    assert f"model architecture {named}" in str(err.value)
-    assert str(err.value).endswith(f"is not supported (supported: {supported})")
-    assert "LlamaForCausalLM" in supported
 
 
 def test_strict_loading_names_missing_unexpected_and_misshapen_tensors(tmp_path, stories_path):

@@ -1,0 +1,132 @@
+"""The transformers fallback (`--model-impl transformers`, or `auto` for an architecture batonlm
+has no module for): transformers' own modeling code, with batonlm's paged KV cache plugged in.
+
+transformers' attention modules call the function registered for the model's attention
+implementation (`AttentionInterface`); batonlm registers `batonlm`, which hands the layer's
+query, key and value to the model runner's `AttentionBackend` for the forward in progress:
+the keys and values go into batonlm's pool and each query attends over its request's cached
+prefix and the new tokens. An implementation transformers has no mask function for gets no
+mask built (the backend applies causality and sliding windows itself), and the model runs
+without a transformers cache (`use_cache=False`). So the scheduler, the radix cache, chunked
+prefill, retraction, both event loops, speculative decoding and sampling apply unchanged.
+
+What it does not do: tensor parallelism and DP attention (transformers' layers are whole), the
+compiled CPU step and CUDA graphs (the step runs eagerly), attention logit soft-capping (refused
+when the config is read). The backend attends with the scale each layer passes; each layer's
+sliding window is checked against the one batonlm read from the config on every call: a model
+that disagrees fails loudly rather than computing something else.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from batonlm.distributed.group import TPGroup
+from batonlm.model_runner.attention.base import AttentionBackend
+from batonlm.model_runner.forward_batch import ForwardBatch
+from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.models.base import CausalLM
+from batonlm.model_runner.weight_loader import LoadStats, checkpoint_files
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+logger = logging.getLogger(__name__)
+
+IMPLEMENTATION = "batonlm"
+
+
+class _Forward:
+    """The attention backend and batch of the forward in progress (one at a time per process)."""
+
+    attn: AttentionBackend | None = None
+    batch: Any = None
+
+
+def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+               sliding_window: int | None = None, softcap: float | None = None, **_: Any):
+    """transformers' attention-function signature: q [1, H, T, D], k/v [1, H_kv, T, D] ->
+    ([1, T, H, D], None)."""
+    attn, batch = _Forward.attn, _Forward.batch
+    if attn is None:
+        raise RuntimeError("batonlm's attention was called outside a batonlm forward")
+    layer = int(module.layer_idx)  # type: ignore[arg-type]
+    # The model's own softmax scale (OPT scales its queries and passes 1.0, Granite a multiplier).
+    attn.scale = float(scaling) if scaling is not None else attn.head_dim**-0.5
+    if sliding_window != attn.sliding_windows[layer]:
+        raise ValueError(f"layer {layer} has sliding window {sliding_window}, batonlm read "
+                         f"{attn.sliding_windows[layer]} from the config")
+    if softcap:
+        raise ValueError("attention logit soft-capping is not supported by the transformers fallback")
+    heads, tokens, dim = query.shape[1], query.shape[2], query.shape[3]
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
+    out = attn.forward(q, k, v, layer, batch)  # [T, H * D]
+    return out.view(1, tokens, heads, dim), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(IMPLEMENTATION, _attention)
+
+
+class TransformersCausalLM(CausalLM):
+    """A transformers `*ForCausalLM` behind batonlm's model interface (one rank)."""
+
+    def __init__(self, cfg: ModelConfig, hf: PreTrainedModel) -> None:
+        super().__init__(cfg)
+        self.hf = hf
+        self.base: nn.Module = hf.base_model
+        self.lm_head = hf.get_output_embeddings()
+        text = hf.config.get_text_config()
+        # What transformers' *ForCausalLM.forward applies to the head's output, where set.
+        self.softcap = getattr(text, "final_logit_softcapping", None)
+        self.logits_divisor = getattr(text, "logits_scaling", None)  # Granite
+        self.logit_scale = getattr(text, "logit_scale", None)  # Cohere
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        _Forward.attn, _Forward.batch = attn, batch
+        try:
+            out = self.base(input_ids=input_ids[None], position_ids=batch.positions[None].long(), use_cache=False)
+        finally:
+            _Forward.attn = _Forward.batch = None
+        return out.last_hidden_state[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.lm_head is not None
+        logits = self.lm_head(hidden)
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.float()
+
+    def idle_forward(self, dp_tokens: list[int]) -> None:
+        raise NotImplementedError("DP attention needs a native model")
+
+
+def load_transformers_model(
+    cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None,
+    mlp_group: TPGroup | None = None,
+) -> tuple[CausalLM, LoadStats]:
+    """transformers' model of `cfg`'s architecture, its weights read by transformers (whatever
+    names and layouts its checkpoint conversions know), on `device` in `dtype`."""
+    from transformers import AutoModelForCausalLM
+
+    if (tp is not None and tp.size > 1) or mlp_group is not None:
+        raise ValueError("the transformers fallback runs on one rank: tensor parallelism and DP attention "
+                         "need a native model")
+    _register()
+    hf = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation=IMPLEMENTATION)
+    nn.Module.to(hf, torch.device(device)).eval()  # (transformers' own `to` is typed for its decorators)
+    files = checkpoint_files(cfg.path)
+    size = sum(f.stat().st_size for f in files)
+    logger.info("model %s runs on transformers' modeling code (%s)", cfg.architecture, type(hf).__name__)
+    return TransformersCausalLM(cfg, hf), LoadStats(size, size)

@@ -1,0 +1,136 @@
+"""The transformers fallback: architectures batonlm has no module for run on transformers' own
+modeling code with batonlm's paged KV cache, token-identical to transformers' `generate`, in
+both loops with the prefix cache and chunked prefill; what it cannot do is refused in one line."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import httpx
+import pytest
+from helpers import (
+    FALLBACK_FAMILIES,
+    SchedulerHarness,
+    build_tiny_model,
+    copy_tokenizer,
+    hf_greedy,
+    random_prompts,
+)
+
+from batonlm.bench.server_process import ServerProcess
+from batonlm.device.spec import DeviceConfigError
+from batonlm.model_runner.model_config import ModelConfig, ModelConfigError
+
+
+@pytest.fixture(scope="module")
+def fallback_models(tmp_path_factory) -> dict[str, str]:
+    """Tiny random models of configs/test-models/transformers/*.json: GPT-NeoX (partial rotary,
+    parallel residual, LayerNorm, biases), OLMo-2 (norms after attention and MLP, q/k norms over
+    all heads), Granite (embedding/residual/attention multipliers, logits scaling, tied)."""
+    root = tmp_path_factory.mktemp("fallback_models")
+    out = {}
+    for family in FALLBACK_FAMILIES:
+        build_tiny_model(family, root / family)
+        copy_tokenizer(root / family)
+        out[family] = str(root / family)
+    return out
+
+
+def _workload(family: str):
+    rng = random.Random(zlib.crc32(family.encode()))
+    prompts = random_prompts(6, rng, lo=1, hi=120)
+    prompts.append(prompts[1][:40] + prompts[2][:10])  # a cached prefix of prompt 1 (16-token blocks)
+    return prompts, [rng.randint(8, 20) for _ in prompts]
+
+
+def _run(h: SchedulerHarness, prompts, max_new, overlap: bool) -> list[list[int]]:
+    for i, (ids, n) in enumerate(zip(prompts, max_new)):
+        h.submit(f"r{i}", ids, {"temperature": 0.0, "max_new_tokens": n}, at=2 * i)
+    records = h.run(overlap=overlap)
+    h.assert_all_free()
+    return [records[f"r{i}"].token_ids for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("family", FALLBACK_FAMILIES)
+def test_fallback_matches_transformers_generate(fallback_models, family):
+    path = fallback_models[family]
+    assert ModelConfig.from_hf(path).impl == "transformers"  # auto: batonlm has no module for it
+    prompts, max_new = _workload(family)
+    want = hf_greedy(path, prompts, max_new)
+    h = SchedulerHarness(path, chunked_prefill_size=16)
+    try:
+        for overlap in (False, True):
+            assert _run(h, prompts, max_new, overlap) == want, f"overlap={overlap}"
+        assert h.sched.memory.cached_tokens > 0, "the second pass found no prompt cached"
+    finally:
+        h.close()
+
+
+def test_a_native_architecture_on_transformers_gives_the_native_tokens(tiny_models):
+    """`--model-impl transformers` on a Llama: transformers' code through batonlm's cache gives
+    what batonlm's own Llama gives (and transformers' generate)."""
+    path = tiny_models["llama"]
+    assert ModelConfig.from_hf(path, "transformers").impl == "transformers"
+    prompts, max_new = _workload("llama")
+    out = {}
+    for impl in ("native", "transformers"):
+        h = SchedulerHarness(path, model_impl=impl, chunked_prefill_size=16)
+        try:
+            out[impl] = _run(h, prompts, max_new, overlap=True)
+        finally:
+            h.close()
+    assert out["transformers"] == out["native"] == hf_greedy(path, prompts, max_new)
+
+
+def test_what_the_fallback_cannot_do_is_refused_in_one_line(fallback_models, tmp_path):
+    path = fallback_models["gpt_neox"]
+    with pytest.raises(ModelConfigError, match="'GPTNeoXForCausalLM' has no native module .*--model-impl auto"):
+        ModelConfig.from_hf(path, "native")
+    with pytest.raises(DeviceConfigError, match="transformers' modeling code, on one device per replica: --tp"):
+        SchedulerHarness(path, tp_size=2)
+    with pytest.raises(DeviceConfigError, match="--compile on"):
+        SchedulerHarness(path, compile="on")
+    # Neither batonlm nor transformers: one line naming it and what is supported.
+    import json
+    import shutil
+
+    for arch, why in (("FalconForCausalLM", "takes no pluggable attention function"),
+                      ("NotAModelForCausalLM", "has no causal LM class 'NotAModelForCausalLM'")):
+        d = tmp_path / arch
+        shutil.copytree(path, d)
+        raw = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**raw, "architectures": [arch]}))
+        with pytest.raises(ModelConfigError) as e:
+            ModelConfig.from_hf(d)
+        msg = str(e.value)
+        assert f"model architecture {arch!r} is not supported" in msg and why in msg
+        assert "native: LlamaForCausalLM" in msg and "\n" not in msg
+    # Gemma 2's attention soft-capping: refused when the config is read, not at the first batch.
+    from transformers import AutoConfig
+
+    d = tmp_path / "gemma2"
+    shutil.copytree(path, d)
+    gemma = AutoConfig.for_model("gemma2", vocab_size=512, hidden_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, head_dim=16).to_dict()
+    (d / "config.json").write_text(json.dumps({**gemma, "architectures": ["Gemma2ForCausalLM"]}))
+    with pytest.raises(ModelConfigError, match="soft-capping .* is not supported by the transformers fallback"):
+        ModelConfig.from_hf(d)
+
+
+def test_serve_says_which_code_runs_the_model(fallback_models):
+    """As a user starts it: the ready line names transformers' modeling code, and a greedy
+    answer is transformers' continuation."""
+    path = fallback_models["olmo2"]
+    s = ServerProcess(path, "--max-running-requests", "4")
+    try:
+        r = httpx.post(s.base_url + "/generate", json={
+            "input_ids": [1, 40, 41, 42], "sampling_params": {"max_new_tokens": 6, "temperature": 0},
+        }, timeout=60)
+        assert r.status_code == 200, r.text
+        log = s.log()
+    finally:
+        assert s.stop() == 0
+    assert "(model olmo2 on transformers' modeling code, cpu" in log
+    assert "the decode step runs eagerly" in log
+    assert r.json()["output_ids"] == hf_greedy(path, [[1, 40, 41, 42]], [6])[0]
