@@ -14,14 +14,18 @@ install:  ## install batonlm with its test and dev extras (torch 2.13.0 first)
 run:  ## serve the embedded stories260K model on http://127.0.0.1:30000
 	batonlm serve
 
-test:  ## run the test suite but its slow tier (what .ci/run runs; <= 15 min on 2 cores), then its 20 slowest tests
-	$(PYTHON) -m pytest -q tests -m "not slow" --durations=20
+# The unit, kernel and bench tests run in two worker processes (pytest-xdist: they hold no
+# server or port, and a core idles while the other runs a test's Python); the integration tests
+# one at a time (their servers and device workers use both cores already).
+test:  ## run the test suite but its slow tier (what .ci/run runs; <= 15 min on 2 cores), then its slowest tests
+	$(PYTHON) -m pytest -q -n 2 tests/unit tests/kernels tests/bench -m "not slow" --durations=10
+	$(PYTHON) -m pytest -q tests/integration -m "not slow" --durations=20
 
 test-all:  ## every test, the slow tier too (every family compiled, the whole signal matrix, multi-node endings)
 	$(PYTHON) -m pytest -q tests --durations=20
 
-test-quick:  ## the unit and kernel tests not marked slow (a few minutes): the edit loop
-	$(PYTHON) -m pytest -q tests/unit tests/kernels -m "not slow" --durations=10
+test-quick:  ## the unit and kernel tests not marked slow (about 2 minutes): the edit loop
+	$(PYTHON) -m pytest -q -n 2 tests/unit tests/kernels -m "not slow" --durations=10
 
 lint:  ## ruff, then the mypy type check of batonlm/
 	$(PYTHON) -m ruff check batonlm tests benchmarks

@@ -9,7 +9,9 @@
 #      (bf16), normal vs overlap ITL at 1 / 8 / 64 streams, decode step vs the HBM roofline;
 #   4. speculative decoding on vs off (writes benchmarks/results/speculative_gpu.json): the
 #      verification step's cost on a GPU, where its rows run in one CUDA graph replay;
-#   5. scale-out, where there are at least 2 GPUs (writes benchmarks/results/tp_sync_gpu.json):
+#   5. the model families (writes benchmarks/results/models_gpu.json): the MoE layer's Triton
+#      grouped GEMM vs a per-expert loop in bfloat16, decode tok/s per family at 1 and 16 streams;
+#   6. scale-out, where there are at least 2 GPUs (writes benchmarks/results/tp_sync_gpu.json):
 #      NCCL collective costs, decode tokens/s at --tp 1/2, and serving with --tp 2, --dp 2 and
 #      --dp 2 --enable-dp-attention (the `gpu` tests above check their tokens; docs/distributed.md).
 # Without a CUDA device the tests skip and the benchmarks say so.
@@ -22,6 +24,7 @@ export TRITON_INTERPRET=0
 "$PY" benchmarks/kernels_gpu.py --out benchmarks/results/kernels_gpu.json "$@"
 "$PY" benchmarks/gpu_decode.py --output-json benchmarks/results/gpu_decode.json
 "$PY" benchmarks/speculative.py --rounds 3 --json benchmarks/results/speculative_gpu.json
+"$PY" benchmarks/models.py --device cuda --dtype bfloat16 --json benchmarks/results/models_gpu.json
 if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   "$PY" benchmarks/tp_sync.py --device cuda --tp 1 2 --json benchmarks/results/tp_sync_gpu.json
 fi

@@ -12,6 +12,7 @@ loop), B streams of `--new-tokens` greedy tokens each (EOS ignored); output tok/
 whole batch (prefill included), median of `--rounds`.
 
     python benchmarks/models.py [--batch 1 16] [--tokens 1 16 64 256] [--json out.json]
+    python benchmarks/models.py --device cuda --dtype bfloat16   # + the Triton grouped GEMM
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from vs_transformers import build_random_llama  # noqa: E402
 
-from batonlm.kernels.moe import fused_moe_dense, fused_moe_grouped, fused_moe_reference  # noqa: E402
+from batonlm.kernels.moe import (  # noqa: E402
+    fused_moe_dense,
+    fused_moe_grouped,
+    fused_moe_reference,
+    fused_moe_triton,
+)
 
 TEST_MODELS = ROOT / "configs" / "test-models"
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
@@ -41,28 +47,33 @@ SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "
          "num_local_experts": 8, "num_experts_per_tok": 2}
 
 
-def moe_layer(tokens: list[int], rounds: int, experts: int, top_k: int, hidden: int, inter: int) -> list[dict]:
+def moe_layer(tokens: list[int], rounds: int, experts: int, top_k: int, hidden: int, inter: int,
+              device: str, dtype: torch.dtype) -> list[dict]:
     g = torch.Generator().manual_seed(0)
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
-    w2 = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).to(device, dtype)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).to(device, dtype)
     ways = {"per-expert loop": fused_moe_reference, "grouped": fused_moe_grouped, "dense": fused_moe_dense}
+    if device.startswith("cuda"):
+        ways["triton"] = fused_moe_triton
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for t in tokens:
-        x = torch.randn(t, hidden, generator=g)
-        ids = torch.rand(t, experts, generator=g).topk(top_k, dim=1).indices
-        weights = torch.rand(t, top_k, generator=g)
+        x = torch.randn(t, hidden, generator=g).to(device, dtype)
+        ids = torch.rand(t, experts, generator=g).topk(top_k, dim=1).indices.to(device)
+        weights = torch.rand(t, top_k, generator=g).to(device, dtype)
         times: dict[str, list[float]] = {k: [] for k in ways}
-        for fn in ways.values():  # warm (allocator, thread pool)
+        for fn in ways.values():  # warm (allocator, thread pool, kernel compile)
             fn(x, w13, w2, ids, weights, F.silu)
         for _ in range(rounds):
             for name, fn in ways.items():
+                sync()
                 t0 = time.perf_counter()
                 fn(x, w13, w2, ids, weights, F.silu)
+                sync()
                 times[name].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         rows.append({"tokens": t, **{f"{k} ms": round(v, 3) for k, v in med.items()},
-                     "grouped / loop": round(med["grouped"] / med["per-expert loop"], 2),
-                     "dense / loop": round(med["dense"] / med["per-expert loop"], 2)})
+                     **{f"{k} / loop": round(med[k] / med["per-expert loop"], 2) for k in ways if k != "per-expert loop"}})
     return rows
 
 
@@ -76,14 +87,15 @@ def build_family(family: str, out: Path) -> str:
     return build_random_llama(config_file, out)
 
 
-def family_decode(families: list[str], batches: list[int], new_tokens: int, rounds: int) -> list[dict]:
+def family_decode(families: list[str], batches: list[int], new_tokens: int, rounds: int, device: str,
+                  dtype: str) -> list[dict]:
     from batonlm import Engine
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in families:
             path = build_family(family, Path(tmp) / family)
-            engine = Engine(path, compile="off", max_running_requests=max(batches))
+            engine = Engine(path, compile="off", max_running_requests=max(batches), device=device, dtype=dtype)
             try:
                 for b in batches:
                     ids = [[1] + [3 + (7 * i + j) % 500 for j in range(31)] for i in range(b)]
@@ -118,15 +130,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (adds the Triton grouped GEMM)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     e, k, h, i = args.moe_shape
-    print(f"MoE layer: {e} experts, top {k}, hidden {h}, expert intermediate {i}, float32, "
-          f"{torch.get_num_threads()} threads")
-    moe = moe_layer(args.tokens, args.rounds, e, k, h, i)
+    where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else args.device
+    print(f"MoE layer: {e} experts, top {k}, hidden {h}, expert intermediate {i}, {args.dtype}, {where}")
+    moe = moe_layer(args.tokens, args.rounds, e, k, h, i, args.device, getattr(torch, args.dtype))
     print(table(moe))
-    print(f"\nDecode per family (hidden 256, 4 layers, eager, overlap loop), {args.new_tokens} new tokens per stream")
-    fams = family_decode(args.families, args.batch, args.new_tokens, args.rounds)
+    print(f"\nDecode per family (hidden 256, 4 layers, eager step, overlap loop), {args.new_tokens} new tokens "
+          f"per stream")
+    fams = family_decode(args.families, args.batch, args.new_tokens, args.rounds, args.device, args.dtype)
     print(table(fams))
     if args.json:
         args.json.write_text(json.dumps({"moe_layer": moe, "families": fams}, indent=2))

@@ -27,7 +27,8 @@ from batonlm.model_runner.model_config import ModelConfig, ModelConfigError
 def fallback_models(tmp_path_factory) -> dict[str, str]:
     """Tiny random models of configs/test-models/transformers/*.json: GPT-NeoX (partial rotary,
     parallel residual, LayerNorm, biases), OLMo-2 (norms after attention and MLP, q/k norms over
-    all heads), Granite (embedding/residual/attention multipliers, logits scaling, tied)."""
+    all heads), Granite (embedding/residual/attention multipliers, logits scaling, tied), Gemma 3
+    (a sliding layer then a global one, query_pre_attn_scalar, (1 + w) norms, tied)."""
     root = tmp_path_factory.mktemp("fallback_models")
     out = {}
     for family in FALLBACK_FAMILIES:
