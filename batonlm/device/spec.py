@@ -164,7 +164,7 @@ def compile_pays(cfg: ModelConfig) -> bool:
     return cfg.hidden_size < MULTITHREAD_MIN_HIDDEN
 
 
-def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig) -> None:
+def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig, attention: str) -> None:
     """transformers' layers are whole and run eagerly: one rank per replica, no graphs."""
     if args.tp_size > 1 or args.enable_dp_attention:
         raise DeviceConfigError(
@@ -173,6 +173,9 @@ def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig) -> None:
     if args.compile == "on":
         raise DeviceConfigError(f"--compile on: {cfg.architecture} runs on transformers' modeling code, whose "
                                 "decode step runs eagerly")
+    if cfg.raw.get("attn_logit_softcapping") and attention != "torch":
+        raise DeviceConfigError(f"{cfg.architecture} soft-caps its attention logits, which only the torch attention "
+                                "backend does: --attention-backend torch")
     logger.info("%s runs on transformers' modeling code: the decode step runs eagerly", cfg.architecture)
 
 
@@ -210,7 +213,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
     compile_max_bs, cuda_graph_max_bs = decode_step(args, device, cfg, attention)
     if cfg.impl == "transformers":
-        _check_transformers_fallback(args, cfg)
+        _check_transformers_fallback(args, cfg, attention)
         compile_max_bs = cuda_graph_max_bs = 0
     if args.tp_size > 1:
         from batonlm.distributed.layout import check_split

@@ -177,9 +177,6 @@ def _transformers_fields(root: Path, raw: dict[str, Any]) -> dict[str, Any]:
         text = AutoConfig.from_pretrained(root).get_text_config()
     except Exception as e:  # noqa: BLE001 - transformers' own message says what is wrong
         raise ModelConfigError(f"transformers cannot read {root / 'config.json'}: {e}") from e
-    if getattr(text, "attn_logit_softcapping", None):
-        raise ModelConfigError(f"{root / 'config.json'}: attention logit soft-capping (attn_logit_softcapping) is "
-                               "not supported by the transformers fallback")
     fields = {k: getattr(text, k) for k in _FIELDS if getattr(text, k, None) is not None}
     return {**raw, **fields}
 

@@ -28,7 +28,8 @@ def fallback_models(tmp_path_factory) -> dict[str, str]:
     """Tiny random models of configs/test-models/transformers/*.json: GPT-NeoX (partial rotary,
     parallel residual, LayerNorm, biases), OLMo-2 (norms after attention and MLP, q/k norms over
     all heads), Granite (embedding/residual/attention multipliers, logits scaling, tied), Gemma 3
-    (a sliding layer then a global one, query_pre_attn_scalar, (1 + w) norms, tied)."""
+    (a sliding layer then a global one, query_pre_attn_scalar, (1 + w) norms, tied), Gemma 2 (the
+    same, and attention and final logit soft-capping small enough to change every output)."""
     root = tmp_path_factory.mktemp("fallback_models")
     out = {}
     for family in FALLBACK_FAMILIES:
@@ -107,16 +108,9 @@ def test_what_the_fallback_cannot_do_is_refused_in_one_line(fallback_models, tmp
         msg = str(e.value)
         assert f"model architecture {arch!r} is not supported" in msg and why in msg
         assert "native: LlamaForCausalLM" in msg and "\n" not in msg
-    # Gemma 2's attention soft-capping: refused when the config is read, not at the first batch.
-    from transformers import AutoConfig
-
-    d = tmp_path / "gemma2"
-    shutil.copytree(path, d)
-    gemma = AutoConfig.for_model("gemma2", vocab_size=512, hidden_size=64, num_hidden_layers=2,
-                                 num_attention_heads=4, head_dim=16).to_dict()
-    (d / "config.json").write_text(json.dumps({**gemma, "architectures": ["Gemma2ForCausalLM"]}))
-    with pytest.raises(ModelConfigError, match="soft-capping .* is not supported by the transformers fallback"):
-        ModelConfig.from_hf(d)
+    # Gemma 2's attention soft-capping is the torch backend's only.
+    with pytest.raises(DeviceConfigError, match="soft-caps its attention logits, .* --attention-backend torch"):
+        SchedulerHarness(fallback_models["gemma2"], attention_backend="triton")
 
 
 def test_serve_says_which_code_runs_the_model(fallback_models):

@@ -35,6 +35,9 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.sliding_windows = sliding_windows
         self.scale = head_dim**-0.5
+        # Attention logit soft-capping (Gemma 2): scores -> cap * tanh(scores / cap) before the
+        # mask and softmax; None: off. The torch backend applies it.
+        self.softcap: float | None = None
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:

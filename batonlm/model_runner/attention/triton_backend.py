@@ -39,6 +39,8 @@ class TritonAttentionBackend(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
+        if self.softcap is not None:
+            raise ValueError("attention logit soft-capping runs on the torch attention backend")
         self.kv_pool.write(layer, batch.out_cache_loc, k, v)
         k_pool, v_pool = self.kv_pool.k[layer], self.kv_pool.v[layer]
         window = self.sliding_windows[layer]

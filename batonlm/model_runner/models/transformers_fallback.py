@@ -11,8 +11,8 @@ without a transformers cache (`use_cache=False`). So the scheduler, the radix ca
 prefill, retraction, both event loops, speculative decoding and sampling apply unchanged.
 
 What it does not do: tensor parallelism and DP attention (transformers' layers are whole), the
-compiled CPU step and CUDA graphs (the step runs eagerly), attention logit soft-capping (refused
-when the config is read). The backend attends with the scale each layer passes; each layer's
+compiled CPU step and CUDA graphs (the step runs eagerly); attention logit soft-capping (Gemma 2)
+only on the torch attention backend. The backend attends with the scale each layer passes; each layer's
 sliding window is checked against the one batonlm read from the config on every call: a model
 that disagrees fails loudly rather than computing something else.
 """
@@ -61,8 +61,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     if sliding_window != attn.sliding_windows[layer]:
         raise ValueError(f"layer {layer} has sliding window {sliding_window}, batonlm read "
                          f"{attn.sliding_windows[layer]} from the config")
-    if softcap:
-        raise ValueError("attention logit soft-capping is not supported by the transformers fallback")
+    attn.softcap = float(softcap) if softcap else None
     heads, tokens, dim = query.shape[1], query.shape[2], query.shape[3]
     q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
     out = attn.forward(q, k, v, layer, batch)  # [T, H * D]
