@@ -19,6 +19,7 @@ MODEL_ARCHITECTURES: LazyRegistry[Any] = LazyRegistry(
         "MistralForCausalLM": "batonlm.model_runner.models.families:MistralForCausalLM",
         "Qwen2ForCausalLM": "batonlm.model_runner.models.families:Qwen2ForCausalLM",
         "Qwen3ForCausalLM": "batonlm.model_runner.models.families:Qwen3ForCausalLM",
+        "Qwen2MoeForCausalLM": "batonlm.model_runner.models.families:Qwen2MoeForCausalLM",
         "Qwen3MoeForCausalLM": "batonlm.model_runner.models.families:Qwen3MoeForCausalLM",
         "MixtralForCausalLM": "batonlm.model_runner.models.families:MixtralForCausalLM",
     },

@@ -95,8 +95,15 @@ class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up fused into one matmul. Under tensor
     parallelism `intermediate` is this rank's share and down_proj sums over the ranks."""
 
-    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False, tp: TPGroup | None = None) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, act: str, bias: bool = False, tp: TPGroup | None = None,
+        checkpoint_rows: tuple[int, int] | None = None,
+    ) -> None:
+        """`checkpoint_rows`: (first feature, the checkpoint's feature count) of an MLP not sized
+        like the model's (a MoE layer's shared expert); None: the model's MLP slice."""
         super().__init__()
+        assert checkpoint_rows is None or not bias, "an MLP sized apart has no biases"
+        self.checkpoint_rows = checkpoint_rows
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias, tp or TPGroup.single())
         self.intermediate = intermediate

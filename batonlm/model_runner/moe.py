@@ -4,7 +4,8 @@ A router (a linear layer over the hidden state, replicated on every rank) scores
 each token goes through its top-k experts' gated MLPs and their outputs are summed with the
 routing weights (`batonlm.kernels.moe`). What families differ in is a `MoEOptions`: Qwen3-MoE
 renormalises the top-k probabilities when `norm_topk_prob` and rounds them to the model dtype,
-Mixtral always renormalises and keeps them in float32.
+Mixtral always renormalises and keeps them in float32, Qwen2-MoE adds a shared expert every token
+goes through, scaled by a sigmoid gate.
 
 Tensor parallelism slices every expert's intermediate features over the ranks, as the dense MLP
 is sliced: each rank holds all experts, rows of their gate/up and columns of their down
@@ -12,7 +13,8 @@ projection, and one all-reduce sums the partial outputs. Whatever the routing, e
 the same share of the work (no expert-parallel imbalance, no all-to-all), and DP attention's
 gathered MLP (`dp_gathered_mlp`) takes the layer unchanged. Experts are stored fused: `w13`
 [E, 2 * I_rank, H] (gate rows then up rows) and `w2` [E, H, I_rank]; the loader fills them from
-the checkpoint's per-expert tensors.
+the checkpoint's per-expert tensors. A shared expert is sliced the same way; its partial output
+joins the experts' before the all-reduce.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from torch import nn
 from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import split_evenly
 from batonlm.kernels import moe as moe_kernels
-from batonlm.model_runner.layers import activation
+from batonlm.model_runner.layers import GatedMLP, activation
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class MoEOptions:
     intermediate_size: int  # each expert's
     renormalize: bool  # the top-k probabilities divided by their sum
     weights_in_fp32: bool  # routing weights kept in float32 (else rounded to the model dtype)
+    # A shared expert every token goes through, scaled by sigmoid(a linear gate) (Qwen2-MoE); 0: none.
+    shared_intermediate_size: int = 0
 
 
 class FusedExperts(nn.Module):
@@ -68,6 +72,13 @@ class SparseMoE(nn.Module):
         self.experts = FusedExperts(hidden, opts, tp)
         self.act = activation(act)
         self.tp = tp
+        self.shared_expert: GatedMLP | None = None
+        self.shared_expert_gate: nn.Linear | None = None
+        if opts.shared_intermediate_size:
+            start, count = split_evenly(opts.shared_intermediate_size, tp.size, tp.rank)
+            # Its down projection's partial sum joins the experts' in the layer's one all-reduce.
+            self.shared_expert = GatedMLP(hidden, count, act, checkpoint_rows=(start, opts.shared_intermediate_size))
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids, topk_weights) [T, K], as transformers' routers compute them."""
@@ -81,4 +92,7 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
         out = _formulation(x)(x, self.experts.w13, self.experts.w2, ids, weights, self.act)
+        if self.shared_expert is not None:
+            assert self.shared_expert_gate is not None
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out if self.tp.size == 1 else self.tp.all_reduce(out)

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from batonlm.model_runner.layers import GatedMLP
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.moe import FusedExperts
 
@@ -97,6 +98,10 @@ def _targets(model: CausalLM) -> dict[str, _Target]:
         if param_name.endswith(_EXPERT_PARAMS):
             out.update(_expert_targets(model, param_name, name, p))
             continue
+        owner = model.get_submodule(param_name.rsplit(".", 2)[0]) if "_proj." in param_name else None
+        if isinstance(owner, GatedMLP) and owner.checkpoint_rows is not None:  # sized apart (a shared expert)
+            out.update(_own_mlp_targets(owner, param_name, name, p))
+            continue
         fused = next((f for f, _, _ in model.stacked_params if f"{f}." in name), None)
         if fused is not None:
             sizes = model.shard_sizes(fused)
@@ -147,6 +152,20 @@ def _expert_targets(model: CausalLM, param_name: str, name: str, p: torch.Tensor
         else:
             out[f"{prefix}.{e}.{down}.weight"] = _Target(view, 0, count, 1, start, full)
     return out
+
+
+def _own_mlp_targets(mlp: GatedMLP, param_name: str, name: str, p: torch.Tensor) -> dict[str, _Target]:
+    """A gated MLP whose slice of intermediate features is its own (`checkpoint_rows`), not the
+    model's MLP's: rows of its gate and up projections, columns of its down projection."""
+    assert mlp.checkpoint_rows is not None
+    start, full = mlp.checkpoint_rows
+    count = mlp.intermediate
+    if ".gate_up_proj." in param_name:
+        return {name.replace(".gate_up_proj.", ".gate_proj."): _Target(p, 0, count, 0, start, full),
+                name.replace(".gate_up_proj.", ".up_proj."): _Target(p, count, count, 0, start, full)}
+    if param_name.endswith("down_proj.weight"):
+        return {name: _Target(p, 0, count, 1, start, full)}
+    raise AssertionError(f"{param_name}: an MLP sized apart has no biases")
 
 
 def _read(sf, name: str, t: _Target) -> torch.Tensor:

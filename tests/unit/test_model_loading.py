@@ -169,3 +169,21 @@ def test_moe_experts_split_over_the_mlp_ranks(tiny_models):
         assert stats.bytes_read < stats.checkpoint_bytes
     assert torch.equal(torch.cat(ups), ckpt["model.layers.1.mlp.experts.5.up_proj.weight"])
     assert torch.equal(torch.cat(downs, dim=1), ckpt["model.layers.1.mlp.experts.5.down_proj.weight"])
+
+
+def test_a_shared_expert_is_sliced_like_the_experts(tiny_models):
+    """Qwen2-MoE's shared expert (48 features, its own size) over 3 MLP ranks: 16 each, the
+    slices of all ranks the checkpoint's; its gate replicated."""
+    from batonlm.distributed.group import TPGroup
+
+    cfg = ModelConfig.from_hf(tiny_models["qwen2_moe"])
+    ckpt = load_file(f"{tiny_models['qwen2_moe']}/model.safetensors")
+    gates, downs = [], []
+    for rank in range(3):
+        model, _ = load_model(cfg, torch.float32, "cpu", mlp_group=TPGroup(rank, 3))
+        moe = model.model.layers[1].mlp
+        gates.append(moe.shared_expert.gate_up_proj.weight[:16])
+        downs.append(moe.shared_expert.down_proj.weight)
+        assert torch.equal(moe.shared_expert_gate.weight, ckpt["model.layers.1.mlp.shared_expert_gate.weight"])
+    assert torch.equal(torch.cat(gates), ckpt["model.layers.1.mlp.shared_expert.gate_proj.weight"])
+    assert torch.equal(torch.cat(downs, dim=1), ckpt["model.layers.1.mlp.shared_expert.down_proj.weight"])

@@ -49,23 +49,38 @@ def _moe_field(raw: dict[str, Any], *keys: str) -> int:
     return value
 
 
-class Qwen3MoeForCausalLM(DecoderLM):
-    """Qwen3's attention; sparse MoE layers every `decoder_sparse_step` layers except
+def _qwen_moe(raw: dict[str, Any], attention: DecoderOptions, shared: int = 0) -> DecoderOptions:
+    """Qwen's MoE layout: sparse layers every `decoder_sparse_step` layers except
     `mlp_only_layers` (dense MLPs of `intermediate_size`)."""
+    moe = MoEOptions(
+        num_experts=_moe_field(raw, "num_experts", "num_local_experts"),
+        top_k=_moe_field(raw, "num_experts_per_tok"),
+        intermediate_size=_moe_field(raw, "moe_intermediate_size"),
+        renormalize=bool(raw.get("norm_topk_prob", False)),
+        weights_in_fp32=False,
+        shared_intermediate_size=shared,
+    )
+    step = int(raw.get("decoder_sparse_step") or 1)
+    dense = set(raw.get("mlp_only_layers") or [])
+    layers = frozenset(i for i in range(int(raw["num_hidden_layers"])) if i not in dense and (i + 1) % step == 0)
+    return replace(attention, moe=moe, moe_layers=layers)
+
+
+class Qwen3MoeForCausalLM(DecoderLM):
+    """Qwen3's attention; Qwen's MoE layout."""
 
     @classmethod
     def options(cls, raw: dict[str, Any]) -> DecoderOptions:
-        moe = MoEOptions(
-            num_experts=_moe_field(raw, "num_experts", "num_local_experts"),
-            top_k=_moe_field(raw, "num_experts_per_tok"),
-            intermediate_size=_moe_field(raw, "moe_intermediate_size"),
-            renormalize=bool(raw.get("norm_topk_prob", False)),
-            weights_in_fp32=False,
-        )
-        step = int(raw.get("decoder_sparse_step") or 1)
-        dense = set(raw.get("mlp_only_layers") or [])
-        layers = frozenset(i for i in range(int(raw["num_hidden_layers"])) if i not in dense and (i + 1) % step == 0)
-        return replace(Qwen3ForCausalLM.options(raw), moe=moe, moe_layers=layers)
+        return _qwen_moe(raw, Qwen3ForCausalLM.options(raw))
+
+
+class Qwen2MoeForCausalLM(DecoderLM):
+    """Qwen2's attention (q/k/v bias); Qwen's MoE layout with a gated shared expert."""
+
+    @classmethod
+    def options(cls, raw: dict[str, Any]) -> DecoderOptions:
+        attention = DecoderOptions(qkv_bias=bool(raw.get("qkv_bias", True)))
+        return _qwen_moe(raw, attention, shared=_moe_field(raw, "shared_expert_intermediate_size"))
 
 
 class MixtralForCausalLM(DecoderLM):
