@@ -102,10 +102,7 @@ def fused_moe_dense(
     h = _gated(torch.matmul(x.unsqueeze(0), w13.transpose(1, 2)), act)  # [E, T, I]
     y = torch.matmul(h, w2.transpose(1, 2))  # [E, T, H]
     dense = torch.zeros(x.shape[0], e, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
-    out = torch.zeros_like(x)
-    for i in range(e):  # ascending experts, like the others (zeros added exactly)
-        out = out + (y[i] * dense[:, i, None]).to(x.dtype)
-    return out
+    return _weighted_sum(y.transpose(0, 1), dense, x.dtype)  # over all experts, ascending (zeros exact)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """One decoder for the Llama-like families (Llama 2/3, Mistral, Qwen2, Qwen3, and with sparse
-MoE layers in place of MLPs Qwen3-MoE and Mixtral): what they differ in is a `DecoderOptions`, which each family's subclass (`families.py`) reads from its
-config.
+MoE layers in place of MLPs Qwen2-MoE, Qwen3-MoE and Mixtral): what they differ in is a
+`DecoderOptions`, which each family's subclass (`families.py`) reads from its config.
 
 Module names mirror Hugging Face's except where projections are fused (`qkv_proj`,
 `gate_up_proj`); `stacked_params` tells the loader which checkpoint tensors fill which slice.

@@ -1,5 +1,5 @@
-"""The Llama-like families, dense and mixture-of-experts: the decoder of `decoder.py`, each with its options read from its
-Hugging Face config. A class per architecture, named after it and registered under that name in
+"""The Llama-like families, dense and mixture-of-experts: the decoder of `decoder.py`, each with
+its options read from its Hugging Face config. A class per architecture, named after it and registered under that name in
 `batonlm.registries.MODEL_ARCHITECTURES`.
 """
 
