@@ -99,11 +99,10 @@ class GatedMLP(nn.Module):
         self, hidden: int, intermediate: int, act: str, bias: bool = False, tp: TPGroup | None = None,
         checkpoint_rows: tuple[int, int] | None = None,
     ) -> None:
-        """`checkpoint_rows`: (first feature, the checkpoint's feature count) of an MLP not sized
-        like the model's (a MoE layer's shared expert); None: the model's MLP slice."""
+        """`checkpoint_rows`: (first feature, the checkpoint's feature count) of this slice, which
+        the weight loader reads (None: all of them, unsplit)."""
         super().__init__()
-        assert checkpoint_rows is None or not bias, "an MLP sized apart has no biases"
-        self.checkpoint_rows = checkpoint_rows
+        self.checkpoint_rows = checkpoint_rows or (0, intermediate)
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias, tp or TPGroup.single())
         self.intermediate = intermediate

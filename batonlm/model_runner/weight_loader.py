@@ -87,11 +87,9 @@ def _targets(model: CausalLM) -> dict[str, _Target]:
     shard, cfg = model.shard, model.config
     q_start, _ = shard.q_rows()
     kv_start, _ = shard.kv_rows()
-    mlp_start, _ = model.mlp_rows
     vocab_start, vocab_count = shard.vocab_rows_in_checkpoint()
     q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    starts = {"q_proj": (q_start, q_full), "k_proj": (kv_start, kv_full), "v_proj": (kv_start, kv_full),
-              "gate_proj": (mlp_start, cfg.intermediate_size), "up_proj": (mlp_start, cfg.intermediate_size)}
+    starts = {"q_proj": (q_start, q_full), "k_proj": (kv_start, kv_full), "v_proj": (kv_start, kv_full)}
     out: dict[str, _Target] = {}
     for param_name, p in model.named_parameters():
         name = _checkpoint_name(model, param_name)
@@ -99,8 +97,8 @@ def _targets(model: CausalLM) -> dict[str, _Target]:
             out.update(_expert_targets(model, param_name, name, p))
             continue
         owner = model.get_submodule(param_name.rsplit(".", 2)[0]) if "_proj." in param_name else None
-        if isinstance(owner, GatedMLP) and owner.checkpoint_rows is not None:  # sized apart (a shared expert)
-            out.update(_own_mlp_targets(owner, param_name, name, p))
+        if isinstance(owner, GatedMLP):  # its own slice of its own features (an MLP, a shared expert)
+            out.update(_mlp_targets(owner, param_name, name, p))
             continue
         fused = next((f for f, _, _ in model.stacked_params if f"{f}." in name), None)
         if fused is not None:
@@ -111,9 +109,8 @@ def _targets(model: CausalLM) -> dict[str, _Target]:
                     out[name.replace(f"{fused}.", f"{src}.")] = _Target(
                         p, sum(sizes[:index]), sizes[index], 0, start, full
                     )
-        elif name.endswith(("o_proj.weight", "down_proj.weight")):  # row-parallel: its columns
-            start, full = (q_start, q_full) if "o_proj" in name else (mlp_start, cfg.intermediate_size)
-            out[name] = _Target(p, 0, p.shape[1], 1, start, full)
+        elif name.endswith("o_proj.weight"):  # row-parallel: its columns
+            out[name] = _Target(p, 0, p.shape[1], 1, q_start, q_full)
         elif name.endswith(("embed_tokens.weight", "lm_head.weight")):  # its vocabulary rows
             out[name] = _Target(p, 0, vocab_count, 0, vocab_start, cfg.vocab_size)
             with torch.no_grad():
@@ -154,10 +151,9 @@ def _expert_targets(model: CausalLM, param_name: str, name: str, p: torch.Tensor
     return out
 
 
-def _own_mlp_targets(mlp: GatedMLP, param_name: str, name: str, p: torch.Tensor) -> dict[str, _Target]:
-    """A gated MLP whose slice of intermediate features is its own (`checkpoint_rows`), not the
-    model's MLP's: rows of its gate and up projections, columns of its down projection."""
-    assert mlp.checkpoint_rows is not None
+def _mlp_targets(mlp: GatedMLP, param_name: str, name: str, p: torch.Tensor) -> dict[str, _Target]:
+    """A gated MLP's slice of intermediate features (`checkpoint_rows`): rows of its gate and up
+    projections (fused, weight and bias), columns of its down projection (its bias whole)."""
     start, full = mlp.checkpoint_rows
     count = mlp.intermediate
     if ".gate_up_proj." in param_name:
@@ -165,7 +161,7 @@ def _own_mlp_targets(mlp: GatedMLP, param_name: str, name: str, p: torch.Tensor)
                 name.replace(".gate_up_proj.", ".up_proj."): _Target(p, count, count, 0, start, full)}
     if param_name.endswith("down_proj.weight"):
         return {name: _Target(p, 0, count, 1, start, full)}
-    raise AssertionError(f"{param_name}: an MLP sized apart has no biases")
+    return {name: _Target(p, 0, p.shape[0])}  # down_proj's bias, added once after the sum
 
 
 def _read(sf, name: str, t: _Target) -> torch.Tensor:

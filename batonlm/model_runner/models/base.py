@@ -6,10 +6,12 @@
 checkpoint holds) and fills it with `weight_loader.load_weights`. Everything a family reads from
 its config (biases, norms) it reads in its constructor, from `cfg.raw`.
 
-The weight loader reads the attributes set here (`config`, `shard`, `tp`, `mlp_rows`,
-`stacked_params`, `shard_sizes`, `lm_head`) and Hugging Face's Llama parameter names: q/k/v and
-gate/up are column-parallel (`stacked_params` names the fused parameters they fill), `o_proj`
-and `down_proj` row-parallel, `embed_tokens` and `lm_head` split by vocabulary row.
+The weight loader reads the attributes set here (`config`, `shard`, `tp`, `stacked_params`,
+`shard_sizes`, `lm_head`, and for mixtures of experts `expert_weight_names`,
+`checkpoint_renames`) and Hugging Face's Llama parameter names: q/k/v are column-parallel
+(`stacked_params` names the fused parameter they fill), `o_proj` row-parallel, `embed_tokens`
+and `lm_head` split by vocabulary row; a `GatedMLP` (its gate/up rows, its down columns) and
+`FusedExperts` say which features they hold themselves.
 """
 
 from __future__ import annotations

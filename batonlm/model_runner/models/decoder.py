@@ -2,8 +2,8 @@
 MoE layers in place of MLPs Qwen2-MoE, Qwen3-MoE and Mixtral): what they differ in is a
 `DecoderOptions`, which each family's subclass (`families.py`) reads from its config.
 
-Module names mirror Hugging Face's except where projections are fused (`qkv_proj`,
-`gate_up_proj`); `stacked_params` tells the loader which checkpoint tensors fill which slice.
+Module names mirror Hugging Face's except where projections are fused (`qkv_proj`, whose
+slices `stacked_params` names for the loader; `gate_up_proj`, whose `GatedMLP` says its rows).
 Under tensor parallelism every size is this rank's share (`TPLayout`): its heads, its KV heads,
 its intermediate features, its vocabulary rows; o_proj, down_proj and the embedding sum over
 the ranks, the LM head gathers their logits.
@@ -83,7 +83,7 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(
         self, cfg: ModelConfig, opts: DecoderOptions, layer: int, shard: TPLayout, tp: TPGroup,
-        mlp_rows: int, mlp_group: TPGroup,
+        mlp_rows: tuple[int, int], mlp_group: TPGroup,
     ) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, opts, layer, shard, tp)
@@ -92,7 +92,9 @@ class DecoderLayer(nn.Module):
             assert opts.moe is not None, "moe_layers without MoEOptions"
             self.mlp = SparseMoE(cfg.hidden_size, opts.moe, cfg.hidden_act, mlp_group)
         else:
-            self.mlp = GatedMLP(cfg.hidden_size, mlp_rows, cfg.hidden_act, bias=opts.mlp_bias, tp=mlp_group)
+            start, count = mlp_rows
+            self.mlp = GatedMLP(cfg.hidden_size, count, cfg.hidden_act, bias=opts.mlp_bias, tp=mlp_group,
+                                checkpoint_rows=(start, cfg.intermediate_size))
         # DP attention: the MLP is split over the data-parallel ranks, not over `tp`.
         self.dp_mlp = mlp_group if mlp_group is not tp else None
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -111,7 +113,8 @@ class DecoderLayer(nn.Module):
 
 class DecoderBody(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout, tp: TPGroup, mlp_rows: int, mlp_group: TPGroup
+        self, cfg: ModelConfig, opts: DecoderOptions, shard: TPLayout, tp: TPGroup, mlp_rows: tuple[int, int],
+        mlp_group: TPGroup,
     ) -> None:
         super().__init__()
         start, rows = shard.vocab_rows()
@@ -130,8 +133,6 @@ class DecoderLM(CausalLM):
         ("qkv_proj", "q_proj", 0),
         ("qkv_proj", "k_proj", 1),
         ("qkv_proj", "v_proj", 2),
-        ("gate_up_proj", "gate_proj", 0),
-        ("gate_up_proj", "up_proj", 1),
     )
     lm_head: nn.Linear | None
 
@@ -146,7 +147,7 @@ class DecoderLM(CausalLM):
     ) -> None:
         super().__init__(cfg, shard, tp, mlp_group)
         opts = self.options(cfg.raw)
-        self.model = DecoderBody(cfg, opts, self.shard, self.tp, self.mlp_rows[1], self.mlp_group)
+        self.model = DecoderBody(cfg, opts, self.shard, self.tp, self.mlp_rows, self.mlp_group)
         vocab_rows = self.shard.vocab_rows()[1]
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, meta=True)
@@ -159,8 +160,6 @@ class DecoderLM(CausalLM):
         if fused == "qkv_proj":
             kv = self.shard.kv_rows()[1]
             return (self.shard.q_rows()[1], kv, kv)
-        if fused == "gate_up_proj":
-            return (self.mlp_rows[1], self.mlp_rows[1])
         raise KeyError(fused)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
