@@ -125,10 +125,10 @@ class ServerArgs:
         help="prompts in one completions or /generate request")
     max_n: int = setting(16, group=_LIMITS, ge=1, bounds=Bound(("n",), "value", "choices (n)"),
                          help="choices per prompt (n)")
-    max_stop_strings: int = setting(16, group=_LIMITS, ge=1, bounds=Bound(("stop",), "count", "stop strings"),
+    max_stop_strings: int = setting(16, group=_LIMITS, ge=1, bounds=Bound(("stop", "stop_sequences"), "count", "stop strings"),
                                     help="stop strings per request")
     max_stop_string_length: int = setting(
-        1024, group=_LIMITS, ge=1, unit="characters", bounds=Bound(("stop",), "each", "characters in a stop string"),
+        1024, group=_LIMITS, ge=1, unit="characters", bounds=Bound(("stop", "stop_sequences"), "each", "characters in a stop string"),
         help="characters in one stop string")
     max_stop_token_ids: int = setting(
         256, group=_LIMITS, ge=1, bounds=Bound(("stop_token_ids",), "count", "stop token ids"),
@@ -227,6 +227,10 @@ class ServerArgs:
         None, group=_HTTP, gt=0, unit="seconds", unset="no limit", help="time a request may run (408 beyond)")
     max_stream_backlog: int = setting(
         4096, group=_HTTP, ge=1, unit="outputs", help="outputs a stream may fall behind its client before it is aborted")
+    responses_store_size: int = setting(
+        1024, group=_HTTP, ge=1, unit="responses",
+        help="stored responses of /v1/responses (store: true) this server process keeps for previous_response_id "
+             "and GET, the least recently used dropped first")
     shutdown_timeout: float = setting(
         30.0, group=_HTTP, gt=0, unit="seconds", help="on SIGTERM, time in-flight requests get to finish")
     watchdog_timeout: float = setting(

@@ -10,8 +10,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from batonlm.config import ServerArgs
-from batonlm.server import native, openai_chat, openai_completions, tokenize_routes
-from batonlm.server.errors import EXPECTED_ERRORS, to_api_error
+from batonlm.server import (
+    anthropic_messages,
+    native,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+    tokenize_routes,
+)
+from batonlm.server.errors import EXPECTED_ERRORS, dialect_of, to_api_error
 from batonlm.server.guard import GuardMiddleware
 from batonlm.server.metrics import ServerMetrics
 from batonlm.server.openapi import build_openapi
@@ -41,6 +48,8 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
     )
     app.include_router(openai_chat.router)
     app.include_router(openai_completions.router)
+    app.include_router(anthropic_messages.router)
+    app.include_router(openai_responses.router)
     app.include_router(native.router)
     app.include_router(tokenize_routes.router)
 
@@ -55,7 +64,7 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
                        metrics_require_key=args.metrics_require_key)
 
     async def expected_error(request: Request, exc: Exception) -> JSONResponse:
-        return to_api_error(exc).response()
+        return to_api_error(exc).response(dialect_of(request.url.path))
 
     # Anything else is a bug: GuardMiddleware logs it once and answers a bare 500.
     for kind in EXPECTED_ERRORS:

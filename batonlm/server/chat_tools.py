@@ -11,6 +11,7 @@ from typing import Any
 from batonlm.server.errors import bad_request
 from batonlm.server.openai_common import check_constraint_param
 from batonlm.server.protocol import ChatCompletionRequest, NamedToolChoice
+from batonlm.server.reasoning import ReasoningStream, split_reasoning
 from batonlm.tool_calls.forced import forced_schema, parse_forced
 from batonlm.tool_calls.parser import StreamingToolCalls, ToolCall, ToolCallParser
 
@@ -102,3 +103,34 @@ def message(content: str | None, calls: list[ToolCall], reasoning: str | None = 
 
 def finish_reason(reason: str | None, calls: list[ToolCall]) -> str | None:
     return "tool_calls" if calls and reason == "stop" else reason
+
+
+class ChoiceOutput:
+    """One streamed choice's text as the dialects shape it: reasoning (--reasoning-parser),
+    content, and at the end the tool calls (`ChoiceStream`)."""
+
+    def __init__(self, plan: ToolPlan, reasoning_parser: str) -> None:
+        self.calls = plan.streamer()
+        self.thinking = ReasoningStream(reasoning_parser) if reasoning_parser != "none" else None
+
+    def feed(self, text: str, last: bool) -> tuple[str, str, list[ToolCall]]:
+        """(reasoning, content, calls) to send for a delta; calls only with the last one."""
+        reasoning = ""
+        if self.thinking is not None:
+            reasoning, text = self.thinking.feed(text)
+            if last:
+                r2, c2 = self.thinking.finish()
+                reasoning, text = reasoning + r2, text + c2
+        text = self.calls.feed(text)
+        calls: list[ToolCall] = []
+        if last:
+            rest, calls = self.calls.finish()
+            text += rest
+        return reasoning, text, calls
+
+
+def whole_output(plan: ToolPlan, reasoning_parser: str, text: str) -> tuple[str | None, str | None, list[ToolCall]]:
+    """(reasoning, content, calls) of a whole completion."""
+    reasoning, text = split_reasoning(reasoning_parser, text) if reasoning_parser != "none" else (None, text)
+    content, calls = plan.parse(text)
+    return reasoning, content, calls

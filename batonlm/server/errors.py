@@ -1,5 +1,7 @@
 """OpenAI-style errors: `{"error": {"message", "type", "param", "code", "request_id"}}` with a
-4xx/5xx status (and the request id in the `x-request-id` header of every response).
+4xx/5xx status (and the request id in the `x-request-id` header of every response). The routes of
+Anthropic's Messages API answer the same errors in its shape (`dialect_of`):
+`{"type": "error", "error": {"type", "message"}, "request_id"}`.
 
 `to_api_error` is the one place an exception becomes an HTTP error: the app's exception
 handlers and the streaming bodies (whose errors arrive after the 200) both go through it. A
@@ -9,8 +11,11 @@ answered with a bare "internal error".
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import re
+from collections.abc import Iterator
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -47,19 +52,54 @@ class APIError(Exception):
         self.code = code
         self.headers = headers or {}
 
-    def body(self) -> dict:
-        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+    def body(self, dialect: str = "openai") -> dict:
         request_id = current_request_id.get()
+        if dialect == "anthropic":
+            kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+            # Anthropic's errors have no `param`: the message names the field.
+            named = self.param is None or self.param in self.message
+            message = self.message if named else f"{self.param}: {self.message}"
+            out: dict = {"type": "error", "error": {"type": kind, "message": message}}
+            if request_id is not None:
+                out["request_id"] = request_id
+            return out
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         if request_id is not None:
             error["request_id"] = request_id
         return {"error": error}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, dialect: str = "openai") -> JSONResponse:
+        return JSONResponse(self.body(dialect), status_code=self.status, headers=self.headers)
+
+
+# Anthropic's error types by status (its documented set; a status it does not list: by class).
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def dialect_of(path: str) -> str:
+    """The error shape of a route: "anthropic" for /v1/messages and below it, else "openai"."""
+    return "anthropic" if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/") else "openai"
 
 
 class ClientGone(Exception):
     """The client disconnected before its response could be sent (logged as 499, never answered)."""
+
+
+@contextlib.contextmanager
+def renamed_params(renames: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """Errors raised inside name fields as the request the user wrote names them: a dialect
+    read as a chat request renames the chat fields (pattern, replacement: `re.sub`'s)."""
+    try:
+        yield
+    except APIError as e:
+        for pattern, name in renames:
+            if e.param is not None and (renamed := re.sub(pattern, name, e.param)) != e.param:
+                e.message, e.param = e.message.replace(e.param, renamed), renamed
+                break
+        raise
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:

@@ -15,7 +15,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from batonlm.server.errors import APIError, current_request_id, to_api_error, too_large
+from batonlm.server.errors import APIError, current_request_id, dialect_of, to_api_error, too_large
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,10 @@ class GuardMiddleware:
                 message["headers"] = [*message.get("headers", []), id_header]
             await send(message)
 
-        error = self._check(scope, headers)
+        dialect = dialect_of(scope["path"])
+        error = self._check(scope, headers, dialect)
         if error is not None:
-            await error.response()(scope, receive, send_with_id)
+            await error.response(dialect)(scope, receive, send_with_id)
             return
         try:
             await self.app(scope, receive, send_with_id)
@@ -62,11 +63,14 @@ class GuardMiddleware:
             # A bug: logged once, with the request id; the client gets a bare 500.
             logger.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], rid)
             if not started:
-                await to_api_error(RuntimeError()).response()(scope, receive, send_with_id)
+                await to_api_error(RuntimeError()).response(dialect)(scope, receive, send_with_id)
 
-    def _check(self, scope: Scope, headers: dict[bytes, bytes]) -> APIError | None:
+    def _check(self, scope: Scope, headers: dict[bytes, bytes], dialect: str) -> APIError | None:
         if self.expected_auth is not None and scope["path"] not in self.open_paths:
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected_auth):
+            given = headers.get(b"authorization", b"")
+            if dialect == "anthropic" and b"x-api-key" in headers:  # Anthropic's clients send the key there
+                given = b"Bearer " + headers[b"x-api-key"]
+            if not hmac.compare_digest(given, self.expected_auth):
                 return APIError(401, "Incorrect API key provided.", code="invalid_api_key")
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_request_bytes:

@@ -82,14 +82,21 @@ class ChoiceResult:
     completion_tokens: int = 0
     error: str | None = None
     cached_tokens: int = 0
+    stop_string: str | None = None  # the stop string that ended the text
 
 
 class Stream(Generic[R]):
     """How one streamed request's chunks become event payloads (a route's subclass keeps the
-    per-choice state its shaping needs)."""
+    per-choice state its shaping needs), and how a payload is framed as a server-sent event
+    (OpenAI's `data:` lines ending in [DONE]; a dialect may name its events and end otherwise)."""
+
+    end: ClassVar[bytes | None] = DONE  # the stream's last line, after the closing events
 
     def __init__(self, state: ServerState, job: Job[R]) -> None:
         self.state, self.job = state, job
+
+    def frame(self, payload: dict) -> bytes:
+        return sse(payload)
 
     def opening(self) -> list[dict]:
         return []
@@ -114,7 +121,10 @@ class Route(Generic[R]):
 
     async def handle(self, request: Request) -> Any:
         state = server_state(request)
-        req = await state.read(request, self.request_model)
+        return await self.handle_parsed(request, state, await state.read(request, self.request_model))
+
+    async def handle_parsed(self, request: Request, state: ServerState, req: Any) -> Any:
+        """`handle` once the body is read and parsed (a route that looks at it first calls this)."""
         state.check_model(getattr(req, "model", None))
         state.check_healthy()
         job = await self.prepare(state, req)  # type: ignore[arg-type]  # req is an R: a ClassVar cannot say so
@@ -205,24 +215,26 @@ class Route(Generic[R]):
 
     # ------------------------------------------------------------------ streaming
     async def sse(self, state: ServerState, job: Job[R]) -> AsyncIterator[bytes]:
-        """The SSE body: the stream's opening events, each chunk's, its closing ones, [DONE]. An
-        error after the response started becomes an error event."""
+        """The SSE body: the stream's opening events, each chunk's, its closing ones, its end
+        ([DONE]). An error after the response started becomes an error event."""
         stream = self.stream_type(state, job)
         for payload in stream.opening():
-            yield sse(payload)
+            yield stream.frame(payload)
         try:
             async for i, chunk in stream_choices(state, job):
                 if chunk.error is not None:  # the scheduler refused it (a grammar that cannot compile, ...)
                     raise RequestRejected(chunk.error)
                 for payload in stream.events(i, chunk):
-                    yield sse(payload)
+                    yield stream.frame(payload)
         except Exception as e:
-            yield sse(self.error_event(e))
-            yield DONE
+            yield stream.frame(self.error_event(e))
+            if stream.end is not None:
+                yield stream.end
             return
         for payload in stream.closing():
-            yield sse(payload)
-        yield DONE
+            yield stream.frame(payload)
+        if stream.end is not None:
+            yield stream.end
 
 
 async def json_answer(size: int, build: Callable[[], Any]) -> Response:
@@ -326,6 +338,7 @@ def _add(r: ChoiceResult, chunk: GenerationChunk, choice: tuple[list[int], Sampl
     if chunk.finish_reason is not None:
         r.finish_reason = chunk.finish_reason
         r.error = chunk.error
+        r.stop_string = chunk.stop_string
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: list[int], n: int) -> dict:

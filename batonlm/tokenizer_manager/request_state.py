@@ -76,6 +76,7 @@ class GenerationChunk:
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     spec: tuple[int, int] | None = None  # with the last chunk: (verification steps, drafts accepted)
+    stop_string: str | None = None  # with the last chunk: the stop string that ended the text, if one did
 
 
 class RequestObserver(Protocol):
@@ -168,5 +169,6 @@ class RequestState:
             prompt_top_logprobs=None if out.prompt_top_logprobs is None else [
                 _floor_top(tl) for tl in out.prompt_top_logprobs],
             spec=out.spec,
+            stop_string=self.stops.matched if finish is not None else None,
         )
         return chunk, stopped_early

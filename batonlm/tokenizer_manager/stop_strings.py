@@ -12,6 +12,7 @@ class StopStringMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, delta: str, armed: bool = True) -> str:
         """Add generated text; return what can be released. After a match, `stopped` is True
@@ -23,8 +24,9 @@ class StopStringMatcher:
             out, self._held = self._held + delta, ""
             return out
         text = self._held + delta
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])  # the earliest; of two there, the first given
             self.stopped = True
             self._held = ""
             return text[:cut]
