@@ -229,6 +229,8 @@ class ResponsesRequest(ResponsesInput):
             if value is not None:
                 fields[name] = value
         fmt = self.text.format if self.text is not None else None
+        if self.tools and self.tool_choice not in (None, "none", "auto"):
+            fmt = None  # a turn forced to call tools writes no text for the format to shape (agents send both)
         if fmt is not None and fmt.type == "json_object":
             fields["response_format"] = {"type": "json_object"}
         elif fmt is not None and fmt.type == "json_schema":
