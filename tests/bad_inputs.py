@@ -1,4 +1,4 @@
-"""A corpus of bad requests across the three POST routes, each with the status it must get and the
+"""A corpus of bad requests across the five generation routes, each with the status it must get and the
 field its error must name (None: the body as a whole). Used by the tests and by
 benchmarks/soak.py. Server defaults assumed: stories260K (vocabulary 512, context 512), and the
 default limits (--max-n 16, --max-stop-strings 16, --max-prompts-per-request 256, ...)."""
@@ -6,6 +6,8 @@ default limits (--max-n 16, --max-stop-strings 16, --max-prompts-per-request 256
 from __future__ import annotations
 
 CHAT, COMP, GEN = "/v1/chat/completions", "/v1/completions", "/generate"
+MSGS, RESP = "/v1/messages", "/v1/responses"  # Anthropic's errors carry no param: the message names it
+ROUTES = (CHAT, COMP, GEN, MSGS, RESP)
 MSG = [{"role": "user", "content": "Once upon a time"}]
 
 
@@ -19,6 +21,17 @@ def _schema(schema: dict) -> dict:
 
 def _gen(**sampling) -> dict:
     return {"text": "Once", "sampling_params": sampling}
+
+
+def _msgs(**fields) -> dict:
+    return {"max_tokens": 8, "messages": MSG, **fields}
+
+
+def _resp(**fields) -> dict:
+    return {"input": "Once", "max_output_tokens": 8, **fields}
+
+
+_SCHEMA = {"type": "object", "properties": {"a": {"type": "objec"}}}
 
 
 # (path, body: a dict sent as JSON or raw bytes, status, param, words expected in the message)
@@ -108,7 +121,7 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (COMP, {"prompt": [[1, 2], []]}, 400, "prompt", "empty"),
     (COMP, {"prompt": [1, 99999]}, 400, "prompt", "outside the vocabulary"),
     (COMP, {"prompt": [-1]}, 400, "prompt", "outside the vocabulary"),
-    (COMP, {"prompt": [[1, 2**64]]}, 400, "prompt", None),
+    (COMP, {"prompt": [[1, 2**64]]}, 400, "prompt.0.1", None),
     (COMP, {"prompt": "x " * 600}, 400, "prompt", "512"),
     (COMP, {"prompt": ["a"] * 300}, 400, "prompt", "at most 256"),
     # 4,096 choices can never be in flight at once (128 running + 2048 queued): a 400, not a 429.
@@ -151,4 +164,55 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (GEN, {"text": "hi", "stream": "yes"}, 400, "stream", None),
     (GEN, b'{"text": "\\ud800"}', 400, None, "surrogate"),
     (GEN, b'{"text": "hi", "sampling_params": ' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b"}", 400, None, None),
+    # -- Anthropic's Messages API
+    (MSGS, {"messages": MSG}, 400, "max_tokens", "missing"),
+    (MSGS, _msgs(max_tokens=0), 400, "max_tokens", None),
+    (MSGS, _msgs(max_tokens=10**6), 400, "max_tokens", "maximum context length"),
+    (MSGS, _msgs(messages=[]), 400, "messages", None),
+    (MSGS, _msgs(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), 400,
+     "messages.0.content", "not supported"),
+    (MSGS, _msgs(messages=[{"role": "user", "content": []}]), 400, "messages.0.content", "empty"),
+    (MSGS, _msgs(messages=[{"role": "system", "content": "hi"}]), 400, "messages.0.role", None),
+    (MSGS, _msgs(messages=[{"role": "assistant", "content": "Hi"}]), 400, "messages", "last message"),
+    (MSGS, _msgs(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]),
+     400, "messages.0", "user message"),
+    (MSGS, _msgs(model="claude-opus-4-5"), 404, "model", "does not exist"),
+    (MSGS, _msgs(top_q=1), 400, "top_q", None),
+    (MSGS, _msgs(temperature=-1), 400, "temperature", None),
+    (MSGS, _msgs(stop_sequences=[""]), 400, "stop_sequences.0", None),
+    (MSGS, _msgs(stop_sequences=["x"] * 17), 400, "stop_sequences", "at most 16"),
+    (MSGS, _msgs(tools=[{"name": "f", "input_schema": {"type": "array"}}]), 400, "tools.0.input_schema", "object"),
+    (MSGS, _msgs(tools=[{"name": "f", "input_schema": _SCHEMA}]), 400, "tools.0.input_schema", None),
+    (MSGS, _msgs(tools=[{"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "tool", "name": "g"}),
+     400, "tool_choice", "names no tool"),
+    (MSGS, _msgs(tool_choice={"type": "any"}), 400, "tool_choice", "needs tools"),
+    (MSGS, _msgs(thinking={"type": "enabled", "budget_tokens": 2048}), 400, "thinking", "--reasoning-parser"),
+    (MSGS, _msgs(thinking={"type": "enabled"}), 400, "thinking", "budget_tokens"),
+    (MSGS, _msgs(output_config={"format": {"type": "json_schema", "schema": _SCHEMA}}), 400,
+     "output_config.format.schema", None),
+    (MSGS, _msgs(output_config={"effort": "high"}), 400, "output_config.effort", None),
+    (MSGS, b'{"max_tokens": 4, "messages": [', 400, None, None),
+    # -- OpenAI's Responses API
+    (RESP, {"max_output_tokens": 8}, 400, "input", "missing"),
+    (RESP, _resp(input=[]), 400, "input", "empty"),
+    (RESP, _resp(input=[{"type": "input_image", "image_url": "x"}]), 400, "input", "not supported"),
+    (RESP, _resp(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]), 400,
+     "input.0.message.content", "not supported"),
+    (RESP, _resp(input=[{"type": "function_call_output", "output": "x"}]), 400, "input.0.function_call_output.call_id",
+     "missing"),
+    (RESP, _resp(max_tokens=5), 400, "max_tokens", None),
+    (RESP, _resp(max_output_tokens=10**6), 400, "max_output_tokens", "maximum context length"),
+    (RESP, _resp(model="gpt-5"), 404, "model", "does not exist"),
+    (RESP, _resp(temperature=3), 400, "temperature", None),
+    (RESP, _resp(previous_response_id="resp_nope"), 404, "previous_response_id", "not found"),
+    (RESP, _resp(tools=[{"type": "function", "name": "f", "parameters": _SCHEMA}]), 400, "tools.0.parameters", None),
+    (RESP, _resp(tools=[{"type": "web_search"}]), 400, "tools.0.type", None),
+    (RESP, _resp(tool_choice="required"), 400, "tool_choice", "needs tools"),
+    (RESP, _resp(text={"format": {"type": "json_schema", "name": "x", "schema": _SCHEMA}}), 400, "text.format.schema",
+     None),
+    (RESP, _resp(text={"format": {"type": "json_schema", "name": "x"}}), 400, "text.format", "schema is required"),
+    (RESP, _resp(reasoning={"effort": "high"}), 400, "reasoning.effort", None),
+    (RESP, _resp(include=["message.output_text.logprobs"]), 400, "include.0", None),
+    (RESP, _resp(background=True, store=False), 400, None, "must be stored"),
+    (RESP, _resp(truncation="auto"), 400, "truncation", None),
 ]

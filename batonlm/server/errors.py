@@ -16,6 +16,7 @@ import contextvars
 import logging
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -120,7 +121,12 @@ def too_large(limit: int) -> APIError:
 
 def from_validation_error(err: ValidationError) -> APIError:
     """The first pydantic error, as a 400 that names the offending field."""
-    first = err.errors()[0]
+    errors = err.errors()
+    first = errors[0]
+    if len(errors) > 1 and _union_member(first):
+        # A union's members each failed (`input`: a string, or a list of items): the error that
+        # went deepest is the one about what the user meant.
+        first = max(errors, key=lambda e: len(e.get("loc", ())))
     loc = [str(p) for p in first.get("loc", ()) if not str(p).startswith("function-")]
     # pydantic reports union members as extra loc parts ("str", "list[...]"); keep field names.
     param = ".".join(p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "float", "bool"))
@@ -131,6 +137,13 @@ def from_validation_error(err: ValidationError) -> APIError:
         return APIError(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
     return APIError(400, f"Invalid value for '{param}': {msg}" if param else msg, param=param or None, code="invalid_value")
+
+
+def _union_member(error: Any) -> bool:
+    """Whether a pydantic error is about one member of a union (its last location part names a
+    type: "str", "list[...]")."""
+    loc = error.get("loc", ())
+    return bool(loc) and (str(loc[-1]) in ("str", "int", "float", "bool") or "[" in str(loc[-1]))
 
 
 # Exceptions that are a client's mistake or a known state of the server: answered without a

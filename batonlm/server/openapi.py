@@ -19,7 +19,8 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from batonlm.config import ServerArgs
 from batonlm.sampling_params import SamplingParams
-from batonlm.server import protocol, responses
+from batonlm.server import anthropic_protocol, protocol, responses, responses_protocol
+from batonlm.server.errors import dialect_of
 from batonlm.server.limits import apply_limits
 
 REF = "#/components/schemas/{model}"
@@ -31,7 +32,21 @@ POST_ROUTES: tuple[tuple[str, type[BaseModel], type[BaseModel], bool], ...] = (
     ("/generate", protocol.NativeGenerateRequest, responses.GenerateResponse, True),
     ("/tokenize", protocol.TokenizeRequest, responses.TokenizeResponse, False),
     ("/detokenize", protocol.DetokenizeRequest, responses.DetokenizeResponse, False),
+    ("/v1/messages", anthropic_protocol.MessagesRequest, responses.AnthropicMessage, True),
+    ("/v1/messages/count_tokens", anthropic_protocol.CountTokensRequest, responses.MessageTokenCount, False),
+    ("/v1/responses", responses_protocol.ResponsesRequest, responses.ResponseObject, True),
+    ("/v1/responses/input_tokens", responses_protocol.InputTokensRequest, responses.InputTokenCount, False),
 )
+# The stored responses of the Responses API: (method, path) -> the answer.
+RESPONSE_ROUTES: dict[tuple[str, str], type[BaseModel]] = {
+    ("get", "/v1/responses/{response_id}"): responses.ResponseObject,
+    ("get", "/v1/responses/{response_id}/input_items"): responses.InputItemList,
+    ("delete", "/v1/responses/{response_id}"): responses.DeletedResponse,
+    ("post", "/v1/responses/{response_id}/cancel"): responses.ResponseObject,
+}
+# How a route's stream ends.
+STREAM_ENDS = {"/v1/messages": "Anthropic's named events, ending in message_stop",
+               "/v1/responses": "typed events with sequence numbers, ending in response.completed or response.incomplete"}
 FLUSH = "/flush_cache"
 GET_ROUTES: dict[str, type[BaseModel]] = {
     "/health": responses.Health,
@@ -48,6 +63,12 @@ EXAMPLES = {
     "/generate": lambda model: {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 16}},
     "/tokenize": lambda model: {"model": model, "prompt": "Once upon a time"},
     "/detokenize": lambda model: {"model": model, "tokens": [1, 403, 407, 261]},
+    "/v1/messages": lambda model: {"model": model, "max_tokens": 16,
+                                   "messages": [{"role": "user", "content": "Once upon a time"}]},
+    "/v1/messages/count_tokens": lambda model: {"model": model,
+                                                "messages": [{"role": "user", "content": "Once upon a time"}]},
+    "/v1/responses": lambda model: {"model": model, "input": "Once upon a time", "max_output_tokens": 16},
+    "/v1/responses/input_tokens": lambda model: {"model": model, "input": "Once upon a time"},
 }
 ERRORS = {
     "400": "A field is invalid or beyond a limit (`param` names it)",
@@ -65,8 +86,10 @@ def _json(schema_ref: str) -> dict:
     return {"application/json": {"schema": {"$ref": schema_ref}}}
 
 
-def _errors(codes: list[str]) -> dict:
-    return {c: {"description": ERRORS[c], "content": _json(REF.format(model="ErrorResponse"))} for c in codes}
+def _errors(codes: list[str], path: str = "") -> dict:
+    """The error answers of a route, in its dialect's shape."""
+    model = "AnthropicErrorResponse" if dialect_of(path) == "anthropic" else "ErrorResponse"
+    return {c: {"description": ERRORS[c], "content": _json(REF.format(model=model))} for c in codes}
 
 
 def _native_sampling_params(args: ServerArgs) -> tuple[dict, dict]:
@@ -97,7 +120,9 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         "SGLang's native /generate. Errors follow OpenAI's shape and carry the request id.",
         routes=app.routes,
     )
-    answers: list[type[BaseModel]] = [*(r for _, _, r, _ in POST_ROUTES), *GET_ROUTES.values(), responses.ErrorResponse]
+    answers: list[type[BaseModel]] = [*(r for _, _, r, _ in POST_ROUTES), *GET_ROUTES.values(),
+                                      *RESPONSE_ROUTES.values(), responses.ErrorResponse,
+                                      responses.AnthropicErrorResponse]
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for _, m, _, _ in POST_ROUTES] + [
         (m, "serialization") for m in answers
     ]
@@ -119,13 +144,19 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         for field in ("max_tokens", "max_completion_tokens", "min_tokens"):
             _set_on_numbers(props[field], maximum=context_length - 1)
         apply_limits(props, args)
-    for name in ("TokenizeRequest", "DetokenizeRequest"):
+    for name in ("TokenizeRequest", "DetokenizeRequest", "CountTokensRequest", "InputTokensRequest"):
         components[name]["properties"]["model"] = {
             "anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
+    for name, max_field in (("MessagesRequest", "max_tokens"), ("ResponsesRequest", "max_output_tokens")):
+        props = components[name]["properties"]
+        props["model"] = {"anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
+        _set_on_numbers(props[max_field], maximum=context_length - 1)
+        apply_limits(props, args)
 
     paths = schema["paths"]
     for path, request_model, answer, streams in POST_ROUTES:
-        ok: dict[str, Any] = {"description": "The answer; with `stream: true`, server-sent events ending in `data: [DONE]`"
+        ends = STREAM_ENDS.get(path, "ending in `data: [DONE]`")
+        ok: dict[str, Any] = {"description": f"The answer; with `stream: true`, server-sent events {ends}"
                               if streams else "The answer",
                               "content": {**_json(REF.format(model=answer.__name__)), **({"text/event-stream": {}} if streams else {})}}
         if path == "/generate":  # several prompts or choices: a list of answers
@@ -135,8 +166,13 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         body["application/json"]["example"] = EXAMPLES[path](args.model_name)
         paths[path]["post"].update(
             requestBody={"required": True, "content": body},
-            responses={"200": ok, **_errors(["400", "401", "404", "408", "413", "429", "500", "503"])},
+            responses={"200": ok, **_errors(["400", "401", "404", "408", "413", "429", "500", "503"], path)},
         )
+    for (method, path), answer in RESPONSE_ROUTES.items():
+        op = paths[path][method]
+        op["responses"].pop("422", None)
+        op["responses"]["200"] = {"description": "OK", "content": _json(REF.format(model=answer.__name__))}
+        op["responses"].update(_errors(["401", "404", "500"] + (["400"] if path.endswith("/cancel") else [])))
     for path, answer in GET_ROUTES.items():
         op = paths[path]["get"]
         op["responses"].pop("422", None)  # FastAPI's, for a path parameter that is any string

@@ -3,7 +3,7 @@ same dicts; the schemathesis test checks every answer against these)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -179,3 +179,164 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+# ---------------------------------------------------------------- Anthropic's Messages API
+class AnthropicTextBlock(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicThinkingBlock(BaseModel):
+    type: Literal["thinking"]
+    thinking: str  # what --reasoning-parser split off
+    signature: str  # always empty: the thinking is not signed
+
+
+class AnthropicToolUseBlock(BaseModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class AnthropicUsage(BaseModel):
+    input_tokens: int  # the prompt's tokens the prefix cache did not serve
+    output_tokens: int
+    cache_read_input_tokens: int  # those it served
+    cache_creation_input_tokens: int
+
+
+class AnthropicMessage(BaseModel):
+    """Streamed (`stream: true`), the same arrives as Anthropic's named events: message_start,
+    content_block_start / _delta / _stop per block, message_delta, message_stop (and ping)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[AnthropicTextBlock | AnthropicThinkingBlock | AnthropicToolUseBlock]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class MessageTokenCount(BaseModel):
+    input_tokens: int
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str  # names the field at fault
+
+
+class AnthropicErrorResponse(BaseModel):
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+    request_id: str | None = None
+
+
+# ---------------------------------------------------------------- OpenAI's Responses API
+class OutputText(BaseModel):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[Any]
+
+
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class ResponseMessageItem(BaseModel):
+    type: Literal["message"]
+    id: str
+    status: ItemStatus
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+class ResponseReasoningItem(BaseModel):
+    type: Literal["reasoning"]
+    id: str
+    summary: list[Any]
+    content: list[ReasoningText]  # what --reasoning-parser split off
+    status: ItemStatus
+
+
+class ResponseFunctionCallItem(BaseModel):
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+    status: ItemStatus
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class ResponseObject(BaseModel):
+    """Streamed (`stream: true`), its typed events arrive instead (response.created, ...,
+    response.completed or response.incomplete), each with a sequence_number."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["queued", "in_progress", "completed", "incomplete", "cancelled", "failed"]
+    background: bool
+    error: dict[str, Any] | None
+    incomplete_details: dict[str, Any] | None
+    instructions: str | None
+    max_output_tokens: int | None
+    model: str
+    output: list[ResponseMessageItem | ResponseReasoningItem | ResponseFunctionCallItem]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    reasoning: dict[str, Any]
+    store: bool
+    temperature: float
+    text: dict[str, Any]
+    tool_choice: Any
+    tools: list[dict[str, Any]]
+    top_p: float
+    truncation: Literal["disabled"]
+    usage: ResponseUsage | None
+    metadata: dict[str, str]
+    user: str | None
+
+
+class DeletedResponse(BaseModel):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+class InputTokenCount(BaseModel):
+    object: Literal["response.input_tokens"]
+    input_tokens: int
+
+
+class InputItemList(BaseModel):
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

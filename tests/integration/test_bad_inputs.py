@@ -7,7 +7,7 @@ import json
 import threading
 
 import httpx
-from bad_inputs import CHAT, COMP, CORPUS, GEN
+from bad_inputs import COMP, CORPUS, MSGS, ROUTES
 
 STREAM = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
 
@@ -25,8 +25,8 @@ def _send(url: str, path: str, body) -> httpx.Response:
     return httpx.post(url + path, json=body, timeout=60)
 
 
-def test_the_corpus_covers_the_three_routes():
-    per_route = {p: sum(1 for c in CORPUS if c[0] == p) for p in (CHAT, COMP, GEN)}
+def test_the_corpus_covers_the_generation_routes():
+    per_route = {p: sum(1 for c in CORPUS if c[0] == p) for p in ROUTES}
     assert len(CORPUS) >= 60 and min(per_route.values()) >= 15, per_route
 
 
@@ -44,6 +44,12 @@ def test_every_bad_input_gets_its_4xx_while_a_stream_runs_unaffected(server):
             failures.append(f"{label}: {r.status_code} {r.text[:200]}")
             continue
         err = r.json()["error"]
+        if path == MSGS:  # Anthropic's shape: the request id beside the error, the field in its message
+            kind = {400: "invalid_request_error", 404: "not_found_error"}[status]
+            if r.json()["type"] != "error" or err["type"] != kind:
+                failures.append(f"{label}: not Anthropic's error shape: {r.text[:200]}")
+            err = {**err, "request_id": r.json().get("request_id"),
+                   "param": param if param is None or param in err["message"] else err["message"]}
         if err["request_id"] != r.headers["x-request-id"] or not err["message"]:
             failures.append(f"{label}: {err}")
         if param is not None and err["param"] != param:

@@ -45,13 +45,17 @@ def api_schema(fuzz_server):
 def test_every_route_is_described(fuzz_server):
     doc = httpx.get(fuzz_server.base_url + "/openapi.json", timeout=30).json()
     schemas = doc["components"]["schemas"]
-    for path in ("/v1/chat/completions", "/v1/completions", "/generate"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/generate", "/v1/messages", "/v1/responses"):
         op = doc["paths"][path]["post"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.rsplit("/", 1)[1] in schemas
         assert {"200", "400", "401", "408", "413", "429", "503"} <= set(op["responses"])
         assert set(op["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
     assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    # Anthropic's routes answer errors in its shape.
+    error = doc["paths"]["/v1/messages"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
+    assert error["$ref"].endswith("/AnthropicErrorResponse")
+    assert schemas["MessagesRequest"]["properties"]["stop_sequences"]["anyOf"][0]["maxItems"] == 16
     # This server's limits are in the schema; the ranges are SamplingParams'.
     chat = schemas["ChatCompletionRequest"]["properties"]
     assert chat["n"]["maximum"] == 3 and chat["top_logprobs"]["anyOf"][0]["maximum"] == 3
@@ -77,8 +81,11 @@ def test_the_server_keeps_to_its_schema(case, fuzz_server):
 def test_the_fuzzing_exercised_every_operation():
     """Runs after the fuzzing: it really sent requests, valid and invalid ones, to every route
     (valid ones are rarer: many constraints between fields are beyond a schema)."""
-    for op in ("POST /v1/chat/completions", "POST /v1/completions", "POST /generate"):
+    for op in ("POST /v1/chat/completions", "POST /v1/completions", "POST /generate", "POST /v1/messages",
+               "POST /v1/responses", "POST /v1/messages/count_tokens", "POST /v1/responses/input_tokens"):
         assert CALLS[(op, 2)] >= 1 and CALLS[(op, 4)] >= 10, str(sorted(CALLS.items()))
+    for op in ("GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}"):
+        assert CALLS[(op, 4)] >= 1, str(sorted(CALLS.items()))
     for op in ("GET /health", "GET /v1/models", "GET /metrics"):
         assert CALLS[(op, 2)] >= 1, dict(CALLS)
     assert not any(status == 5 for _, status in CALLS), dict(CALLS)

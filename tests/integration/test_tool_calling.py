@@ -155,7 +155,8 @@ def test_a_chat_template_renders_the_tools_calls_and_results(stories_path):
 
 def test_reasoning_parser_splits_the_answer():
     """--reasoning-parser deepseek-r1: the output starts inside the thinking block, so a story
-    model's whole answer (it never closes the block) is reasoning_content, streamed and not."""
+    model's whole answer (it never closes the block) is reasoning_content, streamed and not; the
+    same in Anthropic's thinking blocks and the Responses API's reasoning items."""
     from batonlm.bench.server_process import ServerProcess
 
     server = ServerProcess("--reasoning-parser", "deepseek-r1")
@@ -171,5 +172,20 @@ def test_reasoning_parser_splits_the_answer():
                 assert not c.delta.content
                 reasoning += getattr(c.delta, "reasoning_content", None) or ""
         assert reasoning == message.reasoning_content
+        # The other dialects: Anthropic's thinking blocks, the Responses API's reasoning items.
+        import anthropic
+
+        claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+        body = {"model": MODEL, "max_tokens": 20, "messages": ASK, "extra_body": {"temperature": 0.0},
+                "thinking": {"type": "enabled", "budget_tokens": 1024}}
+        m = claude.messages.create(**body)
+        assert [b.type for b in m.content] == ["thinking"] and m.content[0].thinking == message.reasoning_content
+        with claude.messages.stream(**body) as s:
+            assert s.get_final_message().content[0].thinking == message.reasoning_content
+        r = client.responses.create(model=MODEL, input=ASK[0]["content"], max_output_tokens=20, temperature=0.0)
+        assert [o.type for o in r.output] == ["reasoning"] and r.output[0].content[0].text == message.reasoning_content
+        with client.responses.stream(model=MODEL, input=ASK[0]["content"], max_output_tokens=20, temperature=0.0) as s:
+            deltas = "".join(e.delta for e in s if e.type == "response.reasoning_text.delta")
+        assert deltas == message.reasoning_content
     finally:
         assert server.stop() == 0
