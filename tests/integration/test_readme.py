@@ -152,3 +152,19 @@ def test_make_help_lists_the_targets():
     out = run("make help")
     for target in ("install", "run", "test", "test-all", "test-quick", "lint", "docs", "bench", "docker"):
         assert f"make {target}" in out
+
+
+def test_the_api_docs_examples_run(readme_server):
+    """Each curl example of docs/api.md answers in its route's shape."""
+    import json
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    examples = [body for kind, body in re.findall(r"```(\w*)\n(.*?)```", api, re.S) if kind == "bash"]
+    assert len(examples) == 2
+    shapes = {"/v1/responses": ("object", "response"), "/v1/messages": ("type", "message")}
+    for block in examples:
+        (cmd,) = commands(block)
+        answer = json.loads(run(cmd, readme_server.base_url))
+        route = next(r for r in shapes if r in cmd)
+        key, value = shapes[route]
+        assert answer[key] == value, answer
