@@ -86,7 +86,7 @@ class MessagesStream(Stream[MessagesRequest]):
 
     def opening(self) -> list[dict]:
         job = self.job
-        message = {"id": job.rid, "type": "message", "role": "assistant", "model": self.state.model_name,
+        message: dict[str, Any] = {"id": job.rid, "type": "message", "role": "assistant", "model": self.state.model_name,
                    "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": usage(job.prompt_tokens, 0, 0)}
         return [{"type": "message_start", "message": message}, {"type": "ping"}]

@@ -121,13 +121,14 @@ class Route(Generic[R]):
 
     async def handle(self, request: Request) -> Any:
         state = server_state(request)
-        return await self.handle_parsed(request, state, await state.read(request, self.request_model))
+        req = await state.read(request, self.request_model)
+        return await self.handle_parsed(request, state, req)  # type: ignore[arg-type]  # an R: a ClassVar cannot say so
 
-    async def handle_parsed(self, request: Request, state: ServerState, req: Any) -> Any:
+    async def handle_parsed(self, request: Request, state: ServerState, req: R) -> Any:
         """`handle` once the body is read and parsed (a route that looks at it first calls this)."""
         state.check_model(getattr(req, "model", None))
         state.check_healthy()
-        job = await self.prepare(state, req)  # type: ignore[arg-type]  # req is an R: a ClassVar cannot say so
+        job = await self.prepare(state, req)
         if job.stream:
             if job.admission is not None:  # a body never iterated (its client gone) gives the room back too
                 weakref.finalize(job, job.admission.release)
