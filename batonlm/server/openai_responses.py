@@ -63,7 +63,7 @@ def reasoning_item(text: str, status: str = "completed") -> dict[str, Any]:
 
 
 def message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
     return {"type": "message", "id": item_id or _id("msg"), "status": status, "role": "assistant", "content": content}
 
 
@@ -102,6 +102,11 @@ def response_object(state: ServerState, job: ResponsesJob, status: str, output: 
 
 
 def final_status(result: ChoiceResult) -> str:
+    return "incomplete" if result.finish_reason == "length" else "completed"
+
+
+def item_status(result: ChoiceResult) -> str:
+    """The last text item's (message or reasoning): cut by max_output_tokens, it is incomplete."""
     return "incomplete" if result.finish_reason == "length" else "completed"
 
 
@@ -165,23 +170,23 @@ class ResponsesStream(Stream[ResponsesRequest]):
                         "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}})
         return out
 
-    def _finish_open(self) -> list[dict]:
+    def _finish_open(self, status: str = "completed") -> list[dict]:
         item = self.open
         if item is None:
             return []
         where, text, out = self._where(), self.text, []
         if item["type"] == "reasoning":
             out.append({"type": "response.reasoning_text.done", **where, "content_index": 0, "text": text})
-            done = {**item, "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}
+            done = {**item, "content": [{"type": "reasoning_text", "text": text}], "status": status}
         elif item["type"] == "message":
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             out.append({"type": "response.output_text.done", **where, "content_index": 0, "text": text, "logprobs": []})
             out.append({"type": "response.content_part.done", **where, "content_index": 0, "part": part})
-            done = {**item, "content": [part], "status": "completed"}
+            done = {**item, "content": [part], "status": status}
         else:
             out.append({"type": "response.function_call_arguments.done", **where, "name": item["name"],
                         "arguments": text})
-            done = {**item, "arguments": text, "status": "completed"}
+            done = {**item, "arguments": text, "status": status}
         out.append({"type": "response.output_item.done", "output_index": len(self.items), "item": done})
         self.items.append(done)
         self.open = None
@@ -213,8 +218,9 @@ class ResponsesStream(Stream[ResponsesRequest]):
             self.text = call.arguments
             out.append({"type": "response.function_call_arguments.delta", **self._where(), "delta": call.arguments})
         if last:
-            out += self._finish_open()
             r.finish_reason = chunk.finish_reason
+            cut = self.open is not None and self.open["type"] != "function_call"  # a parsed call is whole
+            out += self._finish_open(item_status(r) if cut else "completed")
             self.calls = calls
         return out
 
@@ -308,6 +314,8 @@ class ResponsesRoute(Route[ResponsesRequest]):
         reasoning, content, calls = chat_tools.whole_output(job.plan, state.args.reasoning_parser, r.text)
         output = ([reasoning_item(reasoning)] if reasoning else []) + ([message_item(content)] if content else [])
         output += [call_item(c) for c in calls]
+        if output and output[-1]["type"] != "function_call":  # a parsed call is whole
+            output[-1]["status"] = item_status(r)
         body = response_object(state, job, final_status(r), output, r)
         if job.req.store:
             store_of(state).put(job.rid, StoredResponse(body, conversation(job, content, calls), input_items(job.req)))
