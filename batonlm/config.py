@@ -30,7 +30,7 @@ ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
 SAMPLER_CHOICES = ("auto", *SAMPLERS.names())
 TOOL_CALL_PARSER_CHOICES = ("auto", *TOOL_CALL_PARSERS.names())
 REASONING_PARSER_CHOICES = ("none", "qwen3", "deepseek-r1")  # batonlm.server.reasoning
-SCHEDULE_POLICIES = ("fcfs", "lpm")  # batonlm.scheduler.schedule_policy
+SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")  # batonlm.scheduler.schedule_policy
 COMPILE_CHOICES = ("auto", "on", "off")
 GRAMMAR_WHITESPACE_CHOICES = ("bounded", "compact", "any")  # batonlm.constrained.grammar
 SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")  # batonlm.scheduler.speculative
@@ -115,7 +115,16 @@ class ServerArgs:
         False, group=_SCHED, help="do not keep computed prefixes for later requests (the prefix cache)")
     schedule_policy: str = setting(
         "fcfs", group=_SCHED, choices=SCHEDULE_POLICIES,
-        help="fcfs: arrival order; lpm: longest cached prefix first (with an age bound)")
+        help="fcfs: arrival order; lpm: longest cached prefix first (with an age bound); priority: the requests' "
+             "`priority` (lower values first, vLLM's convention), then arrival, and retraction of the lowest first")
+    priority_aging_s: float = setting(
+        60.0, group=_SCHED, gt=0, unit="seconds",
+        help="--schedule-policy priority: a request waiting this long is admitted next whatever its priority "
+             "(none starves)")
+    enable_priority_preemption: bool = setting(
+        False, group=_SCHED,
+        help="--schedule-policy priority: a waiting request that cannot be admitted retracts running requests of "
+             "lower priority (they resume later, with the same output)")
     random_seed: int = setting(0, group=_SCHED, help="the seed that seeds requests which give none")
     mem_fraction_static: float = setting(
         0.85, group=_SCHED, gt=0, lt=1, help="GPU: the share of its memory for weights and the KV cache")

@@ -164,6 +164,13 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (GEN, {"text": "hi", "stream": "yes"}, 400, "stream", None),
     (GEN, b'{"text": "\\ud800"}', 400, None, "surrogate"),
     (GEN, b'{"text": "hi", "sampling_params": ' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b"}", 400, None, None),
+    # -- priority: only with --schedule-policy priority (the session server is fcfs), in range
+    (CHAT, _chat(priority=1), 400, "priority", "--schedule-policy priority"),
+    (CHAT, _chat(priority=2**31), 400, "priority", None),
+    (COMP, {"prompt": "Once", "priority": "high"}, 400, "priority", None),
+    (GEN, {"text": "Once", "priority": -1}, 400, "priority", "--schedule-policy priority"),
+    (MSGS, _msgs(priority=1), 400, "priority", "--schedule-policy priority"),
+    (RESP, _resp(priority=1), 400, "priority", "--schedule-policy priority"),
     # -- Anthropic's Messages API
     (MSGS, {"messages": MSG}, 400, "max_tokens", "missing"),
     (MSGS, _msgs(max_tokens=0), 400, "max_tokens", None),

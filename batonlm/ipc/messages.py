@@ -11,6 +11,7 @@ class GenerateRequest(msgspec.Struct, tag=True, frozen=True):
     rid: str
     input_ids: list[int]
     sampling_params: SamplingParams
+    priority: int = 0  # lower values first (--schedule-policy priority)
 
 
 class AbortRequest(msgspec.Struct, tag=True, frozen=True):
@@ -59,6 +60,7 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     # With its last output, for a request that verified drafts: (verification steps, drafts accepted).
     spec: tuple[int, int] | None = None
+    preemptions: int = 0  # with its last output: the times it was retracted for a request of higher priority
 
 
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):
@@ -114,6 +116,8 @@ class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     # running idle/extend/decode (column), 3x3 row-major; overlap decisions checked equal.
     dp_pairings: list[int] = msgspec.field(default_factory=list)
     dp_decisions_checked: int = 0
+    # --schedule-policy priority: requests retracted for one of higher priority, by their priority.
+    preemptions: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class SchedulerFailed(msgspec.Struct, tag=True, frozen=True):

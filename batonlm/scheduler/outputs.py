@@ -73,4 +73,4 @@ def token_output(req: Request, tokens: list[int], lp: SampledLogprobs | None, lp
         assert len(prompt_lp) == req.prompt_len - req.params.logprob_start_len, (req, len(prompt_lp))
     spec = (req.spec.steps, req.spec.accepted) if req.finished and req.spec is not None and req.spec.steps else None
     return TokenOutput(req.rid, tokens, req.finish_reason, None, logprobs, top, cached, queued, prompt_lp, prompt_top,
-                       spec)
+                       spec, req.preemptions if req.finished else 0)

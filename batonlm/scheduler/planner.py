@@ -11,8 +11,10 @@ extend rows when any can run, else a decode batch):
    may still need. Each gets its cached prefix from the radix cache; at most one prompt is cut
    into chunks at a time.
 When the pool cannot give a row its slots, running requests are retracted, fewest generated
-tokens first: their KV goes to the cache, and they wait at the front of the queue to resume
-from prompt + outputs.
+tokens first (with the priority policy: the lowest priority first): their KV goes to the cache,
+and they wait at the front of the queue to resume from prompt + outputs. With priority
+preemption, before all this, running requests of lower priority are retracted for the first
+waiting request when it could not be admitted otherwise.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class PlannerConfig:
     mixed: bool  # extend and decode rows in one batch
     schedule_policy: str = "fcfs"
     age_bound: int = 256  # iterations (lpm)
+    priority_aging_s: float = 60.0  # priority: a request waiting this long goes first
+    enable_priority_preemption: bool = False
 
 
 class BatchPlanner:
@@ -68,6 +72,7 @@ class BatchPlanner:
         self.speculator = speculator  # speculative decoding: drafts for decode rows
         self.ratio = NewTokenRatio()
         self.num_retractions = 0
+        self.preempted: dict[int, int] = {}  # priority -> requests of it retracted for a higher one
 
     def plan(self, batch_id: int, waiting: deque[Request], running: list[Request]) -> ScheduleBatch:
         """Fill a batch (possibly empty), moving admitted requests from `waiting` to `running`
@@ -77,6 +82,8 @@ class BatchPlanner:
         retracted: list[Request] = []
         budget = min(cfg.chunked_prefill_size or cfg.max_prefill_tokens, cfg.max_prefill_tokens)
         chunking = next((r for r in running if r.prefilling), None)
+        if cfg.enable_priority_preemption and cfg.schedule_policy == "priority" and waiting:
+            self._preempt(waiting, running, retracted, keep=set() if chunking is None else {id(chunking)})
         if chunking is not None:
             budget -= self._continue(batch, chunking, budget, running, retracted)
         if cfg.mixed:
@@ -154,7 +161,7 @@ class BatchPlanner:
         if budget <= 0 or not waiting or any(r.prefilling for r in running):
             return
         reserved = sum(self._future_need(r) for r in running)
-        for req in admission_order(waiting, cfg.schedule_policy, mem.cache, cfg.age_bound):
+        for req in admission_order(waiting, cfg.schedule_policy, mem.cache, cfg.age_bound, cfg.priority_aging_s):
             if len(running) >= cfg.max_running_requests or mem.req_slots.num_free == 0 or budget <= 0:
                 break
             if req.req_slot is not None:  # retracted with a launch still in flight: next time
@@ -197,9 +204,44 @@ class BatchPlanner:
             victims = [r for r in running if id(r) not in keep]
             if not victims:
                 return
-            victim = min(victims, key=lambda r: (len(r.output_ids), -r.prompt_len, -running.index(r)))
+            victim = min(victims, key=lambda r: self._victim_order(r, running))
             self._retract(victim, running)
             retracted.append(victim)
+
+    def _victim_order(self, req: Request, running: list[Request]) -> tuple:
+        """Retracted first: the lowest priority (priority policy), then the fewest generated tokens,
+        the longest prompt, the latest admitted."""
+        rank = (len(req.output_ids), -req.prompt_len, -running.index(req))
+        return (-req.priority, *rank) if self.config.schedule_policy == "priority" else rank
+
+    def _preempt(self, waiting: deque[Request], running: list[Request], retracted: list[Request],
+                 keep: set[int]) -> None:
+        """Retract running requests of lower priority than the first waiting one (lowest first)
+        until it could be admitted: a running place, a request slot (one a retracted request
+        still holds frees when its launch in flight returns), and memory for its estimated need."""
+        cfg, mem = self.config, self.memory
+        head = admission_order(waiting, cfg.schedule_policy, None, cfg.age_bound, cfg.priority_aging_s)[0]
+        if head.req_slot is not None:  # a retracted request, waiting for its slot
+            return
+        tokens = head.fill_ids
+        need_now = len(tokens) - (mem.cache.match_len(tokens) if mem.cache is not None else 0)
+        need = need_now + self._output_estimate(head)
+        freeing = sum(1 for r in waiting if r.req_slot is not None)  # slots retracted requests give back
+        while True:
+            room = len(running) < cfg.max_running_requests and mem.req_slots.num_free + freeing > 0
+            reserved = sum(self._future_need(r) for r in running)
+            if room and (need_now <= mem.available if not running else need <= mem.available - reserved):
+                return
+            victims = [r for r in running if id(r) not in keep and r.priority > head.priority]
+            if not victims:
+                return
+            victim = min(victims, key=lambda r: self._victim_order(r, running))
+            self._retract(victim, running)
+            retracted.append(victim)
+            victim.preemptions += 1
+            self.preempted[victim.priority] = self.preempted.get(victim.priority, 0) + 1
+            if victim.req_slot is not None:
+                freeing += 1
 
     def _retract(self, req: Request, running: list[Request]) -> None:
         running.remove(req)

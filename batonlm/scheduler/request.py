@@ -62,13 +62,17 @@ class Request:
         "prompt_lp",
         "prompt_top",
         "spec",
+        "priority",
+        "preemptions",
     )
 
     def __init__(
         self, rid: str, prompt_ids: list[int], params: SamplingParams, seed: int, context_length: int,
-        eos_ids: tuple[int, ...],
+        eos_ids: tuple[int, ...], priority: int = 0,
     ) -> None:
         self.rid = rid
+        self.priority = priority  # lower values first (--schedule-policy priority)
+        self.preemptions = 0  # retracted for a request of higher priority
         self.prompt_ids = prompt_ids
         self.params = params
         self.seed = seed

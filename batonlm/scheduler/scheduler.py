@@ -62,6 +62,8 @@ class SchedulerConfig:
     enable_mixed_batch: bool = False
     disable_radix_cache: bool = False
     schedule_policy: str = "fcfs"
+    priority_aging_s: float = 60.0
+    enable_priority_preemption: bool = False
     random_seed: int = 0
     tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
     grammar_whitespace: str = "bounded"
@@ -130,6 +132,7 @@ class Scheduler(RequestIntake):
             num_waiting=len(self.waiting),
             num_compiling=len(self.grammars.pending),
             retractions=self.planner.num_retractions,
+            preemptions={str(p): n for p, n in sorted(self.planner.preempted.items())},
             iterations=self.iteration,
             prompt_tokens=self.prompt_tokens,
             generated_tokens=self.generated_tokens,

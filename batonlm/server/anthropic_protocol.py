@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from batonlm.server.protocol import ChatCompletionRequest, _Strict, ranged
+from batonlm.server.protocol import ChatCompletionRequest, Priority, _Strict, ranged
 
 # The content blocks a request may carry; others (image, document, search_result, ...) are refused.
 BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
@@ -219,6 +219,7 @@ class MessagesRequest(MessagesInput):
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
+    priority: Priority = 0  # batonlm's (and vLLM's): --schedule-policy priority
 
     @model_validator(mode="after")
     def _format_or_forced_tools(self) -> MessagesRequest:
@@ -231,7 +232,7 @@ class MessagesRequest(MessagesInput):
         """The chat request this one means (its fields already checked here)."""
         fields: dict[str, Any] = {
             **self.chat_fields(), "max_tokens": self.max_tokens, "temperature": self.temperature,
-            "top_p": self.top_p, "top_k": self.top_k, "stream": self.stream,
+            "top_p": self.top_p, "top_k": self.top_k, "stream": self.stream, "priority": self.priority,
         }
         if self.stop_sequences:
             fields["stop"] = list(self.stop_sequences)

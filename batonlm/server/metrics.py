@@ -34,6 +34,9 @@ class ServerMetrics:
                                    "since start", labels, registry=r)
         self.retractions = Gauge("batonlm_scheduler_retractions", "Requests retracted (the KV pool was full) "
                                  "since start", labels, registry=r)
+        self.preemptions = Gauge("batonlm_scheduler_preemptions", "Requests retracted for a request of higher "
+                                 "priority since start (--schedule-policy priority), by their priority",
+                                 [*labels, "priority"], registry=r)
         self.req_slots_used = Gauge("batonlm_request_slots_used", "Request slots in use", labels, registry=r)
         self.sched_cpu = Gauge("batonlm_scheduler_cpu_seconds", "Scheduler CPU work so far (building batches, "
                                "launching, processing results)", labels, registry=r)
@@ -122,6 +125,8 @@ class ServerMetrics:
         self.cache_hit.labels(**self.label).set(stats.cached_prompt_tokens / max(1, stats.admitted_prompt_tokens))
         self.cached_tokens.labels(**self.label).set(stats.cached_prompt_tokens)
         self.retractions.labels(**self.label).set(stats.retractions)
+        for priority, count in stats.preemptions.items():
+            self.preemptions.labels(**self.label, priority=priority).set(count)
         self.sched_cpu.labels(**self.label).set(stats.scheduler_cpu_s)
         self.device_wait.labels(**self.label).set(stats.device_wait_s)
         self.device_compute.labels(**self.label).set(stats.device_compute_s)

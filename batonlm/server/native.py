@@ -90,12 +90,12 @@ class GenerateJob(Job[NativeGenerateRequest]):
         return self.req.batched or self.n > 1
 
     def meta(self, state: ServerState, i: int, finish: str | None, completion_tokens: int, cached_tokens: int | None,
-             output_lp=None, prompt_lp=None, spec=None) -> dict:
+             output_lp=None, prompt_lp=None, spec=None, preemptions: int = 0) -> dict:
         """Choice i's meta_info."""
         req = self.req
         out: dict[str, Any] = {"id": f"{self.rid}-{i}" if self.batched else self.rid, "finish_reason": finish,
                                "prompt_tokens": len(self.choices[i][0]), "completion_tokens": completion_tokens,
-                               "cached_tokens": cached_tokens}
+                               "cached_tokens": cached_tokens, "preemptions": preemptions}
         if spec is not None:  # speculative decoding: SGLang's names
             out["spec_verify_ct"], out["spec_accepted_drafts"] = spec
             out["spec_accept_length"] = (spec[0] + spec[1]) / spec[0]
@@ -121,7 +121,7 @@ class GenerateStream(Stream[NativeGenerateRequest]):
         prompt_lp = None if c.prompt_logprobs is None else logprobs.prompt_token_logprobs(ids, params, c)
         event = {"text": c.text, "output_ids": c.token_ids,
                  "meta_info": self.job.meta(self.state, i, c.finish_reason, c.completion_tokens, self.cached[i],
-                                            c.logprobs, prompt_lp, c.spec)}
+                                            c.logprobs, prompt_lp, c.spec, c.preemptions)}
         return [{**event, "index": i} if self.job.batched else event]
 
 
@@ -212,7 +212,7 @@ class GenerateRoute(Route[NativeGenerateRequest]):
                 "text": r.text,
                 "output_ids": r.token_ids,
                 "meta_info": {**job.meta(state, i, r.finish_reason, r.completion_tokens, r.cached_tokens, r.logprobs,
-                                         r.prompt_logprobs, r.spec),
+                                         r.prompt_logprobs, r.spec, r.preemptions),
                               "e2e_latency": latency},
             }
             for i, r in enumerate(results)

@@ -63,6 +63,7 @@ class Job(Generic[R]):
     started: float = field(default_factory=time.perf_counter)
     admission: Admission | None = None  # the room admission took for its choices
     answer_values: int = 0  # collected: the tokens, logprobs and alternatives the answer holds
+    priority: int = 0  # lower values first (--schedule-policy priority)
 
     @property
     def stream(self) -> bool:
@@ -83,6 +84,7 @@ class ChoiceResult:
     error: str | None = None
     cached_tokens: int = 0
     stop_string: str | None = None  # the stop string that ended the text
+    preemptions: int = 0  # retractions for requests of higher priority
 
 
 class Stream(Generic[R]):
@@ -138,6 +140,9 @@ class Route(Generic[R]):
 
     async def prepare(self, state: ServerState, req: R) -> Job[R]:
         job = self.job_type(req, self.request_id(req), int(time.time()))
+        job.priority = getattr(req, "priority", 0)
+        if job.priority != 0 and state.args.schedule_policy != "priority":
+            raise bad_request("priority needs a server started with --schedule-policy priority", param="priority")
         self.check(state, job)
         await self.constrain(state, job)
         job.admission = state.manager.admit(self.num_choices(job), self.prompt_param)
@@ -256,7 +261,8 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
     if len(job.choices) == 1:
         ((ids, params),) = job.choices
         # Closed with the consumer, at once (not when the collector finds it): that aborts it.
-        gen = state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop, admission=job.admission)
+        gen = state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop, admission=job.admission,
+                                     priority=job.priority)
         try:
             async with contextlib.aclosing(gen):
                 async for chunk in gen:
@@ -272,7 +278,7 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
     async def run(i: int, ids: list[int], params: SamplingParams) -> None:
         try:
             async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop,
-                                                      admission=job.admission):
+                                                      admission=job.admission, priority=job.priority):
                 await room.acquire()
                 queue.put_nowait((i, chunk))
         except Exception as e:  # reported to the consumer below
@@ -340,6 +346,7 @@ def _add(r: ChoiceResult, chunk: GenerationChunk, choice: tuple[list[int], Sampl
         r.finish_reason = chunk.finish_reason
         r.error = chunk.error
         r.stop_string = chunk.stop_string
+        r.preemptions = chunk.preemptions
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: list[int], n: int) -> dict:

@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from batonlm.sampling_params import field_range
 
+# A request's priority (--schedule-policy priority): lower values first, vLLM's convention.
+Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+
 
 def ranged(sampling_field: str) -> Any:
     """A pydantic Field with the bounds SamplingParams states for `sampling_field`."""
@@ -163,6 +166,7 @@ class SamplingFields(_Strict):
     response_format: ResponseFormat | None = None
     regex: str | None = None
     ebnf: str | None = None
+    priority: Priority = 0
 
     @property
     def stop_strings(self) -> list[str]:
@@ -312,6 +316,7 @@ class NativeGenerateRequest(_Strict):
     logprob_start_len: Annotated[int, Field(ge=-1, le=field_range("logprob_start_len")["le"])] = -1
     top_logprobs_num: Annotated[int, ranged("logprobs")] = 0
     return_text_in_logprobs: bool = False
+    priority: Priority = 0
 
     @model_validator(mode="after")
     def _one_input(self) -> NativeGenerateRequest:

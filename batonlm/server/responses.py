@@ -105,6 +105,7 @@ class GenerateMeta(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None
+    preemptions: int  # retractions for requests of higher priority (--schedule-policy priority)
     e2e_latency: float
     # With return_logprob: [logprob, token id, text (return_text_in_logprobs) or null] per
     # token; the top lists with top_logprobs_num > 0 (null for the first prompt token).

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from batonlm.server.protocol import ChatCompletionRequest, _Strict, ranged
+from batonlm.server.protocol import ChatCompletionRequest, Priority, _Strict, ranged
 
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
@@ -213,6 +213,7 @@ class ResponsesRequest(ResponsesInput):
     prompt_cache_key: str | None = None
     truncation: Literal["disabled"] | None = None
     service_tier: Literal["auto", "default"] | None = None
+    priority: Priority = 0  # batonlm's (and vLLM's): --schedule-policy priority
 
     @model_validator(mode="after")
     def _background_is_stored(self) -> ResponsesRequest:
@@ -223,7 +224,7 @@ class ResponsesRequest(ResponsesInput):
         return self
 
     def to_chat(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
-        fields: dict[str, Any] = {**self.chat_fields(history), "stream": self.stream}
+        fields: dict[str, Any] = {**self.chat_fields(history), "stream": self.stream, "priority": self.priority}
         for name, value in (("max_tokens", self.max_output_tokens), ("temperature", self.temperature),
                             ("top_p", self.top_p)):
             if value is not None:

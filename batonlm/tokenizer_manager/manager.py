@@ -252,6 +252,7 @@ class TokenizerManager:
         rid: str | None = None,
         stop: list[str] | None = None,
         admission: Admission | None = None,
+        priority: int = 0,
     ) -> AsyncGenerator[GenerationChunk, None]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
         follows are trimmed). Leaving the iteration early aborts the request, as do the
@@ -273,7 +274,7 @@ class TokenizerManager:
             admission.take()  # counted in `states` from now on
         replica = self._owner[rid] = self.router.choose(input_ids)
         try:
-            await self.link.send(GenerateRequest(rid, input_ids, params), replica)
+            await self.link.send(GenerateRequest(rid, input_ids, params, priority), replica)
             while not state.finished:
                 chunk, stopped_early = state.apply(await state.next(), self.observer)
                 if stopped_early:
@@ -329,7 +330,9 @@ def sum_stats(parts: list[SchedulerStats]) -> SchedulerStats:
     fields: dict[str, Any] = {}
     for name in SchedulerStats.__struct_fields__:
         values = [getattr(p, name) for p in parts]
-        if isinstance(values[0], list):
+        if isinstance(values[0], dict):  # counts by key
+            fields[name] = {k: sum(v.get(k, 0) for v in values) for k in sorted({k for v in values for k in v})}
+        elif isinstance(values[0], list):
             width = max(len(v) for v in values)
             fields[name] = [sum(v[i] for v in values if i < len(v)) for i in range(width)]
         else:

@@ -77,6 +77,7 @@ class GenerationChunk:
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     spec: tuple[int, int] | None = None  # with the last chunk: (verification steps, drafts accepted)
     stop_string: str | None = None  # with the last chunk: the stop string that ended the text, if one did
+    preemptions: int = 0  # with the last chunk: retractions for requests of higher priority
 
 
 class RequestObserver(Protocol):
@@ -170,5 +171,6 @@ class RequestState:
                 _floor_top(tl) for tl in out.prompt_top_logprobs],
             spec=out.spec,
             stop_string=self.stops.matched if finish is not None else None,
+            preemptions=out.preemptions,
         )
         return chunk, stopped_early

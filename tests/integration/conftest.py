@@ -21,12 +21,14 @@ def server():
 @pytest.fixture(scope="session")
 def guarded_server():
     """A server with an API key (`sekrit`, from $BATONLM_API_KEY: off the command line), a
-    2000-byte cap on request bodies, an 8 KiB budget for whole answers and no prefix cache:
-    test_server_errors.py checks the first three, test_server_cache.py the last. None of them
-    changes what the others do, so one server serves both."""
+    2000-byte cap on request bodies, an 8 KiB budget for whole answers, no prefix cache and the
+    priority policy: test_server_errors.py checks the first three, test_server_cache.py the
+    fourth, test_priority_scheduling.py the last (with every priority 0 it is arrival order).
+    None of them changes what the others do, so one server serves all."""
     os.environ["BATONLM_API_KEY"] = "sekrit"
     try:
-        s = ServerProcess("--max-request-bytes", "2000", "--max-response-bytes", "8192", "--disable-radix-cache")
+        s = ServerProcess("--max-request-bytes", "2000", "--max-response-bytes", "8192", "--disable-radix-cache",
+                          "--schedule-policy", "priority")
     finally:
         del os.environ["BATONLM_API_KEY"]
     yield s

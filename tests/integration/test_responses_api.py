@@ -30,6 +30,7 @@ def test_a_response_is_the_chat_answer(client):
     assert r.id.startswith("resp_") and r.object == "response" and r.model == MODEL
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert [o.type for o in r.output] == ["message"] and r.output_text == chat.choices[0].message.content
+    assert r.output[0].status == "incomplete"
     assert r.usage.input_tokens == chat.usage.prompt_tokens and r.usage.output_tokens == 24
     assert r.usage.total_tokens == r.usage.input_tokens + 24
 

@@ -29,3 +29,20 @@ def test_fcfs_and_lpm_orders():
     assert admission_order(queue, "lpm", None, age_bound=10) == [a, b, c, d]  # no cache: arrival order
     a.waited = 10  # waited long enough: first, whatever its prefix
     assert admission_order(queue, "lpm", cache, age_bound=10) == [a, d, b, c]
+
+
+def test_priority_order_and_its_aging_bound():
+    """Lower priority values first, arrival order among equals; a request that has waited
+    aging_s seconds goes first (in arrival order among the aged), on the clock `now` gives."""
+    reqs = []
+    for rid, priority, arrived in (("a", 5, 0.0), ("b", 0, 1.0), ("c", 5, 2.0), ("d", -3, 3.0), ("e", 0, 4.0)):
+        r = Request(rid, [1, 2], SamplingParams(), 0, 512, (2,), priority)
+        r.arrived = arrived
+        reqs.append(r)
+    a, b, c, d, e = reqs
+    order = admission_order(reqs, "priority", None, age_bound=10, aging_s=10.0, now=5.0)
+    assert order == [d, b, e, a, c]
+    # At 10.0, a has waited 10 s: it goes first; at 11.0 b too (after a: arrival order).
+    assert admission_order(reqs, "priority", None, age_bound=10, aging_s=10.0, now=10.0) == [a, d, b, e, c]
+    assert admission_order(reqs, "priority", None, age_bound=10, aging_s=10.0, now=11.0) == [a, b, d, e, c]
+    assert admission_order(reqs, "priority", None, age_bound=10, aging_s=10.0, now=9.999) == order
