@@ -122,9 +122,10 @@ class SchedulerHarness:
         self.sched, self.info = build_scheduler(self.args, self.io)
         self.io.bind(lambda: self.sched.iteration)
 
-    def submit(self, rid: str, ids: list[int], params: dict | SamplingParams, at: int = 0, priority: int = 0) -> None:
+    def submit(self, rid: str, ids: list[int], params: dict | SamplingParams, at: int = 0, priority: int = 0,
+               pooling: str | None = None) -> None:
         p = params if isinstance(params, SamplingParams) else SamplingParams(**params)
-        self.io.submit(GenerateRequest(rid, ids, p, priority), self.sched.iteration + at)
+        self.io.submit(GenerateRequest(rid, ids, p, priority, pooling), self.sched.iteration + at)
 
     def abort(self, rid: str) -> None:
         self.io.submit(AbortRequest(rid), self.sched.iteration)

@@ -28,6 +28,7 @@ def host_result(out, batch_id: int) -> BatchResult:
         lists(out.logprobs, out.top_ids, out.top_logprobs),
         lists(out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs),
         None if out.accepted is None else out.accepted.tolist(),
+        pooled=None if out.pooled is None else out.pooled.tolist(),
     )
 
 

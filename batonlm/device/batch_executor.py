@@ -21,6 +21,16 @@ from batonlm.model_runner.sampler import SampleOutput
 Scored = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+class Kept:
+    """What a launch takes from hidden states besides its logits: prompt logprobs, and the
+    sums embeddings pool."""
+
+    __slots__ = ("prompt", "pooled")
+
+    def __init__(self, prompt: Scored | None = None, pooled: torch.Tensor | None = None) -> None:
+        self.prompt, self.pooled = prompt, pooled
+
+
 class BatchExecutor:
     def __init__(self, runner: ModelRunner, future_map: FutureMap, draft: ModelRunner | None = None) -> None:
         self.runner = runner
@@ -29,9 +39,9 @@ class BatchExecutor:
         # by running every batch through it too; it writes the drafts of verify groups.
         self.draft = draft
         self.device = runner.device
-        # batch_id -> (logits, batch, launch, prompt logprobs, draft q) of launches whose sampling was delayed.
+        # batch_id -> (logits, batch, launch, what it kept, draft q) of launches whose sampling was delayed.
         self._unsampled: dict[
-            int, tuple[torch.Tensor, ForwardBatch, BatchLaunch, Scored | None, torch.Tensor | None]
+            int, tuple[torch.Tensor, ForwardBatch, BatchLaunch, Kept, torch.Tensor | None]
         ] = {}
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
@@ -73,20 +83,23 @@ class BatchExecutor:
         batch.input_ids = self._input_ids(launch, batch)  # decode inputs depend on positions
         batch.dp_tokens = launch.dp_tokens
         draft_q = self._draft(launch, batch) if self.draft is not None and launch.verify_groups else None
-        prompt = None
-        if launch.prompt_logprob_at:
-            logits, kept = self.runner.forward_keeping(batch, self._tensor(launch.prompt_logprob_at))
-            prompt = self.runner.score_prompt(
-                kept, self._tensor(launch.prompt_logprob_targets), launch.prompt_top_logprobs
-            )
+        kept = Kept()
+        if launch.prompt_logprob_at or launch.pool_spans:
+            logits, hidden = self.runner.forward_hidden(batch)
+            if launch.prompt_logprob_at:
+                kept.prompt = self.runner.score_prompt(hidden[self._tensor(launch.prompt_logprob_at)],
+                                                       self._tensor(launch.prompt_logprob_targets),
+                                                       launch.prompt_top_logprobs)
+            if launch.pool_spans:
+                kept.pooled = self.runner.pool(hidden, launch.pool_spans)
         else:
             logits = self.runner.forward(batch)
         if self.draft is not None:
             self.draft.forward(batch)  # the draft's KV follows every position the target computes
         if not launch.sample:
-            self._unsampled[launch.batch_id] = (logits, batch, launch, prompt, draft_q)
+            self._unsampled[launch.batch_id] = (logits, batch, launch, kept, draft_q)
             return None
-        return self._sample_and_stash(logits, batch, launch, prompt, draft_q)
+        return self._sample_and_stash(logits, batch, launch, kept, draft_q)
 
     def run_idle(self, idle: IdleLaunch) -> None:
         """DP attention: no batch of ours; our part of the other ranks' MLPs."""
@@ -119,7 +132,7 @@ class BatchExecutor:
 
     @torch.inference_mode()  # the logits are inference tensors: masked in place, not copied
     def sample_delayed(self, sample: SampleLaunch) -> SampleOutput:
-        logits, batch, launch, prompt, draft_q = self._unsampled.pop(sample.batch_id)
+        logits, batch, launch, kept, draft_q = self._unsampled.pop(sample.batch_id)
         # The logits are this launch's own (popped): masks go on in place.
         for row, ids in sample.banned.items():
             logits[row, self._tensor(ids)] = float("-inf")
@@ -129,10 +142,10 @@ class BatchExecutor:
             apply_token_bitmask_triton(logits, bitmask, self._tensor(sample.mask_rows))
         elif sample.mask_rows:
             apply_token_bitmask_packed(logits, sample.bitmask, sample.mask_words, sample.mask_rows)
-        return self._sample_and_stash(logits, batch, launch, prompt, draft_q)
+        return self._sample_and_stash(logits, batch, launch, kept, draft_q)
 
     def _sample_and_stash(
-        self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch, prompt: Scored | None,
+        self, logits: torch.Tensor, batch: ForwardBatch, launch: BatchLaunch, kept: Kept,
         draft_q: torch.Tensor | None = None,
     ) -> SampleOutput:
         rows = None if launch.output_rows is None else self._tensor(launch.output_rows)
@@ -153,8 +166,9 @@ class BatchExecutor:
             self.future_map.stash(batch.req_slots[firsts], bonus)
             self.future_map.publish(batch.req_slots[firsts], batch.seq_lens[firsts] + accepted)
             out.accepted = accepted
-        if prompt is not None:
-            out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = prompt
+        if kept.prompt is not None:
+            out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = kept.prompt
+        out.pooled = kept.pooled
         return out
 
     @torch.inference_mode()

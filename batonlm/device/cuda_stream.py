@@ -61,7 +61,7 @@ class CudaDevice(DeviceStream):
             pending.host = SampleOutput(
                 to_host(out.token_ids), to_host(out.logprobs), to_host(out.top_ids), to_host(out.top_logprobs),
                 to_host(out.prompt_logprobs), to_host(out.prompt_top_ids), to_host(out.prompt_top_logprobs),
-                to_host(out.accepted),
+                to_host(out.accepted), to_host(out.pooled),
             )
             pending.copy_done = torch.cuda.Event()
             pending.copy_done.record(self.copy_stream)

@@ -50,6 +50,9 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     prompt_logprob_at: list[int] = msgspec.field(default_factory=list)
     prompt_logprob_targets: list[int] = msgspec.field(default_factory=list)
     prompt_top_logprobs: int = -1
+    # Embeddings: (first flat token index, count) of each span whose final hidden states (after
+    # the final norm) the device sums in float32; a last-token pooled row is a span of one.
+    pool_spans: list[tuple[int, int]] = msgspec.field(default_factory=list)
     # Speculative decoding: (first row, rows) of each verifying request, one decode row per
     # position (its newest output, then its drafts); drafts are accepted while they equal the
     # token the row before samples, and the request's token is the one after them.
@@ -88,6 +91,8 @@ class BatchResult(msgspec.Struct, tag=True, frozen=True):
     prompt_logprobs: SampledLogprobs | None = None
     # Per verify group: the drafts accepted.
     accepted: list[int] | None = None
+    # One sum of final hidden states per `BatchLaunch.pool_spans`, in its order.
+    pooled: list[list[float]] | None = None
     # Seconds the device spent computing this batch (forward + sampling), where it can tell.
     compute_s: float = 0.0
 

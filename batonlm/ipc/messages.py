@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from batonlm.sampling_params import SamplingParams
+
+# How an embedding request pools its prompt's last hidden states: the last token's, or the mean.
+Pooling = Literal["last", "mean"]
+POOLING_MODES: tuple[str, ...] = ("last", "mean")
 
 
 class GenerateRequest(msgspec.Struct, tag=True, frozen=True):
@@ -12,6 +18,9 @@ class GenerateRequest(msgspec.Struct, tag=True, frozen=True):
     input_ids: list[int]
     sampling_params: SamplingParams
     priority: int = 0  # lower values first (--schedule-policy priority)
+    # An embedding request: its prompt's hidden states pooled so (its one sampled token is
+    # dropped by the frontend), sent with its output as `TokenOutput.embedding`.
+    pooling: Pooling | None = None
 
 
 class AbortRequest(msgspec.Struct, tag=True, frozen=True):
@@ -61,6 +70,8 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     # With its last output, for a request that verified drafts: (verification steps, drafts accepted).
     spec: tuple[int, int] | None = None
     preemptions: int = 0  # with its last output: the times it was retracted for a request of higher priority
+    # An embedding request's pooled last hidden states (not normalised), with its output.
+    embedding: list[float] | None = None
 
 
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):
@@ -82,6 +93,8 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
     dtype: str
     overlap: bool
     model_impl: str = "native"  # or "transformers" (the fallback)
+    # A checkpoint without its LM head (an embedding model, e.g. Qwen3Model): embeddings only.
+    embedding_only: bool = False
 
 
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):

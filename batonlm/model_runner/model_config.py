@@ -57,6 +57,10 @@ class ModelConfig:
     # "native": batonlm's model class; "transformers": transformers' modeling code with batonlm's
     # KV cache (models/transformers_fallback.py).
     impl: str = "native"
+    # A base model's checkpoint (architecture `XxxModel`, e.g. an embedding model saved as
+    # Qwen3Model): the decoder without its LM head, run by `XxxForCausalLM` with the head tied to
+    # the embedding; it serves embeddings only.
+    embedding_only: bool = False
 
     @property
     def context_length(self) -> int:
@@ -79,6 +83,7 @@ class ModelConfig:
             raise ModelConfigError(f"{cfg_file} is not valid JSON: {e}") from e
         # First: an unsupported model may lack the fields read below.
         architecture, impl = _architecture(raw, cfg_file, model_impl)
+        embedding_only = architecture != _declared_architecture(raw)
         # transformers' config maps other names (GPT-2's n_embd, ...) to the ones read below.
         text = raw if impl == "native" else _transformers_fields(root, raw)
 
@@ -116,7 +121,7 @@ class ModelConfig:
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             rope=_rope(text) if impl == "native" else RopeConfig(),  # transformers' own rotary
             max_position_embeddings=int(text.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+            tie_word_embeddings=embedding_only or bool(text.get("tie_word_embeddings", False)),
             hidden_act=str(text.get("hidden_act", "silu")),
             sliding_windows=_sliding_windows(text, model_type, num_layers),
             torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or "float32"),
@@ -124,18 +129,32 @@ class ModelConfig:
             bos_token_id=text.get("bos_token_id"),
             raw=raw,
             impl=impl,
+            embedding_only=embedding_only,
         )
 
 
 MODEL_IMPLS = ("auto", "native", "transformers")
 
 
+def _declared_architecture(raw: dict[str, Any]) -> str | None:
+    archs = raw.get("architectures") or []
+    return str(archs[0]) if isinstance(archs, list) and archs else None
+
+
+def _base_model_of(name: str) -> str | None:
+    """The native causal LM whose decoder a base model's architecture (`Qwen3Model`) is."""
+    causal = name.removesuffix("Model") + "ForCausalLM"
+    return causal if name.endswith("Model") and causal in MODEL_ARCHITECTURES else None
+
+
 def _architecture(raw: dict[str, Any], cfg_file: Path, model_impl: str) -> tuple[str, str]:
-    """The config's architecture (`architectures[0]`) and which implementation runs it."""
+    """The architecture that runs the config's (`architectures[0]`; a base model's causal LM),
+    and which implementation runs it."""
     if model_impl not in MODEL_IMPLS:
         raise ModelConfigError(f"model implementation {model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
-    archs = raw.get("architectures") or []
-    name = str(archs[0]) if isinstance(archs, list) and archs else None
+    name = _declared_architecture(raw)
+    if name is not None and model_impl != "transformers" and (causal := _base_model_of(name)) is not None:
+        return causal, "native"
     native = ", ".join(MODEL_ARCHITECTURES.names())
     if name is None:
         raise ModelConfigError(f"{cfg_file}: 'architectures' is missing or empty: the model's class cannot be "

@@ -86,12 +86,21 @@ class ModelRunner:
         return self.model.logits(self._hidden(batch)[batch.last_token_index])
 
     @torch.inference_mode()
-    def forward_keeping(self, batch: ForwardBatch, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward`, also returning the hidden states of the flat token indices `keep` (always
-        eager: the graph-backed steps keep only the last token's)."""
+    def forward_hidden(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`, also returning the hidden states of every token (always eager: the
+        graph-backed steps keep only the last token's)."""
         self._write_table(batch)
         hidden = self._hidden(batch)
-        return self.model.logits(hidden[batch.last_token_index]), hidden[keep]
+        return self.model.logits(hidden[batch.last_token_index]), hidden
+
+    @torch.inference_mode()
+    def pool(self, hidden: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
+        """Embeddings: per (first flat token index, count) span, the float32 sum of its tokens'
+        last hidden states ([S, H])."""
+        out = torch.empty(len(spans), hidden.shape[-1], dtype=torch.float32, device=hidden.device)
+        for i, (start, count) in enumerate(spans):
+            out[i] = self.model.final_norm(hidden[start : start + count]).float().sum(0)
+        return out
 
     @torch.inference_mode()
     def idle_forward(self, dp_tokens: list[int]) -> None:

@@ -45,6 +45,8 @@ class SampleOutput:
     prompt_top_logprobs: torch.Tensor | None = None  # [N, m] float32
     # Speculative decoding (batonlm.model_runner.spec_verify): drafts accepted per verify group.
     accepted: torch.Tensor | None = None  # [G] int64
+    # Embeddings: the summed final hidden states of the launch's pool spans.
+    pooled: torch.Tensor | None = None  # [S, H] float32
 
 
 class Sampler(ABC):

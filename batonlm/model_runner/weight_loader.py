@@ -172,6 +172,17 @@ def _read(sf, name: str, t: _Target) -> torch.Tensor:
     return part[t.start : t.start + t.count] if t.dim == 0 else part[:, t.start : t.start + t.count]
 
 
+def _missing_prefix(files: list[Path], targets: dict[str, _Target]) -> str:
+    """"model." when the checkpoint is a base model's (its decoder's tensors named without the
+    prefix: `layers.0...`, not `model.layers.0...`, as embedding models are saved), else ""."""
+    names: list[str] = []
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            names += sf.keys()
+    ours = any(t.startswith("model.") for t in targets)
+    return "model." if ours and names and not any(n.startswith("model.") for n in names) else ""
+
+
 def load_weights(model: CausalLM, model_dir: str | Path, dtype: torch.dtype) -> LoadStats:
     """Fill every parameter of `model` (this rank's part of it) from the directory's
     safetensors, strictly."""
@@ -186,13 +197,14 @@ def load_weights(model: CausalLM, model_dir: str | Path, dtype: torch.dtype) -> 
     bar = tqdm(
         total=total, unit="B", unit_scale=True, desc="Loading weights", disable=total < PROGRESS_BAR_BYTES
     )
+    prefix = _missing_prefix(files, targets)
     with torch.no_grad():
         for f in files:
             with safe_open(str(f), framework="pt") as sf:
                 for name in sf.keys():
                     if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
                         continue
-                    target = targets.get(name)
+                    target = targets.get(prefix + name)
                     if target is None:
                         unexpected.append(name)
                         continue
@@ -208,7 +220,7 @@ def load_weights(model: CausalLM, model_dir: str | Path, dtype: torch.dtype) -> 
                         target.param.data[target.offset : target.offset + target.count].copy_(tensor.to(dtype))
                     else:
                         target.param.data.copy_(tensor.to(dtype))
-                    loaded.add(name)
+                    loaded.add(prefix + name)
             bar.update(f.stat().st_size)
     bar.close()
     missing = sorted(set(targets) - loaded)

@@ -44,6 +44,8 @@ class ScheduleBatch:
     launch: BatchLaunch | None = None  # built when the batch is planned
     # Per extend row: how many prompt logprobs its launch computes (to split the result).
     prompt_logprob_counts: list[int] = field(default_factory=list)
+    # Per extend row: whether its launch pools hidden states for its embedding (one span each).
+    pooled_rows: list[bool] = field(default_factory=list)
     # Per decode row: the draft tokens it verifies (speculative decoding; [] for a plain decode).
     drafts: list[list[int]] = field(default_factory=list)
     # The launch row of each row (a verifying request has 1 + k launch rows; set by to_launch).
@@ -75,7 +77,9 @@ class ScheduleBatch:
         table_writes: list[tuple[int, list[int]]] = []
         lp_at: list[int] = []  # flat token index of each position whose logits score a prompt token
         lp_targets: list[int] = []
+        pool_spans: list[tuple[int, int]] = []
         self.prompt_logprob_counts = []
+        self.pooled_rows = []
         for row in self.extend:
             r, start, end = row.req, row.prefix_len, row.prefix_len + row.extend_len
             assert r.req_slot is not None  # admitted: KVMemory.match gave it one
@@ -86,6 +90,10 @@ class ScheduleBatch:
                 lp_at.extend(range(offset, offset + len(targets)))
                 lp_targets.extend(targets)
             self.prompt_logprob_counts.append(len(targets))
+            span = r.pool_span(start, end) if r.pooling is not None else None
+            if span is not None:
+                pool_spans.append((len(input_ids) + span[0], span[1]))
+            self.pooled_rows.append(span is not None)
             req_slots.append(r.req_slot)
             prefix_lens.append(start)
             extend_lens.append(row.extend_len)
@@ -136,6 +144,7 @@ class ScheduleBatch:
             prompt_logprob_at=lp_at,
             prompt_logprob_targets=lp_targets,
             verify_groups=verify_groups,
+            pool_spans=pool_spans,
             prompt_top_logprobs=max(
                 (k for row, n in zip(self.extend, self.prompt_logprob_counts)
                  if n and (k := row.req.params.prompt_logprobs) is not None),

@@ -79,8 +79,11 @@ class KVMemory:
         if self.cache is None:
             req.kv_slots, req.cached_len, req.cache_node = [], 0, None
         else:
-            # Prompt logprobs need the logits of every position from prompt_logprob_from on.
+            # Prompt logprobs need the logits of every position from prompt_logprob_from on, mean
+            # pooling the hidden states of every position.
             limit = min(len(tokens) - 1, req.prompt_logprob_from) if req.wants_prompt_logprobs else len(tokens) - 1
+            if req.pooling == "mean":
+                limit = 0
             slots, node = self.cache.match_prefix(tokens[:limit])
             self.cache.lock(node)
             req.kv_slots, req.cached_len, req.cache_node = slots, len(slots), node

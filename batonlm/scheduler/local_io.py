@@ -25,6 +25,7 @@ class RequestRecord:
     logprobs: list[float] = field(default_factory=list)
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    embedding: list[float] | None = None
 
 
 class LocalIO:
@@ -80,6 +81,8 @@ class LocalIO:
             rec.logprobs.extend(out.logprobs or [])
             if out.prompt_logprobs is not None:
                 rec.prompt_logprobs, rec.prompt_top_logprobs = out.prompt_logprobs, out.prompt_top_logprobs
+            if out.embedding is not None:
+                rec.embedding = out.embedding
             if out.finish_reason is not None:
                 rec.finish_reason = out.finish_reason
                 rec.error = out.error

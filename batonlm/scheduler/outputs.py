@@ -27,6 +27,19 @@ def take_prompt_logprobs(batch: ScheduleBatch, scored: SampledLogprobs | None) -
         at += n
 
 
+def take_pooled(batch: ScheduleBatch, pooled: list[list[float]] | None) -> None:
+    """Add each pooling extend row's summed hidden states to its request's embedding (a row
+    voided since the launch drops its share)."""
+    if pooled is None:
+        return
+    sums = iter(pooled)
+    for row, pools, epoch in zip(batch.extend, batch.pooled_rows, batch.epochs):
+        if pools:
+            values = next(sums)
+            if not row.req.finished and epoch == row.req.epoch:
+                row.req.add_pooled(values)
+
+
 def verified_rows(batch: ScheduleBatch, accepted: list[int] | None) -> dict[int, int]:
     """Per verifying row (of `batch`): the drafts the device accepted. Its launch rows then hold
     the tokens it emits: the accepted drafts and the token after them."""
@@ -73,4 +86,4 @@ def token_output(req: Request, tokens: list[int], lp: SampledLogprobs | None, lp
         assert len(prompt_lp) == req.prompt_len - req.params.logprob_start_len, (req, len(prompt_lp))
     spec = (req.spec.steps, req.spec.accepted) if req.finished and req.spec is not None and req.spec.steps else None
     return TokenOutput(req.rid, tokens, req.finish_reason, None, logprobs, top, cached, queued, prompt_lp, prompt_top,
-                       spec, req.preemptions if req.finished else 0)
+                       spec, req.preemptions if req.finished else 0, req.embedding if first else None)

@@ -250,6 +250,7 @@ class BatchPlanner:
         if req.wants_prompt_logprobs:  # its prefill starts over, and so do they
             req.prompt_lp.clear()
             req.prompt_top.clear()
+        req.pool_sum = None  # and so does its embedding's
         req.num_outputs_launched = len(req.output_ids)
         if req.inflight == 0:
             self.memory.release_req_slot(req)

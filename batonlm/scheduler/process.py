@@ -74,6 +74,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
         dtype=spec.dtype,
         overlap=not args.disable_overlap,
         model_impl=cfg.impl,
+        embedding_only=cfg.embedding_only,
     )
     return sched, info
 

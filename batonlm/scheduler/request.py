@@ -64,13 +64,19 @@ class Request:
         "spec",
         "priority",
         "preemptions",
+        "pooling",
+        "pool_sum",
     )
 
     def __init__(
         self, rid: str, prompt_ids: list[int], params: SamplingParams, seed: int, context_length: int,
-        eos_ids: tuple[int, ...], priority: int = 0,
+        eos_ids: tuple[int, ...], priority: int = 0, pooling: str | None = None,
     ) -> None:
         self.rid = rid
+        # An embedding request: "last" or "mean" pooling of its prompt's last hidden states,
+        # summed (float32 per launch) into pool_sum as its chunks' results arrive.
+        self.pooling = pooling
+        self.pool_sum: list[float] | None = None
         self.priority = priority  # lower values first (--schedule-policy priority)
         self.preemptions = 0  # retracted for a request of higher priority
         self.prompt_ids = prompt_ids
@@ -134,6 +140,27 @@ class Request:
         first = max(start, self.prompt_logprob_from)
         last = min(end, self.prompt_len - 1)  # the last prompt position's logits give an output
         return first, self.prompt_ids[first + 1 : last + 1] if first < last else []
+
+    def pool_span(self, start: int, end: int) -> tuple[int, int] | None:
+        """Of the positions start..end-1 an extend row computes: those whose hidden states its
+        embedding pools (offset from start, count), or None."""
+        if self.pooling == "mean":
+            return 0, end - start
+        if self.pooling == "last" and end == self.prompt_len:
+            return end - start - 1, 1
+        return None
+
+    def add_pooled(self, values: list[float]) -> None:
+        self.pool_sum = values if self.pool_sum is None else [a + b for a, b in zip(self.pool_sum, values, strict=True)]
+
+    @property
+    def embedding(self) -> list[float] | None:
+        """The pooled hidden states, once every position pooled has been summed."""
+        if self.pool_sum is None:
+            return None
+        if self.pooling == "mean":
+            return [v / self.prompt_len for v in self.pool_sum]
+        return self.pool_sum
 
     @property
     def finished(self) -> bool:

@@ -28,7 +28,7 @@ from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from batonlm.scheduler.intake import RequestIntake
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
-from batonlm.scheduler.outputs import emit, take_prompt_logprobs, token_output, verified_rows
+from batonlm.scheduler.outputs import emit, take_pooled, take_prompt_logprobs, token_output, verified_rows
 from batonlm.scheduler.overlap_policy import (
     DISABLE_CONSECUTIVE_PREFILL_ENV,
     env_flag,
@@ -209,6 +209,7 @@ class Scheduler(RequestIntake):
         t1 = time.perf_counter()
         ids, lp = result.token_ids, result.logprobs  # per launch row (batch.launch_rows)
         take_prompt_logprobs(batch, result.prompt_logprobs)
+        take_pooled(batch, result.pooled)
         verified = verified_rows(batch, result.accepted)
         rows = zip(batch.reqs, batch.epochs, batch.produces_output, batch.launch_rows, strict=True)
         for row, (req, epoch, produces, at) in enumerate(rows):

@@ -131,3 +131,35 @@ def test_a_retraction_before_the_first_output_starts_prompt_logprobs_over():
     done.prompt_lp = [-1.0] * 36
     planner._retract(done, [done])
     assert len(done.prompt_lp) == 36  # sent with its first output already: nothing to redo
+
+
+def test_embeddings_mean_pooling_skips_the_cache_and_a_retraction_starts_the_sum_over():
+    from batonlm.scheduler.planner import BatchPlanner, PlannerConfig
+
+    mem = KVMemory(200, 4, radix_cache=True)
+    warm = Request("w", list(range(3, 40)), SamplingParams(), 0, 100, (2,))
+    mem.match(warm)
+    mem.alloc(warm, 37)
+    warm.kv_len = 37
+    mem.release(warm)  # its prompt is cached now
+    mem.release_req_slot(warm)
+    last = Request("l", list(range(3, 40)), SamplingParams(max_new_tokens=1), 0, 100, (2,), pooling="last")
+    mean = Request("m", list(range(3, 40)), SamplingParams(max_new_tokens=1), 0, 100, (2,), pooling="mean")
+    mem.match(last)
+    mem.match(mean)
+    assert (last.cached_len, mean.cached_len) == (36, 0)  # mean pooling needs every position's hidden state
+    assert (last.pool_span(0, 37), last.pool_span(0, 20), mean.pool_span(20, 37)) == ((36, 1), None, (0, 17))
+    planner = BatchPlanner(PlannerConfig(max_running_requests=4, max_prefill_tokens=64, chunked_prefill_size=8,
+                                         mixed=True), mem)
+    mem.alloc(mean, 16)
+    mean.kv_len = 16
+    mean.add_pooled([1.0, 2.0])
+    mean.add_pooled([0.5, 0.5])
+    assert mean.pool_sum == [1.5, 2.5]
+    planner._retract(mean, [mean])
+    assert mean.pool_sum is None and mean.epoch == 1
+    mean.pool_sum = [37.0, 74.0]
+    assert mean.embedding == [1.0, 2.0]  # the mean over the prompt
+    mem.release(last)
+    mem.release_req_slot(last)
+    mem.check_invariant()

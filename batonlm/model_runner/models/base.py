@@ -76,6 +76,11 @@ class CausalLM(nn.Module, ABC):
         of the hidden states `forward` returned for N selected tokens."""
 
     @abstractmethod
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's last hidden states (transformers' `last_hidden_state`: after the final
+        norm) of hidden states `forward` returned: what embeddings pool."""
+
+    @abstractmethod
     def idle_forward(self, dp_tokens: list[int]) -> None:
         """DP attention, a rank with no tokens this iteration: take part in the collectives the
         other ranks' forward waits on (every layer's MLP over their tokens)."""

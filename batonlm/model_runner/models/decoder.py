@@ -176,6 +176,9 @@ class DecoderLM(CausalLM):
             assert isinstance(layer, DecoderLayer)  # nn.ModuleList types its items as Module
             layer.mlp_forward(empty, dp_tokens)
 
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.norm(hidden)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.model.norm(hidden)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -96,6 +96,9 @@ class TransformersCausalLM(CausalLM):
             _Forward.attn = _Forward.batch = None
         return out.last_hidden_state[0]
 
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden  # transformers' base model applies its final norm itself
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.lm_head is not None
         logits = self.lm_head(hidden)
