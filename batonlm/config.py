@@ -30,6 +30,7 @@ ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
 SAMPLER_CHOICES = ("auto", *SAMPLERS.names())
 TOOL_CALL_PARSER_CHOICES = ("auto", *TOOL_CALL_PARSERS.names())
 REASONING_PARSER_CHOICES = ("none", "qwen3", "deepseek-r1")  # batonlm.server.reasoning
+POOLING_CHOICES = ("auto", "last", "mean")  # batonlm.server.openai_embeddings
 SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")  # batonlm.scheduler.schedule_policy
 COMPILE_CHOICES = ("auto", "on", "off")
 GRAMMAR_WHITESPACE_CHOICES = ("bounded", "compact", "any")  # batonlm.constrained.grammar
@@ -73,6 +74,10 @@ class ServerArgs:
         "auto", group=_MODEL, choices=("auto", "native", "transformers"),
         help="native: batonlm's model code (docs/models.md); transformers: transformers' modeling code with "
              "batonlm's paged KV cache (one rank, eager step); auto: native when batonlm has the architecture")
+    pooling: str = setting(
+        "auto", group=_MODEL, choices=POOLING_CHOICES,
+        help="/v1/embeddings: a prompt's vector is its last hidden states' last token (last) or mean; auto: as "
+             "the model's sentence-transformers pooling config says (1_Pooling/config.json), else last")
     # ------------------------------------------------------------------ device and decode step
     device: str = setting("auto", group=_DEVICE, choices=DEVICE_CHOICES, help="auto: cuda when there is a GPU")
     dtype: str = setting("auto", group=_DEVICE, choices=DTYPE_CHOICES,

@@ -1,4 +1,4 @@
-"""A corpus of bad requests across the five generation routes, each with the status it must get and the
+"""A corpus of bad requests across the five generation routes and the embeddings route, each with the status it must get and the
 field its error must name (None: the body as a whole). Used by the tests and by
 benchmarks/soak.py. Server defaults assumed: stories260K (vocabulary 512, context 512), and the
 default limits (--max-n 16, --max-stop-strings 16, --max-prompts-per-request 256, ...)."""
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 CHAT, COMP, GEN = "/v1/chat/completions", "/v1/completions", "/generate"
 MSGS, RESP = "/v1/messages", "/v1/responses"  # Anthropic's errors carry no param: the message names it
-ROUTES = (CHAT, COMP, GEN, MSGS, RESP)
+EMB = "/v1/embeddings"
+ROUTES = (CHAT, COMP, GEN, MSGS, RESP, EMB)
 MSG = [{"role": "user", "content": "Once upon a time"}]
 
 
@@ -222,4 +223,22 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (RESP, _resp(include=["message.output_text.logprobs"]), 400, "include.0", None),
     (RESP, _resp(background=True, store=False), 400, None, "must be stored"),
     (RESP, _resp(truncation="auto"), 400, "truncation", None),
+    # -- embeddings
+    (EMB, {"model": "stories260K"}, 400, "input", "missing"),
+    (EMB, {"input": ""}, 400, "input", "must not be empty"),
+    (EMB, {"input": []}, 400, "input", "must not be empty"),
+    (EMB, {"input": ["a", ""]}, 400, "input", "must not be empty"),
+    (EMB, {"input": [[1, 2], []]}, 400, "input", "must not be empty"),
+    (EMB, {"input": 5}, 400, "input", None),
+    (EMB, {"input": [[1, "a"]]}, 400, "input.0.1", "valid integer"),
+    (EMB, {"input": [1, 99999]}, 400, "input", "vocabulary"),
+    (EMB, {"input": ["a"] * 257}, 400, "input", "at most 256"),
+    (EMB, {"input": [1] * 600}, 400, "input", "context length"),
+    (EMB, {"input": "a", "dimensions": 0}, 400, "dimensions", None),
+    (EMB, {"input": "a", "dimensions": 65}, 400, "dimensions", "more than the model's 64"),
+    (EMB, {"input": "a", "encoding_format": "hex"}, 400, "encoding_format", None),
+    (EMB, {"input": "a", "model": "text-embedding-3-small"}, 404, "model", "does not exist"),
+    (EMB, {"input": "a", "stream": True}, 400, "stream", None),
+    (EMB, {"input": "a", "priority": 1}, 400, "priority", "--schedule-policy priority"),
+    (EMB, {"input": "a", "user": 7}, 400, "user", None),
 ]

@@ -106,6 +106,41 @@ def hf_greedy(model_path: str, prompts: list[list[int]], max_new: list[int]) -> 
     return outs
 
 
+def pooled_reference(path: str, prompt: list[int], pooling: str) -> tuple[torch.Tensor, float]:
+    """Embeddings' reference: transformers' base model in float64, its last hidden states
+    pooled by the last token or the mean, and the tolerance of a float32 engine: 64 float32 ulps
+    of the largest value per layer (rounding grows about linearly with depth; a wrong position,
+    a missed chunk or a left-out norm are off by order 1)."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(path, dtype=torch.float64).eval()
+    with torch.no_grad():
+        hidden = model(torch.tensor([prompt])).last_hidden_state[0]
+    pooled = hidden[-1] if pooling == "last" else hidden.mean(0)
+    eps = torch.finfo(torch.float32).eps
+    return pooled, 64 * eps * model.config.num_hidden_layers * float(hidden.abs().max())
+
+
+def build_embedding_model(path: Path, pooling: str | None = None) -> str:
+    """A tiny random Qwen3 saved as its base model (`Qwen3Model`: no LM head, tensors named
+    without the `model.` prefix), as embedding checkpoints are; with `pooling` (last, mean, cls,
+    max), a sentence-transformers pooling config beside it."""
+    from transformers import Qwen3Model
+
+    torch.manual_seed(99)
+    model = Qwen3Model(tiny_config("qwen3")).to(torch.float32)
+    randomize_biases_and_norms(model)
+    model.save_pretrained(path, safe_serialization=True)
+    copy_tokenizer(path)
+    if pooling is not None:
+        modes = {"cls": "cls_token", "mean": "mean_tokens", "max": "max_tokens", "last": "lasttoken"}
+        (path / "1_Pooling").mkdir()
+        (path / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": model.config.hidden_size,
+            **{f"pooling_mode_{key}": mode == pooling for mode, key in modes.items()}}))
+    return str(path)
+
+
 def random_prompts(n: int, rng: random.Random, lo: int = 1, hi: int = 200, vocab: int = VOCAB) -> list[list[int]]:
     lengths = [lo, hi] + [rng.randint(lo, hi) for _ in range(n - 2)]
     # Start with BOS like a tokenized prompt; avoid the special ids 0-2 elsewhere.

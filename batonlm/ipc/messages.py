@@ -95,6 +95,7 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
     model_impl: str = "native"  # or "transformers" (the fallback)
     # A checkpoint without its LM head (an embedding model, e.g. Qwen3Model): embeddings only.
     embedding_only: bool = False
+    hidden_size: int = 0  # an embedding's length
 
 
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):

@@ -75,6 +75,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
         overlap=not args.disable_overlap,
         model_impl=cfg.impl,
         embedding_only=cfg.embedding_only,
+        hidden_size=cfg.hidden_size,
     )
     return sched, info
 

@@ -15,6 +15,7 @@ from batonlm.server import (
     native,
     openai_chat,
     openai_completions,
+    openai_embeddings,
     openai_responses,
     tokenize_routes,
 )
@@ -50,6 +51,7 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
     app.include_router(openai_completions.router)
     app.include_router(anthropic_messages.router)
     app.include_router(openai_responses.router)
+    app.include_router(openai_embeddings.router)
     app.include_router(native.router)
     app.include_router(tokenize_routes.router)
 

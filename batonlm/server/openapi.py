@@ -36,6 +36,7 @@ POST_ROUTES: tuple[tuple[str, type[BaseModel], type[BaseModel], bool], ...] = (
     ("/v1/messages/count_tokens", anthropic_protocol.CountTokensRequest, responses.MessageTokenCount, False),
     ("/v1/responses", responses_protocol.ResponsesRequest, responses.ResponseObject, True),
     ("/v1/responses/input_tokens", responses_protocol.InputTokensRequest, responses.InputTokenCount, False),
+    ("/v1/embeddings", protocol.EmbeddingRequest, responses.EmbeddingList, False),
 )
 # The stored responses of the Responses API: (method, path) -> the answer.
 RESPONSE_ROUTES: dict[tuple[str, str], type[BaseModel]] = {
@@ -69,6 +70,7 @@ EXAMPLES = {
                                                 "messages": [{"role": "user", "content": "Once upon a time"}]},
     "/v1/responses": lambda model: {"model": model, "input": "Once upon a time", "max_output_tokens": 16},
     "/v1/responses/input_tokens": lambda model: {"model": model, "input": "Once upon a time"},
+    "/v1/embeddings": lambda model: {"model": model, "input": ["Once upon a time", "The end"]},
 }
 ERRORS = {
     "400": "A field is invalid or beyond a limit (`param` names it)",

@@ -30,6 +30,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
+from batonlm.ipc.messages import Pooling
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
 from batonlm.server.errors import bad_request, to_api_error
@@ -64,6 +65,7 @@ class Job(Generic[R]):
     admission: Admission | None = None  # the room admission took for its choices
     answer_values: int = 0  # collected: the tokens, logprobs and alternatives the answer holds
     priority: int = 0  # lower values first (--schedule-policy priority)
+    pooling: Pooling | None = None  # an embedding request's pooling (its choices generate nothing)
 
     @property
     def stream(self) -> bool:
@@ -85,6 +87,7 @@ class ChoiceResult:
     cached_tokens: int = 0
     stop_string: str | None = None  # the stop string that ended the text
     preemptions: int = 0  # retractions for requests of higher priority
+    embedding: list[float] | None = None  # an embedding request's pooled hidden states
 
 
 class Stream(Generic[R]):
@@ -120,6 +123,7 @@ class Route(Generic[R]):
     job_type: ClassVar[type[Job]] = Job
     # The fields named when a whole answer would be too large: (with logprobs, without).
     size_params: ClassVar[tuple[str, str]] = ("logprobs", "max_tokens")
+    generates: ClassVar[bool] = True  # False: served by an embedding-only model too
 
     async def handle(self, request: Request) -> Any:
         state = server_state(request)
@@ -130,6 +134,8 @@ class Route(Generic[R]):
         """`handle` once the body is read and parsed (a route that looks at it first calls this)."""
         state.check_model(getattr(req, "model", None))
         state.check_healthy()
+        if self.generates:
+            state.check_generates()
         job = await self.prepare(state, req)
         if job.stream:
             if job.admission is not None:  # a body never iterated (its client gone) gives the room back too
@@ -262,7 +268,7 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
         ((ids, params),) = job.choices
         # Closed with the consumer, at once (not when the collector finds it): that aborts it.
         gen = state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop, admission=job.admission,
-                                     priority=job.priority)
+                                     priority=job.priority, pooling=job.pooling)
         try:
             async with contextlib.aclosing(gen):
                 async for chunk in gen:
@@ -278,7 +284,8 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
     async def run(i: int, ids: list[int], params: SamplingParams) -> None:
         try:
             async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop,
-                                                      admission=job.admission, priority=job.priority):
+                                                      admission=job.admission, priority=job.priority,
+                                                      pooling=job.pooling):
                 await room.acquire()
                 queue.put_nowait((i, chunk))
         except Exception as e:  # reported to the consumer below
@@ -342,6 +349,8 @@ def _add(r: ChoiceResult, chunk: GenerationChunk, choice: tuple[list[int], Sampl
         r.prompt_logprobs = prompt_token_logprobs(*choice, chunk)
     if chunk.spec is not None:
         r.spec = chunk.spec
+    if chunk.embedding is not None:
+        r.embedding = chunk.embedding
     if chunk.finish_reason is not None:
         r.finish_reason = chunk.finish_reason
         r.error = chunk.error

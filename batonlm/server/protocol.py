@@ -340,6 +340,27 @@ class NativeGenerateRequest(_Strict):
         return isinstance(self.text, list) or bool(self.input_ids and isinstance(self.input_ids[0], list))
 
 
+class EmbeddingRequest(_Strict):
+    """POST /v1/embeddings (OpenAI's shape): a text, texts, token ids, or lists of token ids."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    # Matryoshka: the first `dimensions` values, normalised again.
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+    priority: Priority = 0
+
+    @field_validator("input")
+    @classmethod
+    def _input_not_empty(cls, v):
+        if isinstance(v, str | list) and len(v) == 0:
+            raise ValueError("must not be empty")
+        if isinstance(v, list) and any(isinstance(p, str | list) and len(p) == 0 for p in v):
+            raise ValueError("an input must not be empty")
+        return v
+
+
 class TokenizeRequest(_Strict):
     """POST /tokenize (vLLM's shape): a prompt, or chat messages through the chat template."""
 

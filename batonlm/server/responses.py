@@ -147,6 +147,24 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # floats, or base64 of little-endian float32 (encoding_format)
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 class DetokenizeResponse(BaseModel):
     prompt: str
 

@@ -73,6 +73,13 @@ class ServerState:
             limits.check_limits(self.args, data)
         return parse(model, data)
 
+    def check_generates(self) -> None:
+        """400 on a generation route when the model is an embedding model (no LM head)."""
+        info = self.manager.info
+        if info is not None and info.embedding_only:
+            raise bad_request(f"model {self.model_name!r} is an embedding model (its checkpoint has no LM head): it "
+                              "serves /v1/embeddings only", param="model", code="embedding_model")
+
     def check_healthy(self) -> None:
         if not self.manager.healthy:
             raise unavailable("the scheduler is not running")

@@ -25,6 +25,7 @@ from batonlm.ipc.messages import (
     FlushCacheRequest,
     FlushCacheResult,
     GenerateRequest,
+    Pooling,
     SchedulerInfo,
     SchedulerStats,
     StatsRequest,
@@ -253,13 +254,15 @@ class TokenizerManager:
         stop: list[str] | None = None,
         admission: Admission | None = None,
         priority: int = 0,
+        pooling: Pooling | None = None,
     ) -> AsyncGenerator[GenerationChunk, None]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
         follows are trimmed). Leaving the iteration early aborts the request, as do the
         request timeout and a consumer that falls too far behind (those raise).
 
         `rid` is only a label: the scheduler sees a fresh id, so a client reusing an id can never
-        receive the late outputs of an earlier request that had that id."""
+        receive the late outputs of an earlier request that had that id. With `pooling` it is an
+        embedding request: its first chunk carries the pooled hidden states."""
         rid = f"{rid or 'req'}-{uuid.uuid4().hex}"
         state = RequestState(
             rid, IncrementalDetokenizer(self.tokenizer, input_ids), StopStringMatcher(stop or []), len(input_ids),
@@ -274,7 +277,7 @@ class TokenizerManager:
             admission.take()  # counted in `states` from now on
         replica = self._owner[rid] = self.router.choose(input_ids)
         try:
-            await self.link.send(GenerateRequest(rid, input_ids, params, priority), replica)
+            await self.link.send(GenerateRequest(rid, input_ids, params, priority, pooling), replica)
             while not state.finished:
                 chunk, stopped_early = state.apply(await state.next(), self.observer)
                 if stopped_early:

@@ -78,6 +78,7 @@ class GenerationChunk:
     spec: tuple[int, int] | None = None  # with the last chunk: (verification steps, drafts accepted)
     stop_string: str | None = None  # with the last chunk: the stop string that ended the text, if one did
     preemptions: int = 0  # with the last chunk: retractions for requests of higher priority
+    embedding: list[float] | None = None  # an embedding request's pooled hidden states (TokenOutput's)
 
 
 class RequestObserver(Protocol):
@@ -172,5 +173,6 @@ class RequestState:
             spec=out.spec,
             stop_string=self.stops.matched if finish is not None else None,
             preemptions=out.preemptions,
+            embedding=out.embedding,
         )
         return chunk, stopped_early

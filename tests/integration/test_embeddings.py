@@ -15,26 +15,15 @@ import random
 
 import pytest
 import torch
-from helpers import SchedulerHarness, random_prompts
+from helpers import SchedulerHarness, pooled_reference, random_prompts
 
 from batonlm.sampling_params import SamplingParams
 
-EPS32 = torch.finfo(torch.float32).eps
 EMBED = SamplingParams(temperature=0.0, max_new_tokens=1)
 
 
-def reference(path: str, prompt: list[int], pooling: str) -> tuple[torch.Tensor, float]:
-    """float64 (pooled last hidden states, tolerance) by transformers' base model."""
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(path, dtype=torch.float64).eval()
-    with torch.no_grad():
-        hidden = model(torch.tensor([prompt])).last_hidden_state[0]
-    pooled = hidden[-1] if pooling == "last" else hidden.mean(0)
-    return pooled, 64 * EPS32 * model.config.num_hidden_layers * float(hidden.abs().max())
-
-
 def check(got: list[float] | None, ref: tuple[torch.Tensor, float]) -> None:
+    """An engine's pooled hidden states against pooled_reference's (float64, tolerance)."""
     want, tol = ref
     assert got is not None and len(got) == want.shape[0]
     err = float((torch.tensor(got, dtype=torch.float64) - want).abs().max())
@@ -46,7 +35,7 @@ def test_pooled_hidden_states_match_transformers(stories_path, chunk):
     rng = random.Random(7)
     prompts = random_prompts(5, rng, lo=2, hi=90, vocab=512)
     modes = ["last", "mean", "mean", "last", "mean"]
-    refs = [reference(stories_path, p, m) for p, m in zip(prompts, modes)]
+    refs = [pooled_reference(stories_path, p, m) for p, m in zip(prompts, modes)]
     h = SchedulerHarness(stories_path, chunked_prefill_size=chunk)
     try:
         for overlap in (False, True):
@@ -74,11 +63,11 @@ def test_cached_prefix(stories_path):
         h.run(overlap=True)
         before = h.sched.memory.cached_tokens
         h.submit("last", prompt, EMBED, pooling="last")
-        check(h.run(overlap=True)["last"].embedding, reference(stories_path, prompt, "last"))
+        check(h.run(overlap=True)["last"].embedding, pooled_reference(stories_path, prompt, "last"))
         assert h.sched.memory.cached_tokens - before == len(prompt) - 1
         before = h.sched.memory.cached_tokens
         h.submit("mean", prompt, EMBED, pooling="mean")
-        check(h.run(overlap=True)["mean"].embedding, reference(stories_path, prompt, "mean"))
+        check(h.run(overlap=True)["mean"].embedding, pooled_reference(stories_path, prompt, "mean"))
         assert h.sched.memory.cached_tokens == before
         h.assert_all_free()
     finally:
@@ -87,18 +76,9 @@ def test_cached_prefix(stories_path):
 
 @pytest.fixture(scope="module")
 def qwen3_embedding_model(tmp_path_factory) -> str:
-    """A tiny random Qwen3 saved as its base model (`Qwen3Model`: no LM head, tensors named
-    without the `model.` prefix), as embedding checkpoints are."""
-    from helpers import copy_tokenizer, randomize_biases_and_norms, tiny_config
-    from transformers import Qwen3Model
+    from helpers import build_embedding_model
 
-    path = tmp_path_factory.mktemp("qwen3_embedding")
-    torch.manual_seed(99)
-    model = Qwen3Model(tiny_config("qwen3")).to(torch.float32)
-    randomize_biases_and_norms(model)
-    model.save_pretrained(path, safe_serialization=True)
-    copy_tokenizer(path)
-    return str(path)
+    return build_embedding_model(tmp_path_factory.mktemp("qwen3_embedding"))
 
 
 def test_a_base_model_checkpoint_serves_embeddings(qwen3_embedding_model):
@@ -122,7 +102,7 @@ def test_a_base_model_checkpoint_serves_embeddings(qwen3_embedding_model):
             records = h.run(overlap=overlap)
             for i, p in enumerate(prompts):
                 for mode in ("last", "mean"):
-                    check(records[f"{mode}{i}"].embedding, reference(qwen3_embedding_model, p, mode))
+                    check(records[f"{mode}{i}"].embedding, pooled_reference(qwen3_embedding_model, p, mode))
         h.assert_all_free()
     finally:
         h.close()

@@ -62,6 +62,8 @@ def test_every_route_is_described(fuzz_server):
     assert chat["temperature"]["maximum"] == 2.0
     native = schemas["NativeSamplingParams"]["properties"]
     assert native["top_k"]["maximum"] == 2**31 - 1 and "stop" in native
+    embeddings = doc["paths"]["/v1/embeddings"]["post"]["responses"]
+    assert set(embeddings["200"]["content"]) == {"application/json"} and "400" in embeddings
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
@@ -82,7 +84,8 @@ def test_the_fuzzing_exercised_every_operation():
     """Runs after the fuzzing: it really sent requests, valid and invalid ones, to every route
     (valid ones are rarer: many constraints between fields are beyond a schema)."""
     for op in ("POST /v1/chat/completions", "POST /v1/completions", "POST /generate", "POST /v1/messages",
-               "POST /v1/responses", "POST /v1/messages/count_tokens", "POST /v1/responses/input_tokens"):
+               "POST /v1/responses", "POST /v1/messages/count_tokens", "POST /v1/responses/input_tokens",
+               "POST /v1/embeddings"):
         assert CALLS[(op, 2)] >= 1 and CALLS[(op, 4)] >= 10, str(sorted(CALLS.items()))
     for op in ("GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}"):
         assert CALLS[(op, 4)] >= 1, str(sorted(CALLS.items()))

@@ -160,8 +160,9 @@ def test_the_api_docs_examples_run(readme_server):
 
     api = (ROOT / "docs" / "api.md").read_text()
     examples = [body for kind, body in re.findall(r"```(\w*)\n(.*?)```", api, re.S) if kind == "bash"]
-    assert len(examples) == 2
-    shapes = {"/v1/responses": ("object", "response"), "/v1/messages": ("type", "message")}
+    assert len(examples) == 3
+    shapes = {"/v1/responses": ("object", "response"), "/v1/messages": ("type", "message"),
+              "/v1/embeddings": ("object", "list")}
     for block in examples:
         (cmd,) = commands(block)
         answer = json.loads(run(cmd, readme_server.base_url))

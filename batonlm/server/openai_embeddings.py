@@ -1,0 +1,124 @@
+"""POST /v1/embeddings on the request pipeline: each input's prompt is computed like any
+prefill (batched, chunked, cached) and its last hidden states pooled (`--pooling`: the last
+token's or the mean) in the scheduler; no token is generated. Vectors are L2-normalised (after
+`dimensions` truncates them, Matryoshka-style), as OpenAI's are, and sent as floats or as
+base64 of little-endian float32 (what the `openai` client asks for by default)."""
+
+from __future__ import annotations
+
+import array
+import base64
+import functools
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+
+from batonlm.ipc.messages import Pooling
+from batonlm.sampling_params import SamplingParams
+from batonlm.server.errors import bad_request
+from batonlm.server.openai_common import tokenize_prompts
+from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream
+from batonlm.server.protocol import EmbeddingRequest
+from batonlm.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+
+EmbeddingJob = Job[EmbeddingRequest]
+
+
+@functools.cache
+def pooling_of(setting: str, model_dir: str) -> Pooling:
+    """`--pooling` resolved: auto reads the sentence-transformers pooling config beside the
+    model (1_Pooling/config.json: pooling_mode_lasttoken or pooling_mode_mean_tokens), else last."""
+    if setting in ("last", "mean"):
+        return "last" if setting == "last" else "mean"
+    try:
+        config = json.loads((Path(model_dir) / "1_Pooling" / "config.json").read_text())
+    except (OSError, ValueError):
+        return "last"
+    if config.get("pooling_mode_mean_tokens"):
+        return "mean"
+    if not config.get("pooling_mode_lasttoken"):
+        modes = sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v)
+        logger.warning("the model's pooling config asks for %s, which batonlm does not have: pooling the last token "
+                       "(--pooling last or mean to choose)", ", ".join(modes) or "nothing")
+    return "last"
+
+
+def finish_vector(values: list[float], dimensions: int | None) -> array.array:
+    """The first `dimensions` values (all: None), L2-normalised, as float32."""
+    kept = values[:dimensions] if dimensions is not None else values
+    norm = math.sqrt(math.fsum(v * v for v in kept))
+    return array.array("f", [v / norm for v in kept] if norm > 0 else kept)
+
+
+def encode(vector: array.array, encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return vector.tolist()
+    if sys.byteorder == "big":  # OpenAI's base64 holds little-endian float32
+        vector = array.array("f", vector)
+        vector.byteswap()
+    return base64.b64encode(vector.tobytes()).decode("ascii")
+
+
+class EmbeddingsRoute(Route[EmbeddingRequest]):
+    request_model = EmbeddingRequest
+    id_prefix = "embd"
+    prompt_param = "input"
+    stream_type = Stream  # never streamed
+    generates = False
+    size_params = ("input", "input")
+
+    def check(self, state: ServerState, job: EmbeddingJob) -> None:
+        req = job.req
+        limit = state.args.max_prompts_per_request
+        if self.num_choices(job) > limit:
+            raise bad_request(f"at most {limit} inputs per request are allowed, got {self.num_choices(job)}",
+                              param="input", code="limit_exceeded")
+        info = state.manager.info
+        assert info is not None  # healthy: the scheduler is running
+        if req.dimensions is not None and req.dimensions > info.hidden_size:
+            raise bad_request(f"dimensions is {req.dimensions}, more than the model's {info.hidden_size}",
+                              param="dimensions")
+        job.pooling = pooling_of(state.args.pooling, info.model_path)
+
+    def num_choices(self, job: EmbeddingJob) -> int:
+        given = job.req.input
+        return 1 if isinstance(given, str) or all(isinstance(p, int) for p in given) else len(given)
+
+    async def prompts(self, state: ServerState, job: EmbeddingJob) -> list[list[int]]:
+        given = job.req.input
+        if isinstance(given, str):
+            return [await state.manager.tokenize_async(given)]
+        if all(isinstance(p, int) for p in given):
+            return [[p for p in given if isinstance(p, int)]]
+        return await tokenize_prompts(state, given)
+
+    def sampling_params(self, state: ServerState, job: EmbeddingJob, prompt_ids: list[int]) -> list[SamplingParams]:
+        return [SamplingParams(temperature=0.0, max_new_tokens=1)]  # the one token is dropped
+
+    def answer(self, state: ServerState, job: EmbeddingJob, results: list[ChoiceResult]) -> dict:
+        data = []
+        for i, r in enumerate(results):
+            assert r.embedding is not None  # every choice of an embedding request pools
+            vector = finish_vector(r.embedding, job.req.dimensions)
+            data.append({"object": "embedding", "index": i, "embedding": encode(vector, job.req.encoding_format)})
+        return {
+            "object": "list",
+            "data": data,
+            "model": state.model_name,
+            "usage": {"prompt_tokens": job.prompt_tokens, "total_tokens": job.prompt_tokens},
+        }
+
+
+ROUTE = EmbeddingsRoute()
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request):
+    return await ROUTE.handle(request)
