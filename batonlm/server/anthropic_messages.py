@@ -167,6 +167,7 @@ class MessagesRoute(Route[MessagesRequest]):
             job.constraint = await request_constraint(job.chat, state.args.max_constraint_bytes)
             job.plan = await chat_tools.plan_tools(state, job.chat)
         job.constraint = job.plan.constraint or job.constraint
+        job.make_stop = job.plan.make_stop
 
     async def prompts(self, state: ServerState, job: MessagesJob) -> list[list[int]]:  # type: ignore[override]
         assert job.chat is not None and job.plan is not None

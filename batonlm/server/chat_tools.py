@@ -8,11 +8,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from batonlm.sampling_params import SamplingParams
 from batonlm.server.errors import bad_request
 from batonlm.server.openai_common import check_constraint_param
 from batonlm.server.protocol import ChatCompletionRequest, NamedToolChoice
 from batonlm.server.reasoning import ReasoningStream, split_reasoning
-from batonlm.tool_calls.forced import forced_schema, parse_forced
+from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
+from batonlm.tool_calls.forced import CallsBudget, forced_schema, parse_forced
 from batonlm.tool_calls.parser import StreamingToolCalls, ToolCall, ToolCallParser
 
 
@@ -22,10 +24,16 @@ class ToolPlan:
     parser: ToolCallParser | None  # auto: the model's format
     template_tools: list[dict[str, Any]] | None = None  # rendered by the chat template
     constraint: dict[str, str] = field(default_factory=dict)  # required / named: the calls' schema
+    parallel: bool = False  # required with parallel_tool_calls: an array of calls
 
     @property
     def forced(self) -> bool:
         return self.mode in ("required", "named")
+
+    def make_stop(self, stops: list[str], params: SamplingParams) -> list[str] | StopStringMatcher:
+        """A choice's stop rule: its stop strings, and for an array of forced calls the end of
+        the array when the next call would not fit (`CallsBudget`)."""
+        return CallsBudget(stops, params.max_new_tokens) if self.forced and self.parallel else stops
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a whole completion; no calls: the text is the content."""
@@ -86,8 +94,8 @@ async def plan_tools(state, req: ChatCompletionRequest) -> ToolPlan:
                               "regex or ebnf", param="tool_choice")
         named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
         chosen = [t for t in tools if mode == "required" or t.function.name == named]
-        schema = forced_schema([(t.function.name, t.function.parameters) for t in chosen],
-                               parallel=mode == "required" and req.parallel_tool_calls)
+        plan.parallel = mode == "required" and req.parallel_tool_calls
+        schema = forced_schema([(t.function.name, t.function.parameters) for t in chosen], parallel=plan.parallel)
         plan.constraint = {"json_schema": json.dumps(schema)}
     return plan
 

@@ -85,6 +85,7 @@ class ChatRoute(OpenAIRoute[ChatCompletionRequest]):
         await super().constrain(state, job)
         job.plan = await chat_tools.plan_tools(state, job.req)
         job.constraint = job.plan.constraint or job.constraint  # forced tool calls: their schema
+        job.make_stop = job.plan.make_stop
 
     async def prompts(self, state: ServerState, job: ChatJob) -> list[list[int]]:  # type: ignore[override]
         assert job.plan is not None

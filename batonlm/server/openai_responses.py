@@ -295,6 +295,7 @@ class ResponsesRoute(Route[ResponsesRequest]):
             job.constraint = await request_constraint(job.chat, state.args.max_constraint_bytes)
             job.plan = await chat_tools.plan_tools(state, job.chat)
         job.constraint = job.plan.constraint or job.constraint
+        job.make_stop = job.plan.make_stop
 
     async def prompts(self, state: ServerState, job: ResponsesJob) -> list[list[int]]:  # type: ignore[override]
         assert job.chat is not None and job.plan is not None

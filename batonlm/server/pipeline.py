@@ -40,6 +40,7 @@ from batonlm.server.state import ServerState, server_state, until_disconnected
 from batonlm.tokenizer_manager.manager import Admission
 from batonlm.tokenizer_manager.offload import maybe_offload
 from batonlm.tokenizer_manager.request_state import GenerationChunk, TokenLogprob
+from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -66,6 +67,11 @@ class Job(Generic[R]):
     answer_values: int = 0  # collected: the tokens, logprobs and alternatives the answer holds
     priority: int = 0  # lower values first (--schedule-policy priority)
     pooling: Pooling | None = None  # an embedding request's pooling (its choices generate nothing)
+    # A choice's stop rule beyond its stop strings (forced tool calls: chat_tools.ToolPlan.make_stop).
+    make_stop: Callable[[list[str], SamplingParams], list[str] | StopStringMatcher] | None = None
+
+    def stop_for(self, params: SamplingParams) -> list[str] | StopStringMatcher:
+        return self.make_stop(self.stop, params) if self.make_stop is not None else self.stop
 
     @property
     def stream(self) -> bool:
@@ -267,7 +273,7 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
     if len(job.choices) == 1:
         ((ids, params),) = job.choices
         # Closed with the consumer, at once (not when the collector finds it): that aborts it.
-        gen = state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop, admission=job.admission,
+        gen = state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop_for(params), admission=job.admission,
                                      priority=job.priority, pooling=job.pooling)
         try:
             async with contextlib.aclosing(gen):
@@ -283,7 +289,7 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
 
     async def run(i: int, ids: list[int], params: SamplingParams) -> None:
         try:
-            async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop,
+            async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop_for(params),
                                                       admission=job.admission, priority=job.priority,
                                                       pooling=job.pooling):
                 await room.acquire()

@@ -251,7 +251,7 @@ class TokenizerManager:
         input_ids: list[int],
         params: SamplingParams,
         rid: str | None = None,
-        stop: list[str] | None = None,
+        stop: list[str] | StopStringMatcher | None = None,
         admission: Admission | None = None,
         priority: int = 0,
         pooling: Pooling | None = None,
@@ -265,7 +265,8 @@ class TokenizerManager:
         embedding request: its first chunk carries the pooled hidden states."""
         rid = f"{rid or 'req'}-{uuid.uuid4().hex}"
         state = RequestState(
-            rid, IncrementalDetokenizer(self.tokenizer, input_ids), StopStringMatcher(stop or []), len(input_ids),
+            rid, IncrementalDetokenizer(self.tokenizer, input_ids),
+            stop if isinstance(stop, StopStringMatcher) else StopStringMatcher(stop or []), len(input_ids),
             min_tokens=params.min_new_tokens,
         )
         timeout = self.args.request_timeout

@@ -140,7 +140,7 @@ class RequestState:
         self.completion_tokens += len(out.token_ids)
         armed = self.completion_tokens >= self.min_tokens  # stop strings count from the min_tokens-th token on
         finish = out.finish_reason
-        text = self.stops.feed(self.detok.add(out.token_ids), armed)
+        text = self.stops.feed(self.detok.add(out.token_ids), armed, self.completion_tokens)
         stopped_early = False
         if self.stops.stopped:
             # A stop string wins over a length limit reached by the same token (as in vLLM).
@@ -149,7 +149,7 @@ class RequestState:
         if finish is not None:
             self.finished = True
             if not self.stops.stopped:
-                text += self.stops.feed(self.detok.flush()) + self.stops.flush()
+                text += self.stops.feed(self.detok.flush(), True, self.completion_tokens) + self.stops.flush()
             if observer is not None:
                 observer.on_finish(now - self.created, self.prompt_tokens, self.completion_tokens, finish)
         logprobs = None

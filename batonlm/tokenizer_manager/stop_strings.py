@@ -14,10 +14,11 @@ class StopStringMatcher:
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the text
 
-    def feed(self, delta: str, armed: bool = True) -> str:
+    def feed(self, delta: str, armed: bool = True, tokens: int = 0) -> str:
         """Add generated text; return what can be released. After a match, `stopped` is True
         and nothing more is released. Text fed unarmed (a request still under its min_tokens)
-        is released as it is: stop strings are matched in what follows it (as vLLM does)."""
+        is released as it is: stop strings are matched in what follows it (as vLLM does).
+        `tokens` (the completion's tokens so far) is for subclasses that stop on other rules."""
         if self.stopped or not self.stops:
             return "" if self.stopped else delta
         if not armed:

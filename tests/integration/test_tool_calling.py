@@ -189,3 +189,54 @@ def test_reasoning_parser_splits_the_answer():
         assert deltas == message.reasoning_content
     finally:
         assert server.stop() == 0
+
+
+PROMPTS = [
+    "What is the weather in Paris?", "Add 2 and 3.", "Once upon a time", "Lily went to the park.", "Tell me a story.",
+    "How warm is it in Rome for 3 days?", "What is 40 plus 2?", "The cat sat on the mat.", "Is it raining in Oslo?",
+    "Sum 7 and 8 please.", "Tim had a red ball.", "Weather for Lima, 5 days.", "What do you know?", "Hello!",
+    "Compute 11 + 12.", "The sun was hot.", "Forecast for Tokyo.", "Add 99 and 1.", "A dog ran fast.", "Goodbye.",
+]
+
+
+def test_required_returns_calls_for_every_prompt(client):
+    """tool_choice required with parallel calls (the default) on a model that knows no tools and
+    would add calls until max_tokens: every one of 20 prompts gets at least one valid call (the
+    array is ended once the next call could not fit; a call cut short is dropped)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(prompt: str):
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                              tools=TOOLS, tool_choice="required", temperature=0.0)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, PROMPTS))
+    for prompt, r in zip(PROMPTS, answers):
+        c = r.choices[0]
+        assert c.finish_reason in ("tool_calls", "length") and c.message.content is None, (prompt, c)
+        _check_calls(c.message.tool_calls)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_after_one_complete_call_returns_it(client, stream):
+    """max_tokens a little past the first call: that call comes back (the array ended before a
+    second that could not complete, or the second cut short and dropped)."""
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           temperature=0.0, max_tokens=400)
+    first = whole.choices[0].message.tool_calls[0]
+    one = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                         temperature=0.0, max_tokens=whole.usage.completion_tokens // 2 + 8,
+                                         stream=stream)
+    if stream:
+        calls, finish = [], None
+        for chunk in one:
+            for c in chunk.choices:
+                assert not c.delta.content
+                calls += c.delta.tool_calls or []
+                finish = c.finish_reason or finish
+    else:
+        calls, finish = one.choices[0].message.tool_calls, one.choices[0].finish_reason
+    assert finish in ("tool_calls", "length")
+    assert calls and (calls[0].function.name, calls[0].function.arguments) == (first.function.name,
+                                                                               first.function.arguments)
+    _check_calls(calls)

@@ -113,3 +113,54 @@ def test_forced_calls_keep_each_tools_local_definitions():
                     {"name": "other", "arguments": {"home": {"city": "a"}}}):
             with pytest.raises(jsonschema.ValidationError):
                 jsonschema.validate(wrap(bad), schema)
+
+
+def test_a_cut_array_keeps_its_complete_calls():
+    from batonlm.tool_calls.forced import complete_items
+
+    whole = '[ {"name": "add", "arguments": {"a": 2, "s": "}]\\""}} ,{"name": "noop", "arguments": {}}]'
+    assert complete_items(whole) == [{"name": "add", "arguments": {"a": 2, "s": '}]"'}}, {"name": "noop", "arguments": {}}]
+    for cut in range(len(whole)):  # every prefix: the calls complete in it, never a partial one
+        got = _calls(parse_forced(whole[:cut]))
+        want = [("add", {"a": 2, "s": '}]"'})] if cut >= whole.index("} ,") + 1 else []
+        assert got == (want + [("noop", {})] if cut >= len(whole) - 1 else want), (cut, whole[:cut])
+    assert _calls(parse_forced('[{"name": "add", "arguments": {"a": 2}}, {"name": 5')) == [("add", {"a": 2})]
+    assert parse_forced('[{"nome": "add"}, ') == []  # a complete item that is not a call: nothing
+
+
+def _budget_run(pieces: list[tuple[str, int]], max_new: int) -> tuple[str, bool]:
+    """Feed (text, tokens) deltas to a CallsBudget; (text released, stopped)."""
+    from batonlm.tool_calls.forced import CallsBudget
+
+    budget = CallsBudget([], max_new)
+    out, tokens = "", 0
+    for text, n in pieces:
+        tokens += n
+        out += budget.feed(text, True, tokens)
+        if budget.stopped:
+            break
+    return out, budget.stopped
+
+
+CALL = '{"name": "add", "arguments": {"a": 2}}'
+
+
+def test_calls_budget_ends_the_array_when_the_next_call_cannot_fit():
+    # Each call is 10 one-token pieces; the array's "[" and "," take one token each.
+    pieces = [("[", 1)] + [(c, 1) for c in _split(CALL, 10)] + [(",", 1)] + [(c, 1) for c in _split(CALL, 10)] + [("]", 1)]
+    # Room for both calls and the bracket: nothing stops.
+    assert _budget_run(pieces, 40) == ("[" + CALL + "," + CALL + "]", False)
+    # After the first call (11 tokens used) 11 are left: fewer than its 11 and a bracket. It ends there.
+    text, stopped = _budget_run(pieces, 22)
+    assert stopped and text == "[" + CALL and _calls(parse_forced(text)) == [("add", {"a": 2})]
+    # A brace inside a string is not the end of a call.
+    tricky = '{"name": "add", "arguments": {"s": "}}}"}}'
+    text, stopped = _budget_run([("[", 1), (tricky[:20], 1), (tricky[20:], 1)], 4)
+    assert stopped and text == "[" + tricky
+    text, stopped = _budget_run([("[", 1), (tricky[:20], 1)], 4)
+    assert not stopped
+
+
+def _split(text: str, n: int) -> list[str]:
+    step = -(-len(text) // n)
+    return [text[i : i + step] for i in range(0, len(text), step)]
