@@ -168,7 +168,8 @@ class OpenAIRoute(Route[F]):
 
 class OpenAIStream(Stream[F]):
     """A streamed chat or text completion: each choice payload in OpenAI's chunk, and the usage
-    chunk at the end when `stream_options.include_usage` asks for it."""
+    chunk at the end when `stream_options.include_usage` asks for it; with
+    `continuous_usage_stats` (vLLM's) every chunk carries the usage so far."""
 
     object_name: ClassVar[str]
     counts_completion: bool = True  # False: a prompt-only request (no completion tokens)
@@ -178,11 +179,17 @@ class OpenAIStream(Stream[F]):
         self.completion_tokens = [0] * len(job.choices)
         self.cached = [0] * len(job.choices)
         self.usage_field: dict[str, Any] = {"usage": None} if job.req.include_usage else {}
+        self.continuous = job.req.continuous_usage
 
     def chunk(self, choices: list[dict], **extra: Any) -> dict:
         job = self.job
+        so_far = {"usage": self.usage()} if self.continuous else {}
         return {"id": job.rid, "object": self.object_name, "created": job.created, "model": self.state.model_name,
-                "choices": choices, **self.usage_field, **extra}
+                "choices": choices, **self.usage_field, **so_far, **extra}
+
+    def usage(self) -> dict:
+        job = self.job
+        return usage(job.prompt_tokens, sum(self.completion_tokens), self.cached, job.n)
 
     def events(self, i: int, chunk: GenerationChunk) -> list[dict]:
         self.completion_tokens[i] = chunk.completion_tokens if self.counts_completion else 0
@@ -196,5 +203,4 @@ class OpenAIStream(Stream[F]):
     def closing(self) -> list[dict]:
         if not self.job.req.include_usage:
             return []
-        job = self.job
-        return [self.chunk([], usage=usage(job.prompt_tokens, sum(self.completion_tokens), self.cached, job.n))]
+        return [self.chunk([], usage=self.usage())]

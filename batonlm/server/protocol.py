@@ -26,7 +26,8 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk with the usage (OpenAI)
+    continuous_usage_stats: bool = False  # every chunk with the usage so far (vLLM)
 
 
 class FunctionCallIn(_Strict):
@@ -210,6 +211,10 @@ class SamplingFields(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     @property
     def num_logprobs(self) -> int | None:

@@ -72,6 +72,24 @@ def test_chat_stream_with_usage(client):
     assert text == full.choices[0].message.content
 
 
+@pytest.mark.parametrize("final", [False, True])
+def test_continuous_usage_stats(client, final):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far (its
+    completion tokens those of the chunks sent, over both choices), with or without the final
+    usage chunk of include_usage."""
+    stream = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=6, n=2, temperature=0, stream=True,
+        stream_options={"include_usage": final, "continuous_usage_stats": True},
+    )
+    chunks = list(stream)
+    for c in chunks[:-1] if final else chunks:
+        assert c.usage.prompt_tokens == 5 and c.usage.completion_tokens <= 12
+        assert c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+    assert chunks[-1].usage.completion_tokens == 12
+    assert [c.usage.completion_tokens for c in chunks] == sorted(c.usage.completion_tokens for c in chunks)
+    assert (chunks[-1].choices == []) == final
+
+
 def test_completion_stream(client):
     stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=15, temperature=0, stream=True)
     chunks = list(stream)
