@@ -50,5 +50,9 @@ TOOL_CALL_PARSERS: LazyRegistry[Any] = LazyRegistry(
         "hermes": "batonlm.tool_calls.formats:HermesParser",
         "llama3": "batonlm.tool_calls.formats:Llama3Parser",
         "mistral": "batonlm.tool_calls.formats:MistralParser",
+        "qwen3_coder": "batonlm.tool_calls.qwen3_coder:Qwen3CoderParser",
+        "pythonic": "batonlm.tool_calls.pythonic:PythonicParser",
+        "deepseek_v3": "batonlm.tool_calls.deepseek:DeepSeekV3Parser",
+        "harmony": "batonlm.tool_calls.harmony:HarmonyParser",
     },
 )

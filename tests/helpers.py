@@ -204,10 +204,11 @@ class SchedulerHarness:
         self.sched.device.close()
 
 
-def build_byte_cycle_model(path: Path, text: str) -> list[int]:
+def build_byte_cycle_model(path: Path, text: str, lead_ids: tuple[int, ...] = (1,)) -> list[int]:
     """A one-layer Llama whose greedy output cycles through the byte-fallback tokens of `text`
     (its UTF-8 bytes): each token's embedding is its own basis vector, the layer adds nothing,
-    and lm_head maps a token's vector onto the next token of the cycle. Returns the cycle ids."""
+    and lm_head maps a token's vector onto the next token of the cycle; a prompt ending in one of
+    `lead_ids` (BOS) leads into the cycle's first byte. Returns the cycle ids."""
     import transformers as tf
 
     byte_ids = [3 + b for b in text.encode("utf-8")]  # <0x00>..<0xFF> are ids 3..258
@@ -226,7 +227,8 @@ def build_byte_cycle_model(path: Path, text: str) -> list[int]:
         for i, t in enumerate(byte_ids):
             emb[t, i] = 1.0
             head[byte_ids[(i + 1) % len(byte_ids)], i] = 10.0
-        emb[1, len(byte_ids)] = 1.0  # BOS leads into the cycle's first byte
+        for lead in lead_ids:  # BOS (and others) lead into the cycle's first byte
+            emb[lead, len(byte_ids)] = 1.0
         head[byte_ids[0], len(byte_ids)] = 10.0
     model.save_pretrained(path, safe_serialization=True)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS, "bos_token_id": 1}))

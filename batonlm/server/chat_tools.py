@@ -15,7 +15,7 @@ from batonlm.server.protocol import ChatCompletionRequest, NamedToolChoice
 from batonlm.server.reasoning import ReasoningStream, split_reasoning
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 from batonlm.tool_calls.forced import CallsBudget, forced_schema, parse_forced
-from batonlm.tool_calls.parser import StreamingToolCalls, ToolCall, ToolCallParser
+from batonlm.tool_calls.parser import StreamingToolCalls, ToolCall, ToolCallParser, ToolSchemas
 
 
 @dataclass
@@ -25,6 +25,12 @@ class ToolPlan:
     template_tools: list[dict[str, Any]] | None = None  # rendered by the chat template
     constraint: dict[str, str] = field(default_factory=dict)  # required / named: the calls' schema
     parallel: bool = False  # required with parallel_tool_calls: an array of calls
+    schemas: ToolSchemas = field(default_factory=dict)  # each function's parameters
+
+    @property
+    def skip_special_tokens(self) -> bool:
+        """False when the model's format is written in special tokens (harmony)."""
+        return self.parser is None or not self.parser.keeps_special_tokens
 
     @property
     def forced(self) -> bool:
@@ -41,9 +47,8 @@ class ToolPlan:
             calls = parse_forced(text)
             return (None, calls) if calls else (text, [])
         if self.mode == "auto" and self.parser is not None:
-            parsed = self.parser.parse(text)
-            if parsed.calls:
-                return (parsed.content or None), parsed.calls
+            parsed = self.parser.parse(text, self.schemas)
+            return (parsed.content or None) if parsed.calls else parsed.content, parsed.calls
         return text, []
 
     def streamer(self) -> ChoiceStream:
@@ -57,7 +62,7 @@ class ChoiceStream:
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.text = ""
-        self.stream = StreamingToolCalls(plan.parser) if plan.mode == "auto" and plan.parser else None
+        self.stream = StreamingToolCalls(plan.parser, plan.schemas) if plan.mode == "auto" and plan.parser else None
 
     def feed(self, delta: str) -> str:
         if self.plan.forced:
@@ -87,7 +92,8 @@ async def plan_tools(state, req: ChatCompletionRequest) -> ToolPlan:
         await check_constraint_param("json_schema", json.dumps(params), f"tools.{i}.function.parameters",
                                      state.args.max_constraint_bytes, what=f"parameters schema of {tool.function.name!r}")
     template_tools = [t.model_dump(exclude_none=True) for t in tools] or None
-    plan = ToolPlan(mode, state.tool_parser if mode == "auto" else None, template_tools)
+    plan = ToolPlan(mode, state.tool_parser if mode == "auto" else None, template_tools,
+                    schemas={t.function.name: t.function.parameters or {} for t in tools})
     if plan.forced:
         if req.response_format is not None or req.regex is not None or req.ebnf is not None:
             raise bad_request("tool_choice required or a named function cannot be combined with response_format, "

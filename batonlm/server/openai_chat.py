@@ -86,6 +86,7 @@ class ChatRoute(OpenAIRoute[ChatCompletionRequest]):
         job.plan = await chat_tools.plan_tools(state, job.req)
         job.constraint = job.plan.constraint or job.constraint  # forced tool calls: their schema
         job.make_stop = job.plan.make_stop
+        job.skip_special_tokens = job.plan.skip_special_tokens
 
     async def prompts(self, state: ServerState, job: ChatJob) -> list[list[int]]:  # type: ignore[override]
         assert job.plan is not None

@@ -296,6 +296,7 @@ class ResponsesRoute(Route[ResponsesRequest]):
             job.plan = await chat_tools.plan_tools(state, job.chat)
         job.constraint = job.plan.constraint or job.constraint
         job.make_stop = job.plan.make_stop
+        job.skip_special_tokens = job.plan.skip_special_tokens
 
     async def prompts(self, state: ServerState, job: ResponsesJob) -> list[list[int]]:  # type: ignore[override]
         assert job.chat is not None and job.plan is not None

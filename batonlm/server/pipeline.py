@@ -70,6 +70,8 @@ class Job(Generic[R]):
     # A choice's stop rule beyond its stop strings (forced tool calls: chat_tools.ToolPlan.make_stop).
     make_stop: Callable[[list[str], SamplingParams], list[str] | StopStringMatcher] | None = None
 
+    skip_special_tokens: bool = True  # False: the text keeps them (a tool-call format written in them)
+
     def stop_for(self, params: SamplingParams) -> list[str] | StopStringMatcher:
         return self.make_stop(self.stop, params) if self.make_stop is not None else self.stop
 
@@ -274,7 +276,8 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
         ((ids, params),) = job.choices
         # Closed with the consumer, at once (not when the collector finds it): that aborts it.
         gen = state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop_for(params), admission=job.admission,
-                                     priority=job.priority, pooling=job.pooling)
+                                     priority=job.priority, pooling=job.pooling,
+                                     skip_special_tokens=job.skip_special_tokens)
         try:
             async with contextlib.aclosing(gen):
                 async for chunk in gen:
@@ -291,7 +294,8 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
         try:
             async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop_for(params),
                                                       admission=job.admission, priority=job.priority,
-                                                      pooling=job.pooling):
+                                                      pooling=job.pooling,
+                                                      skip_special_tokens=job.skip_special_tokens):
                 await room.acquire()
                 queue.put_nowait((i, chunk))
         except Exception as e:  # reported to the consumer below

@@ -49,7 +49,8 @@ class ServerState:
 
     @functools.cached_property
     def tool_parser(self):
-        """The tool-call format of this model (`--tool-call-parser`; auto: from its architecture)."""
+        """The tool-call format of this model (`--tool-call-parser`; auto: from its chat template
+        and architecture)."""
         from batonlm.tool_calls.formats import parser_for
 
         info = self.manager.info
@@ -59,7 +60,8 @@ class ServerState:
                 architecture = (json.load(f).get("architectures") or [None])[0]
         except (OSError, ValueError):
             pass
-        return parser_for(self.args.tool_call_parser, architecture)
+        template = getattr(self.tokenizer, "chat_template", None)
+        return parser_for(self.args.tool_call_parser, architecture, template if isinstance(template, str) else None)
 
     def check_model(self, model: str | None) -> None:
         """404 unless `model` names the served model (its id, or the MODEL argument as given)."""

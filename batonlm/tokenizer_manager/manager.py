@@ -255,6 +255,7 @@ class TokenizerManager:
         admission: Admission | None = None,
         priority: int = 0,
         pooling: Pooling | None = None,
+        skip_special_tokens: bool = True,
     ) -> AsyncGenerator[GenerationChunk, None]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
         follows are trimmed). Leaving the iteration early aborts the request, as do the
@@ -265,7 +266,7 @@ class TokenizerManager:
         embedding request: its first chunk carries the pooled hidden states."""
         rid = f"{rid or 'req'}-{uuid.uuid4().hex}"
         state = RequestState(
-            rid, IncrementalDetokenizer(self.tokenizer, input_ids),
+            rid, IncrementalDetokenizer(self.tokenizer, input_ids, skip_special_tokens),
             stop if isinstance(stop, StopStringMatcher) else StopStringMatcher(stop or []), len(input_ids),
             min_tokens=params.min_new_tokens,
         )

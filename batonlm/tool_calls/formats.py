@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 import re
 
-from batonlm.tool_calls.parser import ParsedOutput, ToolCall, ToolCallParser, call_from_object, json_values
+from batonlm.tool_calls.parser import (
+    ParsedOutput,
+    ToolCall,
+    ToolCallParser,
+    ToolSchemas,
+    call_from_object,
+    json_values,
+)
 
 
 class HermesParser(ToolCallParser):
@@ -15,7 +22,7 @@ class HermesParser(ToolCallParser):
     start_markers = ("<tool_call>",)
     _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: ToolSchemas | None = None) -> ParsedOutput:
         start = text.find("<tool_call>")
         if start < 0:
             return ParsedOutput(text, [])
@@ -38,7 +45,7 @@ class Llama3Parser(ToolCallParser):
     name = "llama3"
     start_markers = ("<|python_tag|>", '{"name"', '{ "name"')
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: ToolSchemas | None = None) -> ParsedOutput:
         body = text.strip()
         prefix = ""
         tag = body.find("<|python_tag|>")
@@ -61,7 +68,7 @@ class MistralParser(ToolCallParser):
     name = "mistral"
     start_markers = ("[TOOL_CALLS]",)
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: ToolSchemas | None = None) -> ParsedOutput:
         start = text.find("[TOOL_CALLS]")
         if start < 0:
             return ParsedOutput(text, [])
@@ -84,13 +91,22 @@ class MistralParser(ToolCallParser):
 
 
 # Model architecture -> the format its chat template and fine-tuning use.
-_BY_ARCHITECTURE = {"LlamaForCausalLM": "llama3", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mistral"}
+_BY_ARCHITECTURE = {"LlamaForCausalLM": "llama3", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mistral",
+                    "GptOssForCausalLM": "harmony", "DeepseekV3ForCausalLM": "deepseek_v3",
+                    "Llama4ForConditionalGeneration": "pythonic", "Llama4ForCausalLM": "pythonic"}
+# Text in a chat template that gives its format away (one architecture, several formats: Qwen3
+# MoE is Qwen3's hermes, or Qwen3-Coder's XML).
+_BY_TEMPLATE = (("<parameter=", "qwen3_coder"), ("<｜tool▁calls▁begin｜>", "deepseek_v3"), ("<|channel|>", "harmony"))
 
 
-def parser_for(choice: str, architecture: str | None) -> ToolCallParser:
-    """`--tool-call-parser`: a format's name, or auto (from the architecture; hermes otherwise,
-    which Qwen models and most other tool-tuned models use)."""
+def parser_for(choice: str, architecture: str | None, chat_template: str | None = None) -> ToolCallParser:
+    """`--tool-call-parser`: a format's name, or auto (from the chat template's tool-call
+    markers, then the architecture; hermes otherwise, which Qwen models and most other
+    tool-tuned models use)."""
     from batonlm.registries import TOOL_CALL_PARSERS
 
-    name = _BY_ARCHITECTURE.get(architecture or "", "hermes") if choice == "auto" else choice
+    name = choice
+    if choice == "auto":
+        by_template = next((n for marker, n in _BY_TEMPLATE if marker in (chat_template or "")), None)
+        name = by_template or _BY_ARCHITECTURE.get(architecture or "", "hermes")
     return TOOL_CALL_PARSERS[name]()

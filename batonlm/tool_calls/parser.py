@@ -58,15 +58,24 @@ def json_values(text: str) -> list[object] | None:
         values.append(value)
 
 
+# A request's tools: function name -> its parameters' JSON schema (formats that write
+# arguments as text, not JSON, read their types from it).
+ToolSchemas = dict[str, dict]
+
+
 class ToolCallParser(ABC):
     """A model's tool-call format. `start_markers`: text that begins the calls part (what
-    streaming holds back once seen, or while a prefix of one ends the text so far)."""
+    streaming holds back once seen, or while a prefix of one ends the text so far); with
+    `anchored`, only at the start of the completion (a format whose calls are the whole output)."""
 
     name: str
     start_markers: tuple[str, ...]
+    anchored: bool = False
+    # Its markers are special tokens, which the detokenizer must then keep (gpt-oss's harmony).
+    keeps_special_tokens: bool = False
 
     @abstractmethod
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: ToolSchemas | None = None) -> ParsedOutput:
         """Split a whole completion into its content and its calls (text that looks like a call
         but does not parse stays content)."""
 
@@ -75,8 +84,9 @@ class StreamingToolCalls:
     """Feeds a stream of text deltas through a parser: `feed` returns the content that can be
     sent now; `finish` returns the rest of the content and the calls."""
 
-    def __init__(self, parser: ToolCallParser) -> None:
+    def __init__(self, parser: ToolCallParser, tools: ToolSchemas | None = None) -> None:
         self.parser = parser
+        self.tools = tools
         self.text = ""
         self.sent = 0  # characters of `text` already sent as content
         self.holding = False  # a start marker was seen: everything after it waits for the end
@@ -85,6 +95,8 @@ class StreamingToolCalls:
         self.text += delta
         if self.holding:
             return ""
+        if self.parser.anchored:
+            return self._feed_anchored()
         starts = [i for i in (self.text.find(m, self.sent) for m in self.parser.start_markers) if i >= 0]
         if starts:
             self.holding = True
@@ -97,10 +109,21 @@ class StreamingToolCalls:
         out, self.sent = self.text[self.sent : end], max(self.sent, end)
         return out
 
+    def _feed_anchored(self) -> str:
+        """Calls only at the start: hold while the text (less leading space) may begin with a
+        marker; once it cannot, everything is content."""
+        head = self.text.lstrip()
+        if any(head.startswith(m) for m in self.parser.start_markers):
+            self.holding = True
+            return ""
+        if self.sent == 0 and any(m.startswith(head) for m in self.parser.start_markers):
+            return ""  # too short to tell
+        out, self.sent = self.text[self.sent :], len(self.text)
+        return out
+
     def finish(self) -> ParsedOutput:
         """What is left: the unsent content, and the calls of the whole text."""
-        parsed = self.parser.parse(self.text)
-        if not parsed.calls:
-            return ParsedOutput(self.text[self.sent :], [])
-        # Content before the calls was sent already, up to `sent`.
-        return ParsedOutput(parsed.content[self.sent :] if len(parsed.content) > self.sent else "", parsed.calls)
+        parsed = self.parser.parse(self.text, self.tools)
+        # Content was sent already up to `sent` (before the calls, or before a format's content
+        # that the parse rewrites, as harmony's final channel).
+        return ParsedOutput(parsed.content[self.sent :], parsed.calls)
