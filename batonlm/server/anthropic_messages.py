@@ -115,7 +115,7 @@ class MessagesStream(Stream[MessagesRequest]):
         if chunk.cached_tokens is not None:
             self.cached = chunk.cached_tokens
         last = chunk.finish_reason is not None
-        reasoning, text, calls = self.output.feed(chunk.text, last)
+        reasoning, text, deltas, calls = self.output.feed(chunk.text, last)
         out: list[dict] = []
         if reasoning:
             out += self._open("thinking")
@@ -123,12 +123,12 @@ class MessagesStream(Stream[MessagesRequest]):
         if text:
             out += self._open("text")
             out.append(self._delta({"type": "text_delta", "text": text}))
+        for d in deltas:  # a tool_use block opens with its name; its input follows as it is written
+            if d.name is not None:
+                out += self._open("tool_use", {**tool_use(ToolCall(d.name, "{}", d.id)), "input": {}})
+            if d.arguments:
+                out.append(self._delta({"type": "input_json_delta", "partial_json": d.arguments}))
         if last:
-            for call in calls:
-                block = tool_use(call)
-                arguments = json.dumps(block["input"], ensure_ascii=False)
-                out += self._open("tool_use", {**block, "input": {}})
-                out.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
             out += self._close()
             self.reason = stop_reason(chunk.finish_reason, calls, chunk.stop_string)
             self.stop_string = chunk.stop_string if self.reason == "stop_sequence" else None

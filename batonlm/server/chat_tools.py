@@ -14,8 +14,9 @@ from batonlm.server.openai_common import check_constraint_param
 from batonlm.server.protocol import ChatCompletionRequest, NamedToolChoice
 from batonlm.server.reasoning import ReasoningStream, split_reasoning
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
-from batonlm.tool_calls.forced import CallsBudget, forced_schema, parse_forced
-from batonlm.tool_calls.parser import StreamingToolCalls, ToolCall, ToolCallParser, ToolSchemas
+from batonlm.tool_calls.forced import CallsBudget, forced_schema, parse_forced, partial_forced
+from batonlm.tool_calls.parser import ToolCall, ToolCallParser, ToolSchemas
+from batonlm.tool_calls.streaming import CallDelta, IncrementalCalls, StreamingToolCalls
 
 
 @dataclass
@@ -57,28 +58,33 @@ class ToolPlan:
 
 class ChoiceStream:
     """One streamed choice: content deltas go out as they come unless they may be calls (then
-    held until the end: forced outputs are all calls, auto ones from a start marker on)."""
+    held: forced outputs are all calls, auto ones from a start marker on), and the calls as they
+    are written (`CallDelta`s: a call's name, then its arguments' text)."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.text = ""
         self.stream = StreamingToolCalls(plan.parser, plan.schemas) if plan.mode == "auto" and plan.parser else None
+        self.forced = IncrementalCalls()
 
-    def feed(self, delta: str) -> str:
+    def feed(self, delta: str) -> tuple[str, list[CallDelta]]:
+        """(content to send, call deltas) of a text delta."""
         if self.plan.forced:
             self.text += delta
-            return ""
-        return self.stream.feed(delta) if self.stream is not None else delta
+            return "", self.forced.update(partial_forced(self.text))
+        if self.stream is None:
+            return delta, []
+        return self.stream.feed(delta), self.stream.deltas()
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content not sent yet, calls)."""
+    def finish(self) -> tuple[str, list[ToolCall], list[CallDelta]]:
+        """(content not sent yet, calls as they went out, the deltas that complete them)."""
         if self.plan.forced:
-            calls = parse_forced(self.text)
-            return ("", calls) if calls else (self.text, [])
+            deltas, calls = self.forced.finish(parse_forced(self.text))
+            return ("", calls, deltas) if calls else (self.text, [], [])
         if self.stream is not None:
-            parsed = self.stream.finish()
-            return parsed.content, parsed.calls
-        return "", []
+            parsed, deltas = self.stream.finish()
+            return parsed.content, parsed.calls, deltas
+        return "", [], []
 
 
 async def plan_tools(state, req: ChatCompletionRequest) -> ToolPlan:
@@ -121,26 +127,27 @@ def finish_reason(reason: str | None, calls: list[ToolCall]) -> str | None:
 
 class ChoiceOutput:
     """One streamed choice's text as the dialects shape it: reasoning (--reasoning-parser),
-    content, and at the end the tool calls (`ChoiceStream`)."""
+    content, the calls' deltas as they are written, and at the end the calls (`ChoiceStream`)."""
 
     def __init__(self, plan: ToolPlan, reasoning_parser: str) -> None:
         self.calls = plan.streamer()
         self.thinking = ReasoningStream(reasoning_parser) if reasoning_parser != "none" else None
 
-    def feed(self, text: str, last: bool) -> tuple[str, str, list[ToolCall]]:
-        """(reasoning, content, calls) to send for a delta; calls only with the last one."""
+    def feed(self, text: str, last: bool) -> tuple[str, str, list[CallDelta], list[ToolCall]]:
+        """(reasoning, content, call deltas, calls) to send for a delta; the calls (as their
+        deltas wrote them) only with the last one."""
         reasoning = ""
         if self.thinking is not None:
             reasoning, text = self.thinking.feed(text)
             if last:
                 r2, c2 = self.thinking.finish()
                 reasoning, text = reasoning + r2, text + c2
-        text = self.calls.feed(text)
+        text, deltas = self.calls.feed(text)
         calls: list[ToolCall] = []
         if last:
-            rest, calls = self.calls.finish()
-            text += rest
-        return reasoning, text, calls
+            rest, calls, more = self.calls.finish()
+            text, deltas = text + rest, deltas + more
+        return reasoning, text, deltas, calls
 
 
 def whole_output(plan: ToolPlan, reasoning_parser: str, text: str) -> tuple[str | None, str | None, list[ToolCall]]:

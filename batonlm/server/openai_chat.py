@@ -14,6 +14,7 @@ from batonlm.server.protocol import ChatCompletionRequest
 from batonlm.server.reasoning import ReasoningStream, split_reasoning
 from batonlm.server.state import ServerState
 from batonlm.tokenizer_manager.request_state import GenerationChunk
+from batonlm.tool_calls.streaming import CallDelta
 
 router = APIRouter()
 
@@ -53,22 +54,33 @@ class ChatStream(OpenAIStream[ChatCompletionRequest]):
         req = self.job.req
         out = []
         reasoning, text = self._split(i, c.text, c.finish_reason is not None)
-        text = self.calls[i].feed(text)
+        text, deltas = self.calls[i].feed(text)
         if reasoning:
             out.append({"index": i, "delta": {"reasoning_content": reasoning}, "logprobs": None, "finish_reason": None})
         if text or (req.logprobs and c.logprobs):
             lp = logprobs.chat_logprobs(self.state, c.logprobs or []) if req.logprobs else None
             out.append({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None})
+        out += self._call_deltas(i, deltas)
         if c.finish_reason is not None:
-            rest, calls = self.calls[i].finish()
+            rest, calls, deltas = self.calls[i].finish()
             if rest:
                 out.append({"index": i, "delta": {"content": rest}, "logprobs": None, "finish_reason": None})
-            if calls:
-                deltas = [call.to_openai(index=k) for k, call in enumerate(calls)]
-                out.append({"index": i, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None})
+            out += self._call_deltas(i, deltas)
             out.append({"index": i, "delta": {}, "logprobs": None,
                         "finish_reason": chat_tools.finish_reason(c.finish_reason, calls)})
         return out
+
+    @staticmethod
+    def _call_deltas(i: int, deltas: list[CallDelta]) -> list[dict]:
+        """OpenAI's delta.tool_calls: a call's first delta with its id, type and name, then its
+        arguments' text."""
+        if not deltas:
+            return []
+        tool_calls = [{"index": d.index, "id": d.id, "type": "function", "function": {"name": d.name,
+                                                                                     "arguments": d.arguments}}
+                      if d.name is not None else {"index": d.index, "function": {"arguments": d.arguments}}
+                      for d in deltas]
+        return [{"index": i, "delta": {"tool_calls": tool_calls}, "logprobs": None, "finish_reason": None}]
 
 
 class ChatRoute(OpenAIRoute[ChatCompletionRequest]):

@@ -198,7 +198,7 @@ class ResponsesStream(Stream[ResponsesRequest]):
         if chunk.cached_tokens is not None:
             r.cached_tokens = chunk.cached_tokens
         last = chunk.finish_reason is not None
-        reasoning, text, calls = self.output.feed(chunk.text, last)
+        reasoning, text, deltas, calls = self.output.feed(chunk.text, last)
         out: list[dict] = []
         if reasoning:
             if self.open is None or self.open["type"] != "reasoning":
@@ -213,13 +213,17 @@ class ResponsesStream(Stream[ResponsesRequest]):
             self.content += text
             out.append({"type": "response.output_text.delta", **self._where(), "content_index": 0, "delta": text,
                         "logprobs": []})
-        for call in calls:
-            out += self._start(call_item(call, "in_progress"))
-            self.text = call.arguments
-            out.append({"type": "response.function_call_arguments.delta", **self._where(), "delta": call.arguments})
+        for d in deltas:  # a call's item opens with its name; its arguments follow as they are written
+            if d.name is not None:
+                out += self._start(call_item(ToolCall(d.name, "", d.id), "in_progress"))
+            if d.arguments:
+                self.text += d.arguments
+                out.append({"type": "response.function_call_arguments.delta", **self._where(), "delta": d.arguments})
         if last:
             r.finish_reason = chunk.finish_reason
-            cut = self.open is not None and self.open["type"] != "function_call"  # a parsed call is whole
+            # A message or reasoning cut short is incomplete, and so is a call the end did not complete.
+            whole = {c.id for c in calls}
+            cut = self.open is not None and (self.open["type"] != "function_call" or self.open["call_id"] not in whole)
             out += self._finish_open(item_status(r) if cut else "completed")
             self.calls = calls
         return out

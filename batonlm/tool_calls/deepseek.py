@@ -19,10 +19,12 @@ from batonlm.tool_calls.parser import (
     call_from_object,
     json_values,
 )
+from batonlm.tool_calls.streaming import PartialCall, arguments_so_far, json_value
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 _CALL = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(CALL_END), re.S)
+_OPEN_FENCE = re.compile(r"\s*```(?:json)?\s*\n")
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 _BETWEEN = re.compile(r"\s*(" + re.escape(CALLS_BEGIN) + "|" + re.escape(CALLS_END) + r"|<｜end▁of▁sentence｜>|\s)*")
 
@@ -47,6 +49,27 @@ class DeepSeekV3Parser(ToolCallParser):
         if not calls or not _BETWEEN.fullmatch(text, at):
             return ParsedOutput(text, [])
         return ParsedOutput(text[:start].rstrip(), calls)
+
+    def partial(self, text: str, tools: ToolSchemas | None = None) -> list[PartialCall]:
+        calls: list[PartialCall] = []
+        for body in text.split(CALL_BEGIN)[1:]:
+            head, sep, rest = body.partition(SEP)
+            if not sep:
+                break
+            name = head
+            if head.strip() == "function":  # V3: the name's line, then a json fence
+                name, newline, rest = rest.partition("\n")
+                fence = _OPEN_FENCE.match(rest)
+                if not newline or fence is None:
+                    break
+                rest = rest[fence.end() :]
+            value, end = json_value(rest, 0)
+            if not arguments_so_far(value):
+                break
+            calls.append(PartialCall(name.strip(), value, end is not None))
+            if end is None:
+                break
+        return calls
 
 
 def _call(body: str) -> ToolCall | None:

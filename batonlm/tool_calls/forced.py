@@ -15,6 +15,7 @@ from typing import Any
 
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 from batonlm.tool_calls.parser import ToolCall, call_from_object
+from batonlm.tool_calls.streaming import PartialCall, call_objects
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}
 
@@ -95,6 +96,14 @@ def parse_forced(text: str) -> list[ToolCall]:
     calls = [call_from_object(v, ("arguments",)) for v in items]
     valid = [c for c in calls if c is not None]
     return valid if len(valid) == len(calls) else []
+
+
+def partial_forced(text: str) -> list[PartialCall]:
+    """The calls of a forced output so far: an array of call objects, or one."""
+    at = _skip_space(text, 0)
+    if text.startswith("[", at):
+        return call_objects(text, at + 1, ",")
+    return call_objects(text, at)[:1]
 
 
 class CallsBudget(StopStringMatcher):

@@ -13,6 +13,7 @@ from batonlm.tool_calls.parser import (
     call_from_object,
     json_values,
 )
+from batonlm.tool_calls.streaming import PartialCall, arguments_so_far, call_objects, json_value
 
 
 class HermesParser(ToolCallParser):
@@ -37,6 +38,17 @@ class HermesParser(ToolCallParser):
             calls.append(call)
         return ParsedOutput(text[:start].rstrip(), calls) if calls else ParsedOutput(text, [])
 
+    def partial(self, text: str, tools: ToolSchemas | None = None) -> list[PartialCall]:
+        calls: list[PartialCall] = []
+        at = text.find("<tool_call>")
+        while at >= 0:
+            call = call_objects(text, at + len("<tool_call>"))[:1]
+            calls += call
+            if not call or not call[0].done:
+                break
+            at = text.find("<tool_call>", at + 1)
+        return calls
+
 
 class Llama3Parser(ToolCallParser):
     """Llama 3.1+ JSON tool calls: `{"name": ..., "parameters": {...}}` as the whole message
@@ -59,6 +71,11 @@ class Llama3Parser(ToolCallParser):
         if not calls or len(valid) < len(calls):
             return ParsedOutput(text, [])
         return ParsedOutput(prefix, valid)
+
+    def partial(self, text: str, tools: ToolSchemas | None = None) -> list[PartialCall]:
+        tag = text.find("<|python_tag|>")
+        at = tag + len("<|python_tag|>") if tag >= 0 else len(text) - len(text.lstrip())
+        return call_objects(text, at, ";")
 
 
 class MistralParser(ToolCallParser):
@@ -88,6 +105,22 @@ class MistralParser(ToolCallParser):
         if not calls or len(valid) < len(calls):
             return ParsedOutput(text, [])
         return ParsedOutput(content, valid)
+
+    def partial(self, text: str, tools: ToolSchemas | None = None) -> list[PartialCall]:
+        start = text.find("[TOOL_CALLS]")
+        rest = text[start + len("[TOOL_CALLS]") :] if start >= 0 else ""
+        if rest.lstrip().startswith("["):  # v3: an array of call objects
+            return call_objects(rest, rest.index("[") + 1, ",")
+        calls: list[PartialCall] = []
+        for part in rest.split("[TOOL_CALLS]"):  # v11: name[ARGS]{...} per call
+            name, sep, args = part.partition("[ARGS]")
+            if not sep:
+                break
+            value, end = json_value(args, 0)
+            if not arguments_so_far(value):
+                break
+            calls.append(PartialCall(name.strip(), value, end is not None))
+        return calls
 
 
 # Model architecture -> the format its chat template and fine-tuning use.

@@ -21,6 +21,7 @@ from batonlm.tool_calls.parser import (
     call_from_object,
     json_values,
 )
+from batonlm.tool_calls.streaming import PartialCall, arguments_so_far, json_value
 
 _ENDS = re.compile(r"<\|(?:end|call|return)\|>")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -56,3 +57,18 @@ class HarmonyParser(ToolCallParser):
             elif channel is None or channel.group(1) == "final":
                 content.append(body)
         return ParsedOutput("".join(content), calls)
+
+    def partial(self, text: str, tools: ToolSchemas | None = None) -> list[PartialCall]:
+        calls: list[PartialCall] = []
+        for part in text.split("<|start|>"):
+            header, sep, body = part.partition("<|message|>")
+            recipient = _RECIPIENT.search(header) if sep else None
+            if recipient is None:
+                continue
+            value, end = json_value(body, 0)
+            if not arguments_so_far(value):
+                break
+            calls.append(PartialCall(recipient.group(1), value, end is not None))
+            if end is None:
+                break
+        return calls

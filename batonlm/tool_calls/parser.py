@@ -1,5 +1,5 @@
-"""What a parsed completion is, the parser interface, and the streaming wrapper every format
-shares: text is streamed as it comes until a call may be starting, then held back until the end."""
+"""What a parsed completion is, and the parser interface every format implements (streaming:
+`streaming.py`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import json
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batonlm.tool_calls.streaming import PartialCall
 
 
 @dataclass(frozen=True)
@@ -79,51 +83,7 @@ class ToolCallParser(ABC):
         """Split a whole completion into its content and its calls (text that looks like a call
         but does not parse stays content)."""
 
-
-class StreamingToolCalls:
-    """Feeds a stream of text deltas through a parser: `feed` returns the content that can be
-    sent now; `finish` returns the rest of the content and the calls."""
-
-    def __init__(self, parser: ToolCallParser, tools: ToolSchemas | None = None) -> None:
-        self.parser = parser
-        self.tools = tools
-        self.text = ""
-        self.sent = 0  # characters of `text` already sent as content
-        self.holding = False  # a start marker was seen: everything after it waits for the end
-
-    def feed(self, delta: str) -> str:
-        self.text += delta
-        if self.holding:
-            return ""
-        if self.parser.anchored:
-            return self._feed_anchored()
-        starts = [i for i in (self.text.find(m, self.sent) for m in self.parser.start_markers) if i >= 0]
-        if starts:
-            self.holding = True
-            out, self.sent = self.text[self.sent : min(starts)], min(starts)
-            return out
-        # Hold back a tail that could be the beginning of a marker split across deltas.
-        keep = max((k for m in self.parser.start_markers for k in range(1, len(m))
-                    if self.text.endswith(m[:k])), default=0)
-        end = len(self.text) - keep
-        out, self.sent = self.text[self.sent : end], max(self.sent, end)
-        return out
-
-    def _feed_anchored(self) -> str:
-        """Calls only at the start: hold while the text (less leading space) may begin with a
-        marker; once it cannot, everything is content."""
-        head = self.text.lstrip()
-        if any(head.startswith(m) for m in self.parser.start_markers):
-            self.holding = True
-            return ""
-        if self.sent == 0 and any(m.startswith(head) for m in self.parser.start_markers):
-            return ""  # too short to tell
-        out, self.sent = self.text[self.sent :], len(self.text)
-        return out
-
-    def finish(self) -> ParsedOutput:
-        """What is left: the unsent content, and the calls of the whole text."""
-        parsed = self.parser.parse(self.text, self.tools)
-        # Content was sent already up to `sent` (before the calls, or before a format's content
-        # that the parse rewrites, as harmony's final channel).
-        return ParsedOutput(parsed.content[self.sent :], parsed.calls)
+    def partial(self, text: str, tools: ToolSchemas | None = None) -> list[PartialCall] | None:
+        """The calls of the text so far, as far as they are written (`streaming.py`); None:
+        this format's calls come whole at the end."""
+        return None

@@ -17,10 +17,12 @@ import json
 import re
 
 from batonlm.tool_calls.parser import ParsedOutput, ToolCall, ToolCallParser, ToolSchemas
+from batonlm.tool_calls.streaming import PartialCall
 from batonlm.tool_calls.typed_values import typed_value
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+_FUNCTION_START = re.compile(r"<function=([^>\n]+)>")
 _WRAPPER = re.compile(r"\s*(</?tool_call>\s*)*")
 
 
@@ -52,3 +54,23 @@ class Qwen3CoderParser(ToolCallParser):
         if not calls or not _WRAPPER.fullmatch(text, at):
             return ParsedOutput(text, [])
         return ParsedOutput(text[:start].rstrip(), calls)
+
+    def partial(self, text: str, tools: ToolSchemas | None = None) -> list[PartialCall]:
+        """Each function's arguments as JSON built from its complete parameters (the same text
+        the whole parse writes: json.dumps's separators), closed at </function>."""
+        calls: list[PartialCall] = []
+        for m in _FUNCTION_START.finditer(text):
+            if not re.compile(r"\s*(<parameter=|</function>)").match(text, m.end()):
+                break  # not (yet) a function's body: nothing to announce
+            name = m.group(1).strip()
+            body, done_at = text[m.end() :], text.find("</function>", m.end())
+            body = body if done_at < 0 else text[m.end() : done_at]
+            props = ((tools or {}).get(name) or {}).get("properties") or {}
+            items = [json.dumps(p.group(1).strip(), ensure_ascii=False) + ": " + json.dumps(
+                typed_value(p.group(2).removeprefix("\n").removesuffix("\n"), props.get(p.group(1).strip())),
+                ensure_ascii=False) for p in _PARAMETER.finditer(body)]
+            args = "{" + ", ".join(items) + ("}" if done_at >= 0 else "")
+            calls.append(PartialCall(name, args, done_at >= 0))
+            if done_at < 0:
+                break
+        return calls

@@ -13,7 +13,7 @@ import pytest
 from batonlm.tool_calls.deepseek import DeepSeekV3Parser
 from batonlm.tool_calls.formats import HermesParser, parser_for
 from batonlm.tool_calls.harmony import HarmonyParser
-from batonlm.tool_calls.parser import StreamingToolCalls
+from batonlm.tool_calls.streaming import StreamingToolCalls
 from batonlm.tool_calls.pythonic import PythonicParser
 from batonlm.tool_calls.qwen3_coder import Qwen3CoderParser
 
@@ -34,6 +34,9 @@ QWEN3_CODER_TWO = (
 DS = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
 DS_END = "<｜tool▁call▁end｜>"
 
+QWEN3_CODER_CUT = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+CUT = {QWEN3_CODER_CUT}
+
 # (parser, model output, content when streamed and whole, [(name, arguments)])
 RECORDED = [
     (Qwen3CoderParser, QWEN3_CODER_TWO, "I'll look both up.",
@@ -42,8 +45,7 @@ RECORDED = [
     (Qwen3CoderParser, "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew\nYork\n</parameter>\n</function>\n"
      "</tool_call>", "", [("get_weather", {"city": "New\nYork"})]),
     (Qwen3CoderParser, "Use <function=x> carefully.", "Use <function=x> carefully.", []),
-    (Qwen3CoderParser, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",
-     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n", []),  # cut: no call
+    (Qwen3CoderParser, QWEN3_CODER_CUT, QWEN3_CODER_CUT, []),  # cut: no call
     (PythonicParser, '[get_weather(city="Paris", days=3), plot(points=[[0, 1]], style={"c": None}, scale=null)]', "",
      [("get_weather", PARIS), ("plot", {"points": [[0, 1]], "style": {"c": None}, "scale": None})]),
     (PythonicParser, '<|python_start|>[get_weather(city="Paris", days=3)]<|python_end|>', "", [("get_weather", PARIS)]),
@@ -68,6 +70,18 @@ RECORDED = [
 ]
 
 
+def assert_deltas_build(deltas, calls):
+    """The call deltas of a stream, put together by index, are the calls: ids, names, and
+    arguments text for text."""
+    built: dict[int, list[str]] = {}
+    for d in deltas:
+        if d.name is not None:
+            assert d.index == len(built) and d.arguments == ""  # a call opens with its name alone
+            built[d.index] = [d.id, d.name, ""]
+        built[d.index][2] += d.arguments
+    assert [tuple(b) for b in built.values()] == [(c.id, c.name, c.arguments) for c in calls]
+
+
 def _calls(calls):
     return [(c.name, json.loads(c.arguments)) for c in calls]
 
@@ -86,8 +100,13 @@ def test_streamed_in_random_pieces(cls, text, content, calls):
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 16))))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
         stream = StreamingToolCalls(cls(), TOOLS)
-        sent = "".join(stream.feed(p) for p in pieces)
-        rest = stream.finish()
+        sent, deltas = "", []
+        for p in pieces:
+            sent += stream.feed(p)
+            deltas += stream.deltas()
+        rest, last = stream.finish()
+        if text not in CUT:  # a call cut short by max_tokens was announced before the cut
+            assert_deltas_build(deltas + last, rest.calls)
         assert (sent + rest.content).rstrip() == content.rstrip()
         assert _calls(rest.calls) == calls
         if calls:  # nothing of a call went out as content
@@ -100,7 +119,7 @@ def test_content_streams_before_the_calls_and_a_pythonic_text_is_not_held():
     assert stream.feed("The list ") == "The list " and stream.feed("[1, 2]") == "[1, 2]"
     stream = StreamingToolCalls(PythonicParser())
     assert stream.feed(" [get_we") == "" and stream.feed('ather(city="Paris")]') == ""
-    assert _calls(stream.finish().calls) == [("get_weather", {"city": "Paris"})]
+    assert _calls(stream.finish()[0].calls) == [("get_weather", {"city": "Paris"})]
     stream = StreamingToolCalls(Qwen3CoderParser(), TOOLS)
     assert stream.feed("Sure, <func") == "Sure, " and stream.feed("tion=get_weather>") == ""
 
@@ -114,3 +133,19 @@ def test_auto_picks_the_format_from_the_template_then_the_architecture():
     assert isinstance(parser_for("auto", "Llama4ForConditionalGeneration"), PythonicParser)
     assert isinstance(parser_for("pythonic", "Qwen3ForCausalLM"), PythonicParser)
     assert HarmonyParser.keeps_special_tokens and not HermesParser.keeps_special_tokens
+
+
+@pytest.mark.parametrize(("cls", "text", "content", "calls"), [r for r in RECORDED if r[3] and r[0] is not PythonicParser])
+def test_calls_stream_as_they_are_written(cls, text, content, calls):
+    """A call goes out (its name) before the output ends, and its arguments grow in more than
+    one delta: fed a character at a time, the first call's name is out before the last call's
+    arguments are complete."""
+    stream = StreamingToolCalls(cls(), TOOLS)
+    seen = []  # (characters fed, delta)
+    for n, ch in enumerate(text, 1):
+        stream.feed(ch)
+        seen += [(n, d) for d in stream.deltas()]
+    first_name = next(n for n, d in seen if d.name is not None)
+    assert first_name < len(text) - 10
+    argument_deltas = [d for _, d in seen if d.index == 0 and d.arguments]
+    assert len(argument_deltas) > 1

@@ -11,7 +11,7 @@ import pytest
 
 from batonlm.tool_calls.forced import forced_schema, parse_forced
 from batonlm.tool_calls.formats import HermesParser, Llama3Parser, MistralParser, parser_for
-from batonlm.tool_calls.parser import StreamingToolCalls
+from batonlm.tool_calls.streaming import StreamingToolCalls
 
 WEATHER = {"city": "Paris", "unit": "celsius"}
 
@@ -39,6 +39,18 @@ RECORDED = [
 ]
 
 
+def assert_deltas_build(deltas, calls):
+    """The call deltas of a stream, put together by index, are the calls: ids, names, and
+    arguments text for text."""
+    built: dict[int, list[str]] = {}
+    for d in deltas:
+        if d.name is not None:
+            assert d.index == len(built) and d.arguments == ""  # a call opens with its name alone
+            built[d.index] = [d.id, d.name, ""]
+        built[d.index][2] += d.arguments
+    assert [tuple(b) for b in built.values()] == [(c.id, c.name, c.arguments) for c in calls]
+
+
 def _calls(calls):
     return [(c.name, json.loads(c.arguments)) for c in calls]
 
@@ -58,8 +70,12 @@ def test_streamed_in_random_pieces(cls, text, content, calls):
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
         stream = StreamingToolCalls(cls())
-        sent = "".join(stream.feed(p) for p in pieces)
-        rest = stream.finish()
+        sent, deltas = "", []
+        for p in pieces:
+            sent += stream.feed(p)
+            deltas += stream.deltas()
+        rest, last = stream.finish()
+        assert_deltas_build(deltas + last, rest.calls)
         if calls:
             # Content before the calls streams out (whitespace before a marker may trail).
             assert (sent + rest.content).rstrip() == content
@@ -164,3 +180,31 @@ def test_calls_budget_ends_the_array_when_the_next_call_cannot_fit():
 def _split(text: str, n: int) -> list[str]:
     step = -(-len(text) // n)
     return [text[i : i + step] for i in range(0, len(text), step)]
+
+
+def test_json_prefixes():
+    """What a stream may announce a call's arguments on: a prefix of some valid JSON object."""
+    from batonlm.tool_calls.streaming import arguments_so_far, is_json_prefix
+
+    whole = '{"city": "Par\\u00eds \\"x\\"", "days": [1, -2.5e3, true, false, null], "o": {}}'
+    assert all(is_json_prefix(whole[:n]) for n in range(1, len(whole) + 1))
+    for bad in ('{broken', '{"a" 1', '{"a": 1}}', '{"a": tx', '{"a": 1 2', '{"a": [1}', '{,'):
+        assert not is_json_prefix(bad), bad
+    assert not arguments_so_far("{") and arguments_so_far('{"') and arguments_so_far("{}")
+    assert not arguments_so_far('["a"]')
+
+
+def test_forced_calls_stream_as_they_are_written():
+    from batonlm.tool_calls.forced import partial_forced
+    from batonlm.tool_calls.streaming import IncrementalCalls
+
+    text = '[{"name": "add", "arguments": {"a": 2, "s": "x}"}}, {"name": "noop", "arguments": {}}]'
+    calls, deltas = IncrementalCalls(), []
+    for n in range(1, len(text) + 1):
+        deltas += calls.update(partial_forced(text[:n]))
+    last, final = calls.finish(parse_forced(text))
+    assert not last and _calls(final) == [("add", {"a": 2, "s": "x}"}), ("noop", {})]
+    assert [d.name for d in deltas if d.name] == ["add", "noop"]
+    assert "".join(d.arguments for d in deltas if d.index == 0) == '{"a": 2, "s": "x}"}' == final[0].arguments
+    single = '{"name": "add", "arguments": {"a": 2}}'
+    assert partial_forced(single[:-1])[0].done and not partial_forced(single[:-3])[0].done
