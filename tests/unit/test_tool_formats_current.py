@@ -13,9 +13,9 @@ import pytest
 from batonlm.tool_calls.deepseek import DeepSeekV3Parser
 from batonlm.tool_calls.formats import HermesParser, parser_for
 from batonlm.tool_calls.harmony import HarmonyParser
-from batonlm.tool_calls.streaming import StreamingToolCalls
 from batonlm.tool_calls.pythonic import PythonicParser
 from batonlm.tool_calls.qwen3_coder import Qwen3CoderParser
+from batonlm.tool_calls.streaming import StreamingToolCalls
 
 TOOLS = {
     "get_weather": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
