@@ -9,6 +9,7 @@ import torch
 from batonlm.distributed.group import TPGroup
 from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
+from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model
@@ -96,11 +97,12 @@ class ModelRunner:
     @torch.inference_mode()
     def pool(self, hidden: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
         """Embeddings: per (first flat token index, count) span, the float32 sum of its tokens'
-        last hidden states ([S, H])."""
-        out = torch.empty(len(spans), hidden.shape[-1], dtype=torch.float32, device=hidden.device)
-        for i, (start, count) in enumerate(spans):
-            out[i] = self.model.final_norm(hidden[start : start + count]).float().sum(0)
-        return out
+        last hidden states ([S, H]), all spans in one gather and one index_add."""
+        tokens = [t for start, count in spans for t in range(start, start + count)]
+        segment = [i for i, (_, count) in enumerate(spans) for _ in range(count)]
+        at, seg = to_device(tokens, torch.int64, hidden.device), to_device(segment, torch.int64, hidden.device)
+        out = torch.zeros(len(spans), hidden.shape[-1], dtype=torch.float32, device=hidden.device)
+        return out.index_add_(0, seg, self.model.final_norm(hidden[at]).float())
 
     @torch.inference_mode()
     def idle_forward(self, dp_tokens: list[int]) -> None:

@@ -268,7 +268,7 @@ class TokenizerManager:
         state = RequestState(
             rid, IncrementalDetokenizer(self.tokenizer, input_ids, skip_special_tokens),
             stop if isinstance(stop, StopStringMatcher) else StopStringMatcher(stop or []), len(input_ids),
-            min_tokens=params.min_new_tokens,
+            min_tokens=params.min_new_tokens, generates=pooling is None,
         )
         timeout = self.args.request_timeout
         if timeout is not None:

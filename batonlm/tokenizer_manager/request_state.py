@@ -98,6 +98,7 @@ class RequestState:
     stops: StopStringMatcher
     prompt_tokens: int
     min_tokens: int = 0  # stop strings end the request only after this many tokens
+    generates: bool = True  # False: an embedding request (its one sampled token is not an output)
     # Scheduler outputs not yet consumed, or the exception that ends the request.
     pending: deque[TokenOutput | Exception] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -150,8 +151,9 @@ class RequestState:
             self.finished = True
             if not self.stops.stopped:
                 text += self.stops.feed(self.detok.flush(), True, self.completion_tokens) + self.stops.flush()
-            if observer is not None:
-                observer.on_finish(now - self.created, self.prompt_tokens, self.completion_tokens, finish)
+            if observer is not None:  # an embedding counts no generated token and ends normally
+                observer.on_finish(now - self.created, self.prompt_tokens,
+                                   self.completion_tokens if self.generates else 0, finish if self.generates else "stop")
         logprobs = None
         if out.logprobs is not None:
             top = out.top_logprobs or [[] for _ in out.logprobs]

@@ -97,3 +97,11 @@ def test_an_embedding_model_pools_as_its_config_says_and_generates_nothing(embed
         assert (err["param"], err["code"]) == ("model", "embedding_model") and "/v1/embeddings" in err["message"]
     r = httpx.post(server.base_url + "/v1/messages", json={"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["type"] == "error" and "embedding model" in r.json()["error"]["message"]
+    # The metrics count the prompts embedded, and no generated token.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, s.labels.get("finish_reason")): s.value
+               for f in text_string_to_metric_families(httpx.get(server.base_url + "/metrics").text) for s in f.samples}
+    assert samples[("batonlm_prompt_tokens_total", None)] == sum(map(len, ids))
+    assert samples[("batonlm_generation_tokens_total", None)] == 0
+    assert samples[("batonlm_requests_finished_total", "stop")] == len(TEXTS)
