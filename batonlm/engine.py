@@ -15,6 +15,7 @@ from typing import Any
 
 from batonlm.config import EMBEDDED_MODEL, ConfigError, ServerArgs
 from batonlm.launcher import start_scheduler
+from batonlm.pooling import finish_vector, pooling_of
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
 from batonlm.tokenizer_manager.manager import TokenizerManager
@@ -91,6 +92,11 @@ class Engine:
                 raise RequestRejected(f"prompt {i}: {e}") from None
         return single, ids, params
 
+    def _check_generates(self) -> None:
+        info = self._manager.info
+        if info is not None and info.embedding_only:
+            raise ValueError(f"{info.model_path} is an embedding model (its checkpoint has no LM head): use embed()")
+
     # ------------------------------------------------------------------ API
     def generate(
         self,
@@ -100,6 +106,7 @@ class Engine:
     ) -> dict | list[dict]:
         """Generate to completion. One prompt gives one dict, a list gives a list of dicts with
         `text`, `output_ids`, `finish_reason`, `prompt_tokens`, `completion_tokens`."""
+        self._check_generates()
         single, ids, params = self._prepare(prompt, input_ids, sampling_params)
 
         async def one(x: list[int], p: SamplingParams) -> dict:
@@ -115,6 +122,37 @@ class Engine:
         results = self._call(run())
         return results[0] if single else results
 
+    def embed(
+        self,
+        prompt: str | list[str] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        pooling: str | None = None,
+        normalize: bool = True,
+        dimensions: int | None = None,
+    ) -> list[float] | list[list[float]]:
+        """Embeddings: each prompt's last hidden states pooled (`pooling` "last" or "mean"; None:
+        the server argument `pooling`), its first `dimensions` values kept, L2-normalised unless
+        `normalize` is False. One prompt gives one vector, a list a list of vectors."""
+        if pooling is not None and pooling not in ("last", "mean"):
+            raise ValueError(f"pooling must be last or mean, got {pooling!r}")
+        mode = pooling_of(pooling or self.args.pooling, self._manager.info.model_path if self._manager.info else "")
+        single, ids, params = self._prepare(prompt, input_ids, {"max_new_tokens": 1, "temperature": 0.0})
+
+        async def one(x: list[int], p: SamplingParams) -> list[float]:
+            vector: list[float] | None = None
+            async for chunk in self._manager.generate(x, p, pooling=mode):
+                vector = chunk.embedding if chunk.embedding is not None else vector
+                if chunk.error:
+                    raise RequestRejected(chunk.error)
+            assert vector is not None  # the scheduler sends it with the request's output
+            return finish_vector(vector, dimensions, normalize).tolist()
+
+        async def run() -> list[list[float]]:
+            return list(await asyncio.gather(*(one(x, p) for x, p in zip(ids, params))))
+
+        vectors = self._call(run())
+        return vectors[0] if single else vectors
+
     def generate_stream(
         self,
         prompt: str | list[str] | None = None,
@@ -124,6 +162,7 @@ class Engine:
         """Yield chunks as they are produced: `index` (the prompt's), `text` and `output_ids`
         (what is new), `finish_reason` (set on a prompt's last chunk). Stopping the iteration
         early aborts the unfinished requests."""
+        self._check_generates()
         _, ids, params = self._prepare(prompt, input_ids, sampling_params)
         out: queue.Queue = queue.Queue()
 

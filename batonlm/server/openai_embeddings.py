@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import array
 import base64
-import functools
-import json
-import logging
-import math
 import sys
-from pathlib import Path
 
 from fastapi import APIRouter, Request
 
-from batonlm.ipc.messages import Pooling
+from batonlm.pooling import finish_vector, pooling_of
 from batonlm.sampling_params import SamplingParams
 from batonlm.server.errors import bad_request
 from batonlm.server.openai_common import tokenize_prompts
@@ -25,36 +20,9 @@ from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream
 from batonlm.server.protocol import EmbeddingRequest
 from batonlm.server.state import ServerState
 
-logger = logging.getLogger(__name__)
 router = APIRouter()
 
 EmbeddingJob = Job[EmbeddingRequest]
-
-
-@functools.cache
-def pooling_of(setting: str, model_dir: str) -> Pooling:
-    """`--pooling` resolved: auto reads the sentence-transformers pooling config beside the
-    model (1_Pooling/config.json: pooling_mode_lasttoken or pooling_mode_mean_tokens), else last."""
-    if setting in ("last", "mean"):
-        return "last" if setting == "last" else "mean"
-    try:
-        config = json.loads((Path(model_dir) / "1_Pooling" / "config.json").read_text())
-    except (OSError, ValueError):
-        return "last"
-    if config.get("pooling_mode_mean_tokens"):
-        return "mean"
-    if not config.get("pooling_mode_lasttoken"):
-        modes = sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v)
-        logger.warning("the model's pooling config asks for %s, which batonlm does not have: pooling the last token "
-                       "(--pooling last or mean to choose)", ", ".join(modes) or "nothing")
-    return "last"
-
-
-def finish_vector(values: list[float], dimensions: int | None) -> array.array:
-    """The first `dimensions` values (all: None), L2-normalised, as float32."""
-    kept = values[:dimensions] if dimensions is not None else values
-    norm = math.sqrt(math.fsum(v * v for v in kept))
-    return array.array("f", [v / norm for v in kept] if norm > 0 else kept)
 
 
 def encode(vector: array.array, encoding_format: str) -> list[float] | str:

@@ -128,6 +128,36 @@ def test_bad_inputs_raise_clear_errors(engine):
     _wait_all_free(engine)
 
 
+def test_embed_equals_transformers(engine, stories_path):
+    """Engine.embed: each prompt's pooled last hidden states (float64 reference within the float32
+    bound), normalised, truncated by dimensions; bad pooling is named."""
+    import math
+
+    import torch
+    from helpers import pooled_reference
+
+    ids = [[1, 403, 407, 261, 378], [1, 300, 301]]
+    for mode in ("last", "mean"):
+        got = engine.embed(input_ids=ids, pooling=mode, normalize=False)
+        for vector, x in zip(got, ids):
+            want, tol = pooled_reference(stories_path, x, mode)
+            assert float((torch.tensor(vector, dtype=torch.float64) - want).abs().max()) <= tol
+    one = engine.embed("Once upon a time", dimensions=8)
+    assert len(one) == 8 and abs(math.fsum(v * v for v in one) - 1) < 1e-5
+    with pytest.raises(ValueError, match="pooling must be last or mean"):
+        engine.embed("hi", pooling="cls")
+    _wait_all_free(engine)
+
+
+def test_an_embedding_model_embeds_and_refuses_to_generate(tmp_path):
+    from helpers import build_embedding_model
+
+    with batonlm.Engine(build_embedding_model(tmp_path / "m", pooling="mean")) as e:
+        assert len(e.embed(["a story", "another"])) == 2
+        with pytest.raises(ValueError, match="embedding model"):
+            e.generate("hi")
+
+
 def test_unknown_server_argument_is_named():
     with pytest.raises(ConfigError, match="max_runing_requests: unknown server argument"):
         batonlm.Engine(max_runing_requests=4)

@@ -101,6 +101,7 @@ def test_engine_snippet_saved_as_a_script(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(", there was a little girl named Lily."), out.stdout
+    assert out.stdout.splitlines()[-1] == "2 16"  # two embeddings of 16 values
 
 
 def test_engine_snippet_from_stdin_inside_a_running_event_loop(tmp_path):
