@@ -5,10 +5,10 @@ call sent as content); and how auto picks a format."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
+from tool_call_checks import assert_deltas_build, call_values, stream_in_pieces
 
 from batonlm.tool_calls.deepseek import DeepSeekV3Parser
 from batonlm.tool_calls.formats import HermesParser, parser_for
@@ -70,26 +70,10 @@ RECORDED = [
 ]
 
 
-def assert_deltas_build(deltas, calls):
-    """The call deltas of a stream, put together by index, are the calls: ids, names, and
-    arguments text for text."""
-    built: dict[int, list[str]] = {}
-    for d in deltas:
-        if d.name is not None:
-            assert d.index == len(built) and d.arguments == ""  # a call opens with its name alone
-            built[d.index] = [d.id, d.name, ""]
-        built[d.index][2] += d.arguments
-    assert [tuple(b) for b in built.values()] == [(c.id, c.name, c.arguments) for c in calls]
-
-
-def _calls(calls):
-    return [(c.name, json.loads(c.arguments)) for c in calls]
-
-
 @pytest.mark.parametrize(("cls", "text", "content", "calls"), RECORDED)
 def test_recorded_outputs(cls, text, content, calls):
     parsed = cls().parse(text, TOOLS)
-    assert (parsed.content, _calls(parsed.calls)) == (content, calls)
+    assert (parsed.content, call_values(parsed.calls)) == (content, calls)
     assert len({c.id for c in parsed.calls}) == len(parsed.calls)
 
 
@@ -97,18 +81,11 @@ def test_recorded_outputs(cls, text, content, calls):
 def test_streamed_in_random_pieces(cls, text, content, calls):
     rng = random.Random(len(text))
     for _ in range(30):
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 16))))
-        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-        stream = StreamingToolCalls(cls(), TOOLS)
-        sent, deltas = "", []
-        for p in pieces:
-            sent += stream.feed(p)
-            deltas += stream.deltas()
-        rest, last = stream.finish()
+        sent, deltas, rest = stream_in_pieces(cls(), text, rng, TOOLS)
         if text not in CUT:  # a call cut short by max_tokens was announced before the cut
-            assert_deltas_build(deltas + last, rest.calls)
+            assert_deltas_build(deltas, rest.calls)
         assert (sent + rest.content).rstrip() == content.rstrip()
-        assert _calls(rest.calls) == calls
+        assert call_values(rest.calls) == calls
         if calls:  # nothing of a call went out as content
             assert not any(m in sent for m in cls.start_markers if m != "[")
             assert "get_weather" not in sent
@@ -119,7 +96,7 @@ def test_content_streams_before_the_calls_and_a_pythonic_text_is_not_held():
     assert stream.feed("The list ") == "The list " and stream.feed("[1, 2]") == "[1, 2]"
     stream = StreamingToolCalls(PythonicParser())
     assert stream.feed(" [get_we") == "" and stream.feed('ather(city="Paris")]') == ""
-    assert _calls(stream.finish()[0].calls) == [("get_weather", {"city": "Paris"})]
+    assert call_values(stream.finish()[0].calls) == [("get_weather", {"city": "Paris"})]
     stream = StreamingToolCalls(Qwen3CoderParser(), TOOLS)
     assert stream.feed("Sure, <func") == "Sure, " and stream.feed("tion=get_weather>") == ""
 

@@ -8,10 +8,10 @@ import random
 
 import jsonschema
 import pytest
+from tool_call_checks import assert_deltas_build, call_values, stream_in_pieces
 
 from batonlm.tool_calls.forced import forced_schema, parse_forced
 from batonlm.tool_calls.formats import HermesParser, Llama3Parser, MistralParser, parser_for
-from batonlm.tool_calls.streaming import StreamingToolCalls
 
 WEATHER = {"city": "Paris", "unit": "celsius"}
 
@@ -39,27 +39,11 @@ RECORDED = [
 ]
 
 
-def assert_deltas_build(deltas, calls):
-    """The call deltas of a stream, put together by index, are the calls: ids, names, and
-    arguments text for text."""
-    built: dict[int, list[str]] = {}
-    for d in deltas:
-        if d.name is not None:
-            assert d.index == len(built) and d.arguments == ""  # a call opens with its name alone
-            built[d.index] = [d.id, d.name, ""]
-        built[d.index][2] += d.arguments
-    assert [tuple(b) for b in built.values()] == [(c.id, c.name, c.arguments) for c in calls]
-
-
-def _calls(calls):
-    return [(c.name, json.loads(c.arguments)) for c in calls]
-
-
 @pytest.mark.parametrize(("cls", "text", "content", "calls"), RECORDED)
 def test_recorded_outputs(cls, text, content, calls):
     parsed = cls().parse(text)
     assert parsed.content == content
-    assert _calls(parsed.calls) == calls
+    assert call_values(parsed.calls) == calls
     assert all(c.id.startswith("call_") for c in parsed.calls) and len({c.id for c in parsed.calls}) == len(parsed.calls)
 
 
@@ -67,22 +51,15 @@ def test_recorded_outputs(cls, text, content, calls):
 def test_streamed_in_random_pieces(cls, text, content, calls):
     rng = random.Random(len(text))
     for _ in range(20):
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
-        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-        stream = StreamingToolCalls(cls())
-        sent, deltas = "", []
-        for p in pieces:
-            sent += stream.feed(p)
-            deltas += stream.deltas()
-        rest, last = stream.finish()
-        assert_deltas_build(deltas + last, rest.calls)
+        sent, deltas, rest = stream_in_pieces(cls(), text, rng)
+        assert_deltas_build(deltas, rest.calls)
         if calls:
             # Content before the calls streams out (whitespace before a marker may trail).
             assert (sent + rest.content).rstrip() == content
             assert not any(m in sent for m in cls.start_markers)
         else:
             assert sent + rest.content == text
-        assert _calls(rest.calls) == calls
+        assert call_values(rest.calls) == calls
 
 
 def test_parser_choice():
@@ -102,8 +79,8 @@ def test_forced_schema_and_parse():
     jsonschema.validate([{"name": "noop", "arguments": {}}, {"name": "add", "arguments": {"a": 2}}], many)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([], many)
-    assert _calls(parse_forced('[{"name": "add", "arguments": {"a": 2}}]')) == [("add", {"a": 2})]
-    assert _calls(parse_forced('{"name": "add", "arguments": {"a": 2}}')) == [("add", {"a": 2})]
+    assert call_values(parse_forced('[{"name": "add", "arguments": {"a": 2}}]')) == [("add", {"a": 2})]
+    assert call_values(parse_forced('{"name": "add", "arguments": {"a": 2}}')) == [("add", {"a": 2})]
     assert parse_forced('{"name": "add", "arguments": {"a": ') == []
 
 
@@ -131,16 +108,16 @@ def test_forced_calls_keep_each_tools_local_definitions():
                 jsonschema.validate(wrap(bad), schema)
 
 
-def test_a_cut_array_keeps_its_complete_calls():
+def test_a_cut_array_keeps_its_completecall_values():
     from batonlm.tool_calls.forced import complete_items
 
     whole = '[ {"name": "add", "arguments": {"a": 2, "s": "}]\\""}} ,{"name": "noop", "arguments": {}}]'
     assert complete_items(whole) == [{"name": "add", "arguments": {"a": 2, "s": '}]"'}}, {"name": "noop", "arguments": {}}]
     for cut in range(len(whole)):  # every prefix: the calls complete in it, never a partial one
-        got = _calls(parse_forced(whole[:cut]))
+        got = call_values(parse_forced(whole[:cut]))
         want = [("add", {"a": 2, "s": '}]"'})] if cut >= whole.index("} ,") + 1 else []
         assert got == (want + [("noop", {})] if cut >= len(whole) - 1 else want), (cut, whole[:cut])
-    assert _calls(parse_forced('[{"name": "add", "arguments": {"a": 2}}, {"name": 5')) == [("add", {"a": 2})]
+    assert call_values(parse_forced('[{"name": "add", "arguments": {"a": 2}}, {"name": 5')) == [("add", {"a": 2})]
     assert parse_forced('[{"nome": "add"}, ') == []  # a complete item that is not a call: nothing
 
 
@@ -168,7 +145,7 @@ def test_calls_budget_ends_the_array_when_the_next_call_cannot_fit():
     assert _budget_run(pieces, 40) == ("[" + CALL + "," + CALL + "]", False)
     # After the first call (11 tokens used) 11 are left: fewer than its 11 and a bracket. It ends there.
     text, stopped = _budget_run(pieces, 22)
-    assert stopped and text == "[" + CALL and _calls(parse_forced(text)) == [("add", {"a": 2})]
+    assert stopped and text == "[" + CALL and call_values(parse_forced(text)) == [("add", {"a": 2})]
     # A brace inside a string is not the end of a call.
     tricky = '{"name": "add", "arguments": {"s": "}}}"}}'
     text, stopped = _budget_run([("[", 1), (tricky[:20], 1), (tricky[20:], 1)], 4)
@@ -203,7 +180,7 @@ def test_forced_calls_stream_as_they_are_written():
     for n in range(1, len(text) + 1):
         deltas += calls.update(partial_forced(text[:n]))
     last, final = calls.finish(parse_forced(text))
-    assert not last and _calls(final) == [("add", {"a": 2, "s": "x}"}), ("noop", {})]
+    assert not last and call_values(final) == [("add", {"a": 2, "s": "x}"}), ("noop", {})]
     assert [d.name for d in deltas if d.name] == ["add", "noop"]
     assert "".join(d.arguments for d in deltas if d.index == 0) == '{"a": 2, "s": "x}"}' == final[0].arguments
     single = '{"name": "add", "arguments": {"a": 2}}'
