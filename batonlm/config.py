@@ -74,6 +74,11 @@ class ServerArgs:
         "auto", group=_MODEL, choices=("auto", "native", "transformers"),
         help="native: batonlm's model code (docs/models.md); transformers: transformers' modeling code with "
              "batonlm's paged KV cache (one rank, eager step); auto: native when batonlm has the architecture")
+    lora_paths: str | None = setting(
+        None, group=_MODEL, metavar="NAME=DIR,...",
+        help="LoRA adapters (PEFT directories) served beside the base model, comma-separated name=DIR pairs; a "
+             "request selects one by its `model` (docs/lora.md)")
+    max_lora_rank: int = setting(64, group=_MODEL, ge=1, help="the largest rank a LoRA adapter may have")
     pooling: str = setting(
         "auto", group=_MODEL, choices=POOLING_CHOICES,
         help="/v1/embeddings: a prompt's vector is its last hidden states' last token (last) or mean; auto: as "
@@ -260,7 +265,27 @@ class ServerArgs:
         check_fields(self)
         self._check_relations()
 
+    @property
+    def lora_adapters(self) -> tuple[tuple[str, str], ...]:
+        """(name, directory) of each --lora-paths adapter, in order (slot 1, 2, ...)."""
+        if not self.lora_paths:
+            return ()
+        out = []
+        for item in self.lora_paths.split(","):
+            name, sep, path = item.strip().partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ConfigError("lora_paths", f"each adapter is name=DIR, got {item.strip()!r}")
+            out.append((name.strip(), path.strip()))
+        names = [n for n, _ in out]
+        if len(set(names)) < len(names):
+            raise ConfigError("lora_paths", f"two adapters share a name: {sorted(n for n in names if names.count(n) > 1)[0]!r}")
+        return tuple(out)
+
     def _check_relations(self) -> None:
+        if self.lora_adapters and self.tp_size > 1:
+            raise ConfigError("lora_paths", "LoRA adapters run on one rank (give --tp 1)")
+        if self.lora_adapters and self.enable_dp_attention:
+            raise ConfigError("lora_paths", "LoRA adapters do not combine with DP attention")
         """The rules between fields (each field alone is checked from its declaration)."""
         if (self.speculative_algorithm == "draft") != (self.speculative_draft_model is not None):
             raise ConfigError("speculative_draft_model", "give a draft model with --speculative-algorithm draft, "

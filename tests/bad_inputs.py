@@ -223,6 +223,7 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (RESP, _resp(include=["message.output_text.logprobs"]), 400, "include.0", None),
     (RESP, _resp(background=True, store=False), 400, None, "must be stored"),
     (RESP, _resp(truncation="auto"), 400, "truncation", None),
+    (GEN, {"text": "Once", "lora_path": "no-such-adapter"}, 404, "lora_path", "does not exist"),
     # -- embeddings
     (EMB, {"model": "stories260K"}, 400, "input", "missing"),
     (EMB, {"input": ""}, 400, "input", "must not be empty"),

@@ -158,9 +158,9 @@ class SchedulerHarness:
         self.io.bind(lambda: self.sched.iteration)
 
     def submit(self, rid: str, ids: list[int], params: dict | SamplingParams, at: int = 0, priority: int = 0,
-               pooling: str | None = None) -> None:
+               pooling: str | None = None, lora: int = 0) -> None:
         p = params if isinstance(params, SamplingParams) else SamplingParams(**params)
-        self.io.submit(GenerateRequest(rid, ids, p, priority, pooling), self.sched.iteration + at)
+        self.io.submit(GenerateRequest(rid, ids, p, priority, pooling, lora), self.sched.iteration + at)
 
     def abort(self, rid: str) -> None:
         self.io.submit(AbortRequest(rid), self.sched.iteration)

@@ -53,6 +53,8 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     # Embeddings: (first flat token index, count) of each span whose final hidden states (after
     # the final norm) the device sums in float32; a last-token pooled row is a span of one.
     pool_spans: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    # LoRA: each launch row's adapter slot (0: the base model); empty when every row is the base's.
+    lora_slots: list[int] = msgspec.field(default_factory=list)
     # Speculative decoding: (first row, rows) of each verifying request, one decode row per
     # position (its newest output, then its drafts); drafts are accepted while they equal the
     # token the row before samples, and the request's token is the one after them.

@@ -21,6 +21,7 @@ class GenerateRequest(msgspec.Struct, tag=True, frozen=True):
     # An embedding request: its prompt's hidden states pooled so (its one sampled token is
     # dropped by the frontend), sent with its output as `TokenOutput.embedding`.
     pooling: Pooling | None = None
+    lora: int = 0  # the LoRA adapter's slot (--lora-paths order, from 1; 0: the base model)
 
 
 class AbortRequest(msgspec.Struct, tag=True, frozen=True):

@@ -59,6 +59,7 @@ class ForwardBatch:
     attn_metadata: Any = None
     # DP attention: every data-parallel rank's token count this iteration (None: not DP attention).
     dp_tokens: list[int] | None = None
+    lora: Any = None  # the forward's LoRA adapters (model_runner/lora.py LoRABatch; None: none)
 
     @property
     def batch_size(self) -> int:

@@ -11,6 +11,7 @@ from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.kv_pool import KVPool
+from batonlm.model_runner.lora import LoRAWeights, read_adapter
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model
 from batonlm.model_runner.prompt_logprobs import score_tokens
@@ -57,9 +58,19 @@ class ModelRunner:
         self.sampler = SAMPLERS[sampler]()
         self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)
         self.context_length = context_length
+        self.lora: LoRAWeights | None = None  # use_lora: the adapters, slot 1..
         # Set by use_decode_graphs: runs the all-decode batches that fit it.
         self.decode_graphs: DecodeGraphs | None = None
         self.graph_steps = 0  # decode batches run through them
+
+    def use_lora(self, adapters: tuple[tuple[str, str], ...], max_rank: int) -> None:
+        """Load the LoRA adapters (name, PEFT directory) into slots 1.. (slot 0: the base model)."""
+        cfg = self.cfg
+        q, kv, inter = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+        sizes = {"qkv": (cfg.hidden_size, (q, kv, kv)), "o": (q, (cfg.hidden_size,)),
+                 "gate_up": (cfg.hidden_size, (inter, inter)), "down": (inter, (cfg.hidden_size,))}
+        specs = [read_adapter(name, path, max_rank) for name, path in adapters]
+        self.lora = LoRAWeights(specs, cfg, self.dtype, self.device, sizes)
 
     def use_decode_graphs(self, graphs: DecodeGraphs, progress: Progress) -> None:
         """Build `graphs` (compile or capture every bucket) and run decode batches through them.
@@ -81,7 +92,7 @@ class ModelRunner:
         """Write the batch's KV slots into the req-to-token table, run the model, and return the
         float32 logits of each row's last token ([B, V])."""
         self._write_table(batch)
-        if self.decode_graphs is not None and self.decode_graphs.fits(batch):
+        if self.decode_graphs is not None and batch.lora is None and self.decode_graphs.fits(batch):
             self.graph_steps += 1
             return self.decode_graphs.run(batch)
         return self.model.logits(self._hidden(batch)[batch.last_token_index])

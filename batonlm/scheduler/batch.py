@@ -126,6 +126,10 @@ class ScheduleBatch:
             from_future.extend([not (drafts and known)] + [False] * (n - 1))
         reqs = self.reqs
         produces = self.produces_output
+        # Each launch row's adapter (a verifying request's rows all its own).
+        lora_slots = [row.req.lora for row in self.extend] + [r.lora for r, d in zip(self.decode, self.drafts or
+                                                                                      [[]] * len(self.decode))
+                                                              for _ in range(1 + len(d))]
         return BatchLaunch(
             batch_id=self.batch_id,
             req_slots=req_slots,
@@ -145,6 +149,7 @@ class ScheduleBatch:
             prompt_logprob_targets=lp_targets,
             verify_groups=verify_groups,
             pool_spans=pool_spans,
+            lora_slots=lora_slots if any(lora_slots) else [],
             prompt_top_logprobs=max(
                 (k for row, n in zip(self.extend, self.prompt_logprob_counts)
                  if n and (k := row.req.params.prompt_logprobs) is not None),

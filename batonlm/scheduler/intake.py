@@ -115,7 +115,7 @@ class RequestIntake:
         except ValueError as e:
             return self._reject(msg.rid, str(e))
         req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.eos_token_ids,
-                      msg.priority, msg.pooling)
+                      msg.priority, msg.pooling, msg.lora)
         self.requests[req.rid] = req
         if params.constraint is not None:
             self.grammars.add(req)  # joins `waiting` when its grammar is compiled

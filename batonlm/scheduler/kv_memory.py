@@ -84,7 +84,7 @@ class KVMemory:
             limit = min(len(tokens) - 1, req.prompt_logprob_from) if req.wants_prompt_logprobs else len(tokens) - 1
             if req.pooling == "mean":
                 limit = 0
-            slots, node = self.cache.match_prefix(tokens[:limit])
+            slots, node = self.cache.match_prefix(req.cache_key(tokens[:limit]))
             self.cache.lock(node)
             req.kv_slots, req.cached_len, req.cache_node = slots, len(slots), node
         req.kv_len = req.cached_len
@@ -126,7 +126,7 @@ class KVMemory:
         else:
             tokens = req.prompt_ids + req.output_ids
             n = min(req.kv_len, len(tokens))  # positions with KV whose token is known
-            present = self.cache.insert(tokens[:n], req.kv_slots[:n])
+            present = self.cache.insert(req.cache_key(tokens[:n]), req.kv_slots[:n])
             # Its own slots the tree already had (another request computed them too), and
             # those it allocated but never used, are free again.
             self.kv.free(req.kv_slots[req.cached_len : max(present, req.cached_len)] + req.kv_slots[n:])

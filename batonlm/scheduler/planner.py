@@ -224,7 +224,7 @@ class BatchPlanner:
         if head.req_slot is not None:  # a retracted request, waiting for its slot
             return
         tokens = head.fill_ids
-        need_now = len(tokens) - (mem.cache.match_len(tokens) if mem.cache is not None else 0)
+        need_now = len(tokens) - (mem.cache.match_len(head.cache_key(tokens)) if mem.cache is not None else 0)
         need = need_now + self._output_estimate(head)
         freeing = sum(1 for r in waiting if r.req_slot is not None)  # slots retracted requests give back
         while True:

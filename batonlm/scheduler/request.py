@@ -66,13 +66,15 @@ class Request:
         "preemptions",
         "pooling",
         "pool_sum",
+        "lora",
     )
 
     def __init__(
         self, rid: str, prompt_ids: list[int], params: SamplingParams, seed: int, context_length: int,
-        eos_ids: tuple[int, ...], priority: int = 0, pooling: str | None = None,
+        eos_ids: tuple[int, ...], priority: int = 0, pooling: str | None = None, lora: int = 0,
     ) -> None:
         self.rid = rid
+        self.lora = lora  # its LoRA adapter's slot (0: the base model)
         # An embedding request: "last" or "mean" pooling of its prompt's last hidden states,
         # summed (float32 per launch) into pool_sum as its chunks' results arrive.
         self.pooling = pooling
@@ -140,6 +142,15 @@ class Request:
         first = max(start, self.prompt_logprob_from)
         last = min(end, self.prompt_len - 1)  # the last prompt position's logits give an output
         return first, self.prompt_ids[first + 1 : last + 1] if first < last else []
+
+    def cache_key(self, tokens: list[int]) -> list[int]:
+        """`tokens` as the prefix cache keys them: an adapter's KV is its own (each token id
+        moved into the adapter's range), so two adapters, or an adapter and the base model,
+        never share a prefix; requests of the same adapter do."""
+        if not self.lora:
+            return tokens
+        offset = self.lora << 32
+        return [t + offset for t in tokens]
 
     def pool_span(self, start: int, end: int) -> tuple[int, int] | None:
         """Of the positions start..end-1 an extend row computes: those whose hidden states its

@@ -40,5 +40,5 @@ def admission_order(
     aged = [r for r in head if r.waited >= age_bound]
     young = [r for r in head if r.waited < age_bound]
     # A stable sort: equal prefixes keep arrival order.
-    young.sort(key=lambda r: -cache.match_len(r.fill_ids))
+    young.sort(key=lambda r: -cache.match_len(r.cache_key(r.fill_ids)))
     return aged + young + tail

@@ -107,8 +107,8 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_val
     return APIError(400, message, param=param, code=code)
 
 
-def model_not_found(model: str) -> APIError:
-    return APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+def model_not_found(model: str, param: str = "model") -> APIError:
+    return APIError(404, f"The model `{model}` does not exist.", param=param, code="model_not_found")
 
 
 def unavailable(message: str, code: str = "scheduler_unavailable", headers: dict[str, str] | None = None) -> APIError:

@@ -32,28 +32,30 @@ async def health(request: Request):
     return {"status": "ok"}
 
 
-def _model_card(state: ServerState) -> dict:
+def _model_card(state: ServerState, adapter: str | None = None) -> dict:
+    """The served model's card, or a LoRA adapter's (its `parent` the served model)."""
     info = state.manager.info
-    return {
-        "id": state.model_name,
+    card = {
+        "id": adapter or state.model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "batonlm",
-        "root": state.model_name,  # not the server's filesystem path
+        "root": adapter or state.model_name,  # not the server's filesystem path
         "max_model_len": info.context_length if info else None,
     }
+    return {**card, "parent": state.model_name} if adapter else card
 
 
 @router.get("/v1/models")
 async def list_models(request: Request):
-    return {"object": "list", "data": [_model_card(server_state(request))]}
+    state = server_state(request)
+    return {"object": "list", "data": [_model_card(state), *(_model_card(state, a) for a in state.adapters)]}
 
 
 @router.get("/v1/models/{model:path}")
 async def get_model(request: Request, model: str):
     state = server_state(request)
-    state.check_model(model)
-    return _model_card(state)
+    return _model_card(state, model if state.lora_slot(model) else None)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
@@ -141,6 +143,9 @@ class GenerateRoute(Route[NativeGenerateRequest]):
     stream_type = GenerateStream
     job_type = GenerateJob
     # Its hooks take a GenerateJob (job_type makes it), narrower than Route's Job: hence the override ignores.
+
+    def lora_slot(self, state: ServerState, req: NativeGenerateRequest) -> int:
+        return state.lora_slot(req.lora_path, "lora_path")
 
     def request_id(self, req: NativeGenerateRequest) -> str:
         return req.rid or super().request_id(req)

@@ -322,6 +322,7 @@ class NativeGenerateRequest(_Strict):
     top_logprobs_num: Annotated[int, ranged("logprobs")] = 0
     return_text_in_logprobs: bool = False
     priority: Priority = 0
+    lora_path: str | None = None  # SGLang's: the LoRA adapter's name (--lora-paths)
 
     @model_validator(mode="after")
     def _one_input(self) -> NativeGenerateRequest:

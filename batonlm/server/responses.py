@@ -133,6 +133,7 @@ class ModelCard(BaseModel):
     owned_by: str
     root: str
     max_model_len: int | None
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(BaseModel):

@@ -64,9 +64,23 @@ class ServerState:
         return parser_for(self.args.tool_call_parser, architecture, template if isinstance(template, str) else None)
 
     def check_model(self, model: str | None) -> None:
-        """404 unless `model` names the served model (its id, or the MODEL argument as given)."""
-        if model is not None and model not in (self.model_name, self.args.model):
-            raise model_not_found(model)
+        """404 unless `model` names the served model (its id, or the MODEL argument as given) or
+        one of its LoRA adapters."""
+        self.lora_slot(model)
+
+    @functools.cached_property
+    def adapters(self) -> dict[str, int]:
+        """LoRA adapter name -> its slot (--lora-paths order, from 1)."""
+        return {name: i for i, (name, _) in enumerate(self.args.lora_adapters, start=1)}
+
+    def lora_slot(self, model: str | None, param: str = "model") -> int:
+        """The adapter slot a request's `model` selects (0: the base model); 404 for another name."""
+        if model is None or model in (self.model_name, self.args.model):
+            return 0
+        slot = self.adapters.get(model)
+        if slot is None:
+            raise model_not_found(model, param)
+        return slot
 
     async def read(self, request: Request, model: type[M]) -> M:
         """The request body, read within the limits and parsed into `model`."""

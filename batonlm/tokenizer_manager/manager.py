@@ -256,6 +256,7 @@ class TokenizerManager:
         priority: int = 0,
         pooling: Pooling | None = None,
         skip_special_tokens: bool = True,
+        lora: int = 0,
     ) -> AsyncGenerator[GenerationChunk, None]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
         follows are trimmed). Leaving the iteration early aborts the request, as do the
@@ -279,7 +280,7 @@ class TokenizerManager:
             admission.take()  # counted in `states` from now on
         replica = self._owner[rid] = self.router.choose(input_ids)
         try:
-            await self.link.send(GenerateRequest(rid, input_ids, params, priority, pooling), replica)
+            await self.link.send(GenerateRequest(rid, input_ids, params, priority, pooling, lora), replica)
             while not state.finished:
                 chunk, stopped_early = state.apply(await state.next(), self.observer)
                 if stopped_early:

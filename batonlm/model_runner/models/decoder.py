@@ -66,6 +66,9 @@ class Attention(nn.Module):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        lora = getattr(batch, "lora", None)
+        if lora is not None:
+            qkv = lora.add(qkv, self.layer, "qkv", x)
         qk_size = self.q_size + self.kv_size
         v = qkv[:, qk_size:].view(-1, self.kv_heads, self.head_dim)
         if self.q_norm is None:
@@ -77,7 +80,9 @@ class Attention(nn.Module):
             q = self.q_norm(qkv[:, : self.q_size].view(-1, self.heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size : qk_size].view(-1, self.kv_heads, self.head_dim))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.o_proj(attn.forward(q, k, v, self.layer, batch))
+        h = attn.forward(q, k, v, self.layer, batch)
+        out = self.o_proj(h)
+        return out if lora is None else lora.add(out, self.layer, "o", h)
 
 
 class DecoderLayer(nn.Module):
@@ -102,9 +107,15 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, attn: AttentionBackend, batch: ForwardBatch) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, batch)
-        return x + self.mlp_forward(self.post_attention_layernorm(x), batch.dp_tokens)
+        return x + self.mlp_forward(self.post_attention_layernorm(x), batch.dp_tokens, getattr(batch, "lora", None))
 
-    def mlp_forward(self, h: torch.Tensor, dp_tokens: list[int] | None) -> torch.Tensor:
+    def mlp_forward(self, h: torch.Tensor, dp_tokens: list[int] | None, lora: Any = None) -> torch.Tensor:
+        if lora is not None:  # LoRA: dense MLPs on one rank (device/spec.py checks)
+            mlp = self.mlp
+            assert isinstance(mlp, GatedMLP) and self.dp_mlp is None
+            gate, up = lora.add(mlp.gate_up_proj(h), self.self_attn.layer, "gate_up", h).split(mlp.intermediate, -1)
+            act = mlp.act(gate) * up
+            return lora.add(mlp.down_proj(act), self.self_attn.layer, "down", act)
         if self.dp_mlp is None:
             return self.mlp(h)
         assert dp_tokens is not None, "DP attention: a forward needs every rank's token count"

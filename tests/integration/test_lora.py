@@ -1,0 +1,178 @@
+"""LoRA adapters against PEFT: random adapters (ranks 4, 8 and 16, different target modules,
+rsLoRA) made with `peft` on the embedded Llama; a batch mixing the base model and the three
+adapters gives each request the tokens transformers + PEFT gives it alone (greedy, both loops,
+chunked prefill, the prefix cache on: an adapter never reuses another's KV, but its own).
+Served: a request selects an adapter by `model` (/generate: `lora_path`), /v1/models lists them,
+and bad adapters are refused at start, naming why."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+import torch
+from helpers import SchedulerHarness, random_prompts
+
+from batonlm.bench.server_process import ServerProcess
+from batonlm.sampling_params import SamplingParams
+
+# name -> (rank, alpha, target modules, rsLoRA)
+ADAPTERS = {
+    "qv4": (4, 8, ["q_proj", "v_proj"], False),
+    "all8": (8, 16, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], True),
+    "mlp16": (16, 32, ["gate_proj", "up_proj", "down_proj"], False),
+}
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
+
+
+def make_adapter(base_path: str, path, rank: int, alpha: int, targets: list[str], rslora: bool, seed: int) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora,
+                     init_lora_weights=False)  # random A and B: a real change to the outputs
+    get_peft_model(base, cfg).save_pretrained(str(path))
+
+
+def peft_greedy(base_path: str, adapter: str | None, prompt: list[int], n: int) -> list[int]:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, stories_path) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("lora")
+    out = {}
+    for seed, (name, (rank, alpha, targets, rslora)) in enumerate(ADAPTERS.items()):
+        make_adapter(stories_path, root / name, rank, alpha, targets, rslora, seed)
+        out[name] = str(root / name)
+    return out
+
+
+def lora_paths(adapters: dict[str, str]) -> str:
+    return ",".join(f"{name}={path}" for name, path in adapters.items())
+
+
+@pytest.fixture(scope="module")
+def references(adapters, stories_path):
+    prompts = random_prompts(2, random.Random(8), lo=6, hi=40, vocab=512)
+    names = [None, *adapters]
+    return prompts, {(name, i): peft_greedy(stories_path, adapters.get(name) if name else None, p, 24)
+                     for name in names for i, p in enumerate(prompts)}
+
+
+@pytest.mark.parametrize("chunk", [None, 8])
+def test_a_mixed_batch_gives_each_request_its_adapters_tokens(adapters, references, stories_path, chunk):
+    prompts, want = references
+    assert want[("qv4", 0)] != want[(None, 0)] and want[("mlp16", 1)] != want[(None, 1)]  # the adapters change things
+    h = SchedulerHarness(stories_path, chunked_prefill_size=chunk, lora_paths=lora_paths(adapters))
+    try:
+        for overlap in (False, True):
+            for slot, name in enumerate([None, *adapters]):
+                for i, p in enumerate(prompts):
+                    h.submit(f"{name}-{i}", p, GREEDY, at=i, lora=slot)
+            records = h.run(overlap=overlap)
+            for name in [None, *adapters]:
+                for i in range(len(prompts)):
+                    assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
+            h.assert_all_free()
+    finally:
+        h.close()
+
+
+def test_ngram_speculation_verifies_with_the_requests_adapter(adapters, stories_path):
+    """A verifying request's rows (its newest token and its drafts) run with its adapter: the
+    tokens are PEFT's, drafts accepted or not."""
+    prompt = [1] + [400, 401, 402, 403, 404] * 6  # repeated n-grams: drafts from the start
+    want = {name: peft_greedy(stories_path, adapters.get(name) if name else None, prompt, 24)
+            for name in (None, "qv4", "all8")}
+    h = SchedulerHarness(stories_path, lora_paths=lora_paths(adapters), speculative_algorithm="ngram")
+    try:
+        for slot, name in enumerate([None, "qv4", "all8"]):
+            h.submit(f"{name}", prompt, GREEDY, lora=slot)
+        records = h.run(overlap=True)
+        for name in (None, "qv4", "all8"):
+            assert records[f"{name}"].token_ids == want[name], name
+        assert h.sched.speculator is not None and h.sched.speculator.stats.steps > 0
+        h.assert_all_free()
+    finally:
+        h.close()
+
+
+def test_the_prefix_cache_is_kept_per_adapter(adapters, references, stories_path):
+    prompts, want = references
+    h = SchedulerHarness(stories_path, lora_paths=lora_paths(adapters))
+    try:
+        h.submit("base", prompts[1], GREEDY)
+        h.run(overlap=True)
+        cached = h.sched.memory.cached_tokens
+        h.submit("qv4", prompts[1], GREEDY, lora=1)  # the same prompt: the base's KV is not its own
+        assert h.run(overlap=True)["qv4"].token_ids == want[("qv4", 1)]
+        assert h.sched.memory.cached_tokens == cached
+        h.submit("qv4-again", prompts[1], GREEDY, lora=1)  # its own prefix: reused
+        assert h.run(overlap=True)["qv4-again"].token_ids == want[("qv4", 1)]
+        assert h.sched.memory.cached_tokens >= cached + len(prompts[1]) - 1
+        h.assert_all_free()
+    finally:
+        h.close()
+
+
+def test_bad_adapters_are_refused_at_start(adapters, stories_path, tmp_path):
+    from batonlm.config import ConfigError, ServerArgs
+    from batonlm.device.spec import DeviceConfigError, device_spec
+    from batonlm.model_runner.model_config import ModelConfig
+
+    cfg = ModelConfig.from_hf(stories_path)
+    cases = [
+        (f"big={adapters['mlp16']}", {"max_lora_rank": 8}, "rank 16 is over --max-lora-rank 8"),
+        (f"nope={tmp_path}", {}, "not a PEFT adapter directory"),
+    ]
+    for paths, extra, words in cases:
+        with pytest.raises(DeviceConfigError, match=words):
+            device_spec(ServerArgs(model=stories_path, lora_paths=paths, **extra), cfg)
+    with pytest.raises(ConfigError, match="each adapter is name=DIR"):
+        _ = ServerArgs(model=stories_path, lora_paths="justaname").lora_adapters
+    with pytest.raises(ConfigError, match="run on one rank"):
+        ServerArgs(model=stories_path, lora_paths=f"a={adapters['qv4']}", tp_size=2)
+
+
+def test_served_adapters(adapters, references, stories_path):
+    prompts, want = references
+    server = ServerProcess("--lora-paths", lora_paths(adapters))
+    try:
+        url = server.base_url
+        models = httpx.get(url + "/v1/models").json()["data"]
+        assert [(m["id"], m.get("parent")) for m in models] == [("stories260K", None), ("qv4", "stories260K"),
+                                                                  ("all8", "stories260K"), ("mlp16", "stories260K")]
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(stories_path)
+        body = {"prompt": prompts[0], "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        for name in (None, "qv4", "all8"):
+            r = httpx.post(url + "/v1/completions", json={**body, **({"model": name} if name else {})}, timeout=60)
+            assert r.status_code == 200, r.text
+            text = tok.decode(prompts[0] + want[(name, 0)])[len(tok.decode(prompts[0])):]
+            assert r.json()["choices"][0]["text"] == text, name
+        gen = httpx.post(url + "/generate", json={"input_ids": prompts[1], "lora_path": "mlp16", "sampling_params": {
+            "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}, timeout=60).json()
+        assert gen["output_ids"] == want[("mlp16", 1)]
+        for field, body in (("model", {"model": "nope", "prompt": "hi"}), ("lora_path", None)):
+            if body is None:
+                r = httpx.post(url + "/generate", json={"text": "hi", "lora_path": "nope"})
+            else:
+                r = httpx.post(url + "/v1/completions", json=body)
+            assert r.status_code == 404 and r.json()["error"]["param"] == field
+    finally:
+        assert server.stop() == 0, server.log()
