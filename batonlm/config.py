@@ -79,6 +79,9 @@ class ServerArgs:
         help="LoRA adapters (PEFT directories) served beside the base model, comma-separated name=DIR pairs; a "
              "request selects one by its `model` (docs/lora.md)")
     max_lora_rank: int = setting(64, group=_MODEL, ge=1, help="the largest rank a LoRA adapter may have")
+    max_loaded_loras: int | None = setting(
+        None, group=_MODEL, ge=1, unset="the --lora-paths count",
+        help="LoRA adapter slots: those of --lora-paths and those loaded at run time (POST /v1/load_lora_adapter)")
     pooling: str = setting(
         "auto", group=_MODEL, choices=POOLING_CHOICES,
         help="/v1/embeddings: a prompt's vector is its last hidden states' last token (last) or mean; auto: as "
@@ -281,10 +284,17 @@ class ServerArgs:
             raise ConfigError("lora_paths", f"two adapters share a name: {sorted(n for n in names if names.count(n) > 1)[0]!r}")
         return tuple(out)
 
+    @property
+    def lora_slots(self) -> int:
+        """How many LoRA adapters the server can hold (0: LoRA is off)."""
+        return self.max_loaded_loras or len(self.lora_adapters)
+
     def _check_relations(self) -> None:
-        if self.lora_adapters and self.tp_size > 1:
+        if self.max_loaded_loras is not None and self.max_loaded_loras < len(self.lora_adapters):
+            raise ConfigError("max_loaded_loras", f"must hold the {len(self.lora_adapters)} adapters of --lora-paths")
+        if self.lora_slots and self.tp_size > 1:
             raise ConfigError("lora_paths", "LoRA adapters run on one rank (give --tp 1)")
-        if self.lora_adapters and self.enable_dp_attention:
+        if self.lora_slots and self.enable_dp_attention:
             raise ConfigError("lora_paths", "LoRA adapters do not combine with DP attention")
         """The rules between fields (each field alone is checked from its declaration)."""
         if (self.speculative_algorithm == "draft") != (self.speculative_draft_model is not None):

@@ -9,7 +9,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, BatchResult, IdleLaunch, SampledLogprobs, SampleLaunch
+from batonlm.ipc.device_messages import (
+    BatchLaunch,
+    BatchResult,
+    IdleLaunch,
+    LoRALoad,
+    SampledLogprobs,
+    SampleLaunch,
+)
 
 
 class DeviceError(RuntimeError):
@@ -54,6 +61,10 @@ class DeviceStream(ABC):
     @abstractmethod
     def launch_sampling(self, sample: SampleLaunch) -> None:
         """Sample a batch launched with `sample=False`; its pending result then completes."""
+
+    def load_lora(self, load: LoRALoad) -> None:
+        """Put a LoRA adapter in a slot, after the launches before it (no result)."""
+        raise NotImplementedError(f"{type(self).__name__} does not load LoRA adapters")
 
     def launch_idle(self, idle: IdleLaunch) -> None:
         """DP attention: take part in the other ranks' MLPs this iteration (no result). Only the

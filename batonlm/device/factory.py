@@ -37,8 +37,8 @@ def build_executor(
         attention_backend=spec.attention_backend,
         sampler=spec.sampler,
     )
-    if spec.lora_adapters:
-        runner.use_lora(spec.lora_adapters, spec.max_lora_rank)
+    if spec.lora_slots:
+        runner.use_lora(spec.lora_slots, spec.lora_rank, spec.lora_adapters)
     progress = progress or logger.info
     if spec.compile_max_bs:
         from batonlm.model_runner.compiled_decode import CompiledDecode

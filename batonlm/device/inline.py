@@ -6,7 +6,7 @@ from batonlm.device.base import DeviceStream, PendingResult, host_result
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.factory import build_executor
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, BatchResult, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, BatchResult, LoRALoad, SampleLaunch
 
 
 class _Ready(PendingResult):
@@ -34,6 +34,9 @@ class InlineDevice(DeviceStream):
 
     def launch_sampling(self, sample: SampleLaunch) -> None:
         self._delayed.pop(sample.batch_id).result = host_result(self.executor.sample_delayed(sample), sample.batch_id)
+
+    def load_lora(self, load: LoRALoad) -> None:
+        self.executor.runner.load_lora(load.slot, load.name, load.path)
 
     def close(self) -> None:
         pass

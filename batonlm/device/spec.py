@@ -43,9 +43,11 @@ class DeviceSpec:
     compile_cache_dir: str = ""
     cuda_graph_max_bs: int = 0
     draft_model_path: str | None = None  # speculative decoding's draft model (its own KV pool)
-    # LoRA adapters (name, directory), slot 1.. in order, and the largest rank allowed.
+    # LoRA: adapter slots (0: off), their rank, and the --lora-paths adapters (name, directory)
+    # in slots 1.. in order.
+    lora_slots: int = 0
+    lora_rank: int = 0
     lora_adapters: tuple[tuple[str, str], ...] = ()
-    max_lora_rank: int = 64
     # Tensor parallelism (batonlm/distributed/): `tp_size` rank processes meeting at
     # `dist_init_addr`; this node runs `local_ranks`.
     tp_size: int = 1
@@ -218,8 +220,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
     if cfg.impl == "transformers":
         _check_transformers_fallback(args, cfg, attention)
         compile_max_bs = cuda_graph_max_bs = 0
-    if args.lora_adapters:
-        _check_lora(args, cfg)
+    lora_rank = _check_lora(args, cfg) if args.lora_slots else 0
     if args.tp_size > 1:
         from batonlm.distributed.layout import check_split
 
@@ -259,6 +260,8 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         cuda_graph_max_bs=cuda_graph_max_bs,
         draft_model_path=args.speculative_draft_model,
         lora_adapters=args.lora_adapters,
+        lora_slots=args.lora_slots,
+        lora_rank=lora_rank,
         local_ranks=local,
         dist_init_addr=args.dist_init_addr or (f"127.0.0.1:{free_port()}" if args.tp_size > 1 else ""),
         dp_size=args.dp_size if dp_attention else 1,
@@ -267,18 +270,24 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
     )
 
 
-def _check_lora(args: ServerArgs, cfg: ModelConfig) -> None:
-    """LoRA adapters: a native dense decoder, each adapter a PEFT LoRA within --max-lora-rank."""
-    from batonlm.model_runner.lora import LoRAError, read_adapter
+def _check_lora(args: ServerArgs, cfg: ModelConfig) -> int:
+    """LoRA: a native dense decoder, each --lora-paths adapter a PEFT LoRA that fits it within
+    --max-lora-rank. Returns the slots' rank: the largest adapter's, or with room for adapters
+    loaded at run time, --max-lora-rank."""
+    from batonlm.model_runner.lora import LoRAError, check_adapter, read_adapter
 
     if cfg.impl != "native" or cfg.raw.get("num_experts") or cfg.raw.get("num_local_experts"):
         raise DeviceConfigError("LoRA adapters need a dense model batonlm runs natively (not a mixture of experts, "
                                 "not the transformers fallback)")
+    ranks = []
     for name, path in args.lora_adapters:
         try:
-            read_adapter(name, path, args.max_lora_rank)
+            adapter = read_adapter(name, path, args.max_lora_rank)
+            check_adapter(adapter, cfg)
         except LoRAError as e:
             raise DeviceConfigError(str(e)) from None
+        ranks.append(adapter.rank)
+    return args.max_lora_rank if args.lora_slots > len(ranks) else max(ranks)
 
 
 def free_port() -> int:

@@ -28,6 +28,7 @@ from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
     IdleLaunch,
+    LoRALoad,
     SampleLaunch,
     WorkerAlive,
     WorkerFailed,
@@ -64,6 +65,9 @@ def _execute(executor: BatchExecutor, msg: object, check: DivergenceCheck | None
         out, lengths = executor.sample_delayed(msg), []
     elif isinstance(msg, IdleLaunch):
         executor.run_idle(msg)
+        return None
+    elif isinstance(msg, LoRALoad):
+        executor.runner.load_lora(msg.slot, msg.name, msg.path)
         return None
     else:
         raise TypeError(f"unexpected message {type(msg).__name__}")

@@ -70,6 +70,15 @@ class IdleLaunch(msgspec.Struct, tag=True, frozen=True):
     dp_tokens: list[int]
 
 
+class LoRALoad(msgspec.Struct, tag=True, frozen=True):
+    """Put a LoRA adapter (a PEFT directory, checked by the frontend) in a slot; no result.
+    Ordered with the launches: those after it may use the slot."""
+
+    slot: int
+    name: str
+    path: str
+
+
 class SampleLaunch(msgspec.Struct, tag=True, frozen=True):
     """Delayed sampling of a launched batch; `banned` maps row -> token ids masked out, and
     grammar masks allow only their tokens in `mask_rows`: `bitmask` holds one int32 row

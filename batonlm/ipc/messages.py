@@ -22,6 +22,8 @@ class GenerateRequest(msgspec.Struct, tag=True, frozen=True):
     # dropped by the frontend), sent with its output as `TokenOutput.embedding`.
     pooling: Pooling | None = None
     lora: int = 0  # the LoRA adapter's slot (--lora-paths order, from 1; 0: the base model)
+    # Which load of the adapter that slot must hold (a slot reloaded since: the request is refused).
+    lora_key: int = 0
 
 
 class AbortRequest(msgspec.Struct, tag=True, frozen=True):
@@ -38,6 +40,22 @@ class ShutdownRequest(msgspec.Struct, tag=True, frozen=True):
 
 class FlushCacheRequest(msgspec.Struct, tag=True, frozen=True):
     """Empty the prefix cache (refused while requests run); answered with FlushCacheResult."""
+
+
+class LoadLoRARequest(msgspec.Struct, tag=True, frozen=True):
+    """Load a LoRA adapter into a slot at run time, as load `key` (unique: the prefix cache keys
+    its KV by it); answered with LoadLoRAResult."""
+
+    slot: int
+    key: int
+    name: str
+    path: str
+
+
+class LoadLoRAResult(msgspec.Struct, tag=True, frozen=True):
+    ok: bool
+    message: str
+    dp_rank: int = 0
 
 
 class FlushCacheResult(msgspec.Struct, tag=True, frozen=True):

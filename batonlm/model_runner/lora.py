@@ -1,6 +1,8 @@
 """LoRA adapters (PEFT checkpoints) applied per token, many in one batch.
 
-Every adapter is loaded at start into a slot (slot 0 is the base model: no delta). For each
+An adapter is loaded into a slot, at start (`--lora-paths`) or at run time
+(`/v1/load_lora_adapter`, into a free one of `--max-loaded-loras`); slot 0 is the base model (no
+delta). For each
 layer and each fused projection of the decoder (`qkv`: q/k/v; `o`; `gate_up`: gate/up; `down`)
 the slots' weights are stacked: A [slots, R, in] and B [slots, out, R], R the largest rank
 (smaller ranks zero-padded), B already scaled (lora_alpha / r, or / sqrt(r) with rsLoRA), and a
@@ -79,54 +81,83 @@ def read_adapter(name: str, path: str, max_rank: int) -> AdapterSpec:
     return AdapterSpec(name, str(root.resolve()), rank, scale, frozenset(targets))
 
 
-class LoRAWeights:
-    """Every adapter's weights, stacked per layer and fused projection (slot 0: the base model)."""
+Sizes = dict[str, tuple[int, tuple[int, ...]]]  # fused projection -> (input features, each part's outputs)
 
-    def __init__(self, adapters: list[AdapterSpec], cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 sizes: dict[str, tuple[int, tuple[int, ...]]]) -> None:
-        """`sizes`: per fused projection, (its input features, each part's output features)."""
-        self.adapters = adapters
-        self.slots = len(adapters) + 1
-        self.rank = max(a.rank for a in adapters)
+
+def fused_sizes(cfg: ModelConfig) -> Sizes:
+    """The fused projections' sizes of a dense decoder on one rank."""
+    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    return {"qkv": (cfg.hidden_size, (q, kv, kv)), "o": (q, (cfg.hidden_size,)),
+            "gate_up": (cfg.hidden_size, (inter, inter)), "down": (inter, (cfg.hidden_size,))}
+
+
+def _tensor_names(adapter: AdapterSpec, layer: int, part: str) -> tuple[str, str]:
+    group = "self_attn" if part in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+    prefix = f"base_model.model.model.layers.{layer}.{group}.{part}"
+    return f"{prefix}.lora_A.weight", f"{prefix}.lora_B.weight"
+
+
+def check_adapter(adapter: AdapterSpec, cfg: ModelConfig) -> None:
+    """Every adapted module of every layer has its A and B, of the model's shapes, and nothing
+    else is adapted (read from the file's header: no weight is loaded)."""
+    sizes = fused_sizes(cfg)
+    with safe_open(str(Path(adapter.path) / "adapter_model.safetensors"), framework="pt") as sf:
+        names = set(sf.keys())
+        want: set[str] = set()
+        for layer in range(cfg.num_layers):
+            for fused, parts in FUSED.items():
+                fan_in, outs = sizes[fused]
+                for k, part in enumerate(parts):
+                    if part not in adapter.targets:
+                        continue
+                    a_name, b_name = _tensor_names(adapter, layer, part)
+                    if a_name not in names or b_name not in names:
+                        raise LoRAError(f"LoRA adapter {adapter.name!r}: {a_name.removesuffix('.lora_A.weight')} is a "
+                                        "target module but its lora_A / lora_B weights are missing")
+                    a, b = tuple(sf.get_slice(a_name).get_shape()), tuple(sf.get_slice(b_name).get_shape())
+                    if a != (adapter.rank, fan_in) or b != (outs[k], adapter.rank):
+                        raise LoRAError(f"LoRA adapter {adapter.name!r}: {a_name} and its B have shapes {a}, {b}, "
+                                        f"which do not fit the model ({(adapter.rank, fan_in)}, {(outs[k], adapter.rank)})")
+                    want.update((a_name, b_name))
+    extra = sorted(n for n in names - want if ".lora_" in n)
+    if extra:
+        raise LoRAError(f"LoRA adapter {adapter.name!r}: weights of modules batonlm does not adapt: {extra[:4]}")
+
+
+class LoRAWeights:
+    """The adapters' weights, stacked per layer and fused projection: `slots` adapter slots
+    (1..slots; slot 0 is the base model), each of rank up to `rank`."""
+
+    def __init__(self, slots: int, rank: int, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        self.cfg, self.rank, self.slots = cfg, rank, slots + 1
+        self.sizes = fused_sizes(cfg)
         self.a: dict[tuple[int, str], torch.Tensor] = {}
         self.b: dict[tuple[int, str], torch.Tensor] = {}
         for layer in range(cfg.num_layers):
             for fused, parts in FUSED.items():
-                fan_in, outs = sizes[fused]
+                fan_in, outs = self.sizes[fused]
                 n = len(parts)
-                self.a[layer, fused] = torch.zeros(self.slots, n * self.rank, fan_in, dtype=dtype, device=device)
-                self.b[layer, fused] = torch.zeros(self.slots, sum(outs), n * self.rank, dtype=dtype, device=device)
-        for slot, adapter in enumerate(adapters, start=1):
-            self._load(slot, adapter, cfg, sizes)
+                self.a[layer, fused] = torch.zeros(self.slots, n * rank, fan_in, dtype=dtype, device=device)
+                self.b[layer, fused] = torch.zeros(self.slots, sum(outs), n * rank, dtype=dtype, device=device)
 
-    def _load(self, slot: int, adapter: AdapterSpec, cfg: ModelConfig, sizes: dict[str, tuple[int, tuple[int, ...]]]) -> None:
+    def load(self, slot: int, adapter: AdapterSpec) -> None:
+        """Put `adapter` (checked: `check_adapter`) in `slot`, over what it held."""
+        assert 1 <= slot < self.slots and adapter.rank <= self.rank, (slot, adapter.rank)
         r = self.rank
-        seen: set[str] = set()
+        for t in (*self.a.values(), *self.b.values()):
+            t[slot].zero_()
         with safe_open(str(Path(adapter.path) / "adapter_model.safetensors"), framework="pt") as sf:
-            names = set(sf.keys())
-            for layer in range(cfg.num_layers):
+            for layer in range(self.cfg.num_layers):
                 for fused, parts in FUSED.items():
-                    _, outs = sizes[fused]
+                    _, outs = self.sizes[fused]
                     for k, part in enumerate(parts):
                         if part not in adapter.targets:
                             continue
-                        group = "self_attn" if fused in ("qkv", "o") else "mlp"
-                        prefix = f"base_model.model.model.layers.{layer}.{group}.{part}"
-                        a_name, b_name = f"{prefix}.lora_A.weight", f"{prefix}.lora_B.weight"
-                        if a_name not in names or b_name not in names:
-                            raise LoRAError(f"LoRA adapter {adapter.name!r}: {prefix} is a target module but "
-                                            "its lora_A / lora_B weights are missing")
+                        a_name, b_name = _tensor_names(adapter, layer, part)
                         a, b = sf.get_tensor(a_name), sf.get_tensor(b_name)
                         row = sum(outs[:k])
-                        if a.shape != (adapter.rank, self.a[layer, fused].shape[2]) or b.shape != (outs[k], adapter.rank):
-                            raise LoRAError(f"LoRA adapter {adapter.name!r}: {prefix} has shapes A {tuple(a.shape)}, "
-                                            f"B {tuple(b.shape)}, which do not fit the model")
                         self.a[layer, fused][slot, k * r : k * r + adapter.rank] = a
                         self.b[layer, fused][slot, row : row + outs[k], k * r : k * r + adapter.rank] = b * adapter.scale
-                        seen.update((a_name, b_name))
-        extra = sorted(n for n in names - seen if ".lora_" in n)
-        if extra:
-            raise LoRAError(f"LoRA adapter {adapter.name!r}: weights of modules batonlm does not adapt: {extra[:4]}")
 
     def batch(self, token_slots: list[int], device: torch.device) -> LoRABatch | None:
         """A forward's tokens grouped by adapter slot (None: every token on the base model)."""

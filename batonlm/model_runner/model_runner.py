@@ -63,14 +63,17 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.graph_steps = 0  # decode batches run through them
 
-    def use_lora(self, adapters: tuple[tuple[str, str], ...], max_rank: int) -> None:
-        """Load the LoRA adapters (name, PEFT directory) into slots 1.. (slot 0: the base model)."""
-        cfg = self.cfg
-        q, kv, inter = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-        sizes = {"qkv": (cfg.hidden_size, (q, kv, kv)), "o": (q, (cfg.hidden_size,)),
-                 "gate_up": (cfg.hidden_size, (inter, inter)), "down": (inter, (cfg.hidden_size,))}
-        specs = [read_adapter(name, path, max_rank) for name, path in adapters]
-        self.lora = LoRAWeights(specs, cfg, self.dtype, self.device, sizes)
+    def use_lora(self, slots: int, rank: int, adapters: tuple[tuple[str, str], ...]) -> None:
+        """Room for `slots` LoRA adapters of rank up to `rank` (slot 0: the base model), and the
+        --lora-paths adapters (name, PEFT directory) in slots 1.."""
+        self.lora = LoRAWeights(slots, rank, self.cfg, self.dtype, self.device)
+        for slot, (name, path) in enumerate(adapters, start=1):
+            self.load_lora(slot, name, path)
+
+    def load_lora(self, slot: int, name: str, path: str) -> None:
+        """Put an adapter (checked where it was asked for) in a slot."""
+        assert self.lora is not None, "LoRA adapters need LoRA slots (use_lora)"
+        self.lora.load(slot, read_adapter(name, path, self.lora.rank))
 
     def use_decode_graphs(self, graphs: DecodeGraphs, progress: Progress) -> None:
         """Build `graphs` (compile or capture every bucket) and run decode batches through them.

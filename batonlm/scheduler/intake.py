@@ -10,11 +10,14 @@ from collections import deque
 
 from batonlm.device.base import DeviceStream, PendingResult
 from batonlm.ipc.codec import Message
+from batonlm.ipc.device_messages import LoRALoad
 from batonlm.ipc.messages import (
     AbortRequest,
     FlushCacheRequest,
     FlushCacheResult,
     GenerateRequest,
+    LoadLoRARequest,
+    LoadLoRAResult,
     SchedulerStats,
     ShutdownRequest,
     StatsRequest,
@@ -46,6 +49,7 @@ class RequestIntake:
     waiting: deque[Request]
     running: list[Request]
     requests: dict[str, Request]
+    lora_keys: dict[int, int]
     result_queue: deque[tuple[ScheduleBatch, PendingResult]]
     context_length: int
     vocab_size: int
@@ -85,6 +89,8 @@ class RequestIntake:
             self.io.send(self.stats())
         elif isinstance(msg, FlushCacheRequest):
             self.io.send(self.flush_cache())
+        elif isinstance(msg, LoadLoRARequest):
+            self.io.send(self.load_lora(msg))
         elif isinstance(msg, ShutdownRequest):
             self._shutdown = True
         else:
@@ -93,6 +99,15 @@ class RequestIntake:
     def _reject(self, rid: str, error: str) -> None:
         logger.info("request %s rejected: %s", rid, error)
         self._outputs.append(TokenOutput(rid, [], FINISH_ABORT, error))
+
+    def load_lora(self, msg: LoadLoRARequest) -> LoadLoRAResult:
+        """An adapter into a slot (the frontend checked it, and that no request uses the slot):
+        on the device after the launches so far; requests of its earlier load are refused from now."""
+        if not 1 <= msg.slot <= self.device.spec.lora_slots:
+            return LoadLoRAResult(False, f"no LoRA slot {msg.slot}", self.dp_rank)
+        self.device.load_lora(LoRALoad(msg.slot, msg.name, msg.path))
+        self.lora_keys[msg.slot] = msg.key
+        return LoadLoRAResult(True, "", self.dp_rank)
 
     def flush_cache(self) -> FlushCacheResult:
         """Empty the prefix cache; refused while requests run or wait."""
@@ -107,6 +122,8 @@ class RequestIntake:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         if msg.rid in self.requests:
             return self._reject(msg.rid, f"request id {msg.rid!r} is already in use")
+        if msg.lora and self.lora_keys.get(msg.lora) != (msg.lora_key or msg.lora):  # 0: its --lora-paths load
+            return self._reject(msg.rid, "its LoRA adapter was unloaded")
         try:
             check_request(
                 msg.input_ids, params, context_length=self.context_length, vocab_size=self.vocab_size,
@@ -115,7 +132,7 @@ class RequestIntake:
         except ValueError as e:
             return self._reject(msg.rid, str(e))
         req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.eos_token_ids,
-                      msg.priority, msg.pooling, msg.lora)
+                      msg.priority, msg.pooling, msg.lora, msg.lora_key or msg.lora)
         self.requests[req.rid] = req
         if params.constraint is not None:
             self.grammars.add(req)  # joins `waiting` when its grammar is compiled

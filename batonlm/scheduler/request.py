@@ -67,14 +67,16 @@ class Request:
         "pooling",
         "pool_sum",
         "lora",
+        "lora_key",
     )
 
     def __init__(
         self, rid: str, prompt_ids: list[int], params: SamplingParams, seed: int, context_length: int,
-        eos_ids: tuple[int, ...], priority: int = 0, pooling: str | None = None, lora: int = 0,
+        eos_ids: tuple[int, ...], priority: int = 0, pooling: str | None = None, lora: int = 0, lora_key: int = 0,
     ) -> None:
         self.rid = rid
         self.lora = lora  # its LoRA adapter's slot (0: the base model)
+        self.lora_key = lora_key  # which load of it (the prefix cache's namespace)
         # An embedding request: "last" or "mean" pooling of its prompt's last hidden states,
         # summed (float32 per launch) into pool_sum as its chunks' results arrive.
         self.pooling = pooling
@@ -149,7 +151,7 @@ class Request:
         never share a prefix; requests of the same adapter do."""
         if not self.lora:
             return tokens
-        offset = self.lora << 32
+        offset = self.lora_key << 32
         return [t + offset for t in tokens]
 
     def pool_span(self, start: int, end: int) -> tuple[int, int] | None:

@@ -99,6 +99,8 @@ class Scheduler(RequestIntake):
         )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        # LoRA slot -> the load of an adapter it holds (--lora-paths: slot k is load k).
+        self.lora_keys: dict[int, int] = {slot: slot for slot in range(1, len(spec.lora_adapters) + 1)}
         self.result_queue: deque[tuple[ScheduleBatch, PendingResult]] = deque()
         # What the last iteration ran (an empty batch when a DP-attention replica idled).
         self.last_batch: ScheduleBatch | None = None

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from batonlm.config import ServerArgs
 from batonlm.server import (
     anthropic_messages,
+    lora_adapters,
     native,
     openai_chat,
     openai_completions,
@@ -52,6 +53,7 @@ def create_app(args: ServerArgs, manager: TokenizerManager) -> FastAPI:
     app.include_router(anthropic_messages.router)
     app.include_router(openai_responses.router)
     app.include_router(openai_embeddings.router)
+    app.include_router(lora_adapters.router)
     app.include_router(native.router)
     app.include_router(tokenize_routes.router)
 

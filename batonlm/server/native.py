@@ -49,13 +49,13 @@ def _model_card(state: ServerState, adapter: str | None = None) -> dict:
 @router.get("/v1/models")
 async def list_models(request: Request):
     state = server_state(request)
-    return {"object": "list", "data": [_model_card(state), *(_model_card(state, a) for a in state.adapters)]}
+    return {"object": "list", "data": [_model_card(state), *(_model_card(state, a) for a in state.adapters.by_name)]}
 
 
 @router.get("/v1/models/{model:path}")
 async def get_model(request: Request, model: str):
     state = server_state(request)
-    return _model_card(state, model if state.lora_slot(model) else None)
+    return _model_card(state, model if state.lora_adapter(model)[0] else None)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
@@ -144,8 +144,8 @@ class GenerateRoute(Route[NativeGenerateRequest]):
     job_type = GenerateJob
     # Its hooks take a GenerateJob (job_type makes it), narrower than Route's Job: hence the override ignores.
 
-    def lora_slot(self, state: ServerState, req: NativeGenerateRequest) -> int:
-        return state.lora_slot(req.lora_path, "lora_path")
+    def lora_adapter(self, state: ServerState, req: NativeGenerateRequest) -> tuple[int, int]:
+        return state.lora_adapter(req.lora_path, "lora_path")
 
     def request_id(self, req: NativeGenerateRequest) -> str:
         return req.rid or super().request_id(req)

@@ -122,10 +122,15 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         "SGLang's native /generate. Errors follow OpenAI's shape and carry the request id.",
         routes=app.routes,
     )
+    from batonlm.server.lora_adapters import LoadLoRAAdapter, UnloadLoRAAdapter
+
+    lora_routes: dict[str, type[BaseModel]] = {"/v1/load_lora_adapter": LoadLoRAAdapter,
+                                               "/v1/unload_lora_adapter": UnloadLoRAAdapter}
     answers: list[type[BaseModel]] = [*(r for _, _, r, _ in POST_ROUTES), *GET_ROUTES.values(),
                                       *RESPONSE_ROUTES.values(), responses.ErrorResponse,
                                       responses.AnthropicErrorResponse]
-    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for _, m, _, _ in POST_ROUTES] + [
+    bodies: list[type[BaseModel]] = [*(m for _, m, _, _ in POST_ROUTES), *lora_routes.values()]
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for m in bodies] + [
         (m, "serialization") for m in answers
     ]
     _, defs = models_json_schema(models, ref_template=REF)
@@ -135,6 +140,7 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
     components.update(sp_components)
     components["NativeGenerateRequest"]["properties"]["sampling_params"] = {"anyOf": [sp_ref, {"type": "null"}]}
 
+    served = [args.model_name, *(name for name, _ in args.lora_adapters)]  # the model and its adapters at start
     native_props = components["NativeSamplingParams"]["properties"]
     for field in ("max_new_tokens", "min_new_tokens"):
         _set_on_numbers(native_props[field], maximum=context_length - 1)
@@ -142,7 +148,7 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         props = components[name]["properties"]
         # Only the served model exists (another name is a 404).
-        props["model"] = {"anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
+        props["model"] = {"anyOf": [{"type": "string", "enum": served}, {"type": "null"}], "default": None}
         for field in ("max_tokens", "max_completion_tokens", "min_tokens"):
             _set_on_numbers(props[field], maximum=context_length - 1)
         apply_limits(props, args)
@@ -151,7 +157,7 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
             "anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
     for name, max_field in (("MessagesRequest", "max_tokens"), ("ResponsesRequest", "max_output_tokens")):
         props = components[name]["properties"]
-        props["model"] = {"anyOf": [{"type": "string", "enum": [args.model_name]}, {"type": "null"}], "default": None}
+        props["model"] = {"anyOf": [{"type": "string", "enum": served}, {"type": "null"}], "default": None}
         _set_on_numbers(props[max_field], maximum=context_length - 1)
         apply_limits(props, args)
 
@@ -189,6 +195,11 @@ def build_openapi(app: FastAPI, args: ServerArgs, context_length: int) -> dict:
         **_errors(["400", "401", "500", "503"]),
     }
     paths[FLUSH]["post"]["responses"]["400"]["description"] = "Requests are running or waiting"
+    for path, model in lora_routes.items():  # docs/lora.md
+        op = paths[path]["post"]
+        op["requestBody"] = {"required": True, "content": _json(REF.format(model=model.__name__))}
+        op["responses"] = {"200": {"description": "Done", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                           **_errors(["400", "401", "404", "413", "500", "503"])}
     metrics = paths["/metrics"]["get"]
     metrics["responses"] = {
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}

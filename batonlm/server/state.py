@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from fastapi import Request
@@ -27,6 +27,9 @@ from batonlm.server.errors import (
     unavailable,
 )
 from batonlm.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from batonlm.server.lora_adapters import AdapterRegistry
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.token_bytes import TokenBytes
 
@@ -66,21 +69,24 @@ class ServerState:
     def check_model(self, model: str | None) -> None:
         """404 unless `model` names the served model (its id, or the MODEL argument as given) or
         one of its LoRA adapters."""
-        self.lora_slot(model)
+        self.lora_adapter(model)
 
     @functools.cached_property
-    def adapters(self) -> dict[str, int]:
-        """LoRA adapter name -> its slot (--lora-paths order, from 1)."""
-        return {name: i for i, (name, _) in enumerate(self.args.lora_adapters, start=1)}
+    def adapters(self) -> AdapterRegistry:
+        """The LoRA adapters served (--lora-paths, and those loaded at run time)."""
+        from batonlm.server.lora_adapters import AdapterRegistry
 
-    def lora_slot(self, model: str | None, param: str = "model") -> int:
-        """The adapter slot a request's `model` selects (0: the base model); 404 for another name."""
+        return AdapterRegistry(self.args)
+
+    def lora_adapter(self, model: str | None, param: str = "model") -> tuple[int, int]:
+        """(slot, key) of the LoRA adapter a request's `model` selects ((0, 0): the base model);
+        a 404 for another name."""
         if model is None or model in (self.model_name, self.args.model):
-            return 0
-        slot = self.adapters.get(model)
-        if slot is None:
+            return 0, 0
+        adapter = self.adapters.by_name.get(model)
+        if adapter is None:
             raise model_not_found(model, param)
-        return slot
+        return adapter.slot, adapter.key
 
     async def read(self, request: Request, model: type[M]) -> M:
         """The request body, read within the limits and parsed into `model`."""

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -25,6 +26,8 @@ from batonlm.ipc.messages import (
     FlushCacheRequest,
     FlushCacheResult,
     GenerateRequest,
+    LoadLoRARequest,
+    LoadLoRAResult,
     Pooling,
     SchedulerInfo,
     SchedulerStats,
@@ -84,6 +87,7 @@ class TokenizerManager:
         self.draining = False
         self.observer: RequestObserver | None = None
         self._watchdog: asyncio.Task | None = None
+        self.lora_inflight: Counter[int] = Counter()  # LoRA adapter load (key) -> its requests running
 
     # The scheduler(s), as the link to them sees them.
     @property
@@ -257,6 +261,7 @@ class TokenizerManager:
         pooling: Pooling | None = None,
         skip_special_tokens: bool = True,
         lora: int = 0,
+        lora_key: int = 0,
     ) -> AsyncGenerator[GenerationChunk, None]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
         follows are trimmed). Leaving the iteration early aborts the request, as do the
@@ -278,9 +283,11 @@ class TokenizerManager:
         self.states[rid] = state
         if admission is not None:
             admission.take()  # counted in `states` from now on
+        if lora:
+            self.lora_inflight[lora_key or lora] += 1
         replica = self._owner[rid] = self.router.choose(input_ids)
         try:
-            await self.link.send(GenerateRequest(rid, input_ids, params, priority, pooling, lora), replica)
+            await self.link.send(GenerateRequest(rid, input_ids, params, priority, pooling, lora, lora_key), replica)
             while not state.finished:
                 chunk, stopped_early = state.apply(await state.next(), self.observer)
                 if stopped_early:
@@ -289,6 +296,8 @@ class TokenizerManager:
         finally:
             self.states.pop(rid, None)
             self.router.release(replica)
+            if lora:
+                self.lora_inflight[lora_key or lora] -= 1
             if state.timer is not None:
                 state.timer.cancel()
             if not state.finished:
@@ -323,6 +332,12 @@ class TokenizerManager:
         flushed = [r.dp_rank for r in results if r.ok]
         return FlushCacheResult(False, f"replica {refused[0].dp_rank}: {refused[0].message}"
                                 + (f" (replicas {flushed} flushed theirs)" if flushed else ""))
+
+    async def load_lora(self, slot: int, key: int, name: str, path: str, timeout_s: float = 60.0) -> LoadLoRAResult:
+        """Put a LoRA adapter (checked) in a slot on every replica, as load `key`."""
+        results = await self.link.ask_all(LoadLoRARequest(slot, key, name, path), LoadLoRAResult, timeout_s)
+        refused = [r for r in results if not r.ok]
+        return refused[0] if refused else results[0]
 
     async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
         """The scheduler's counters (with data parallelism, the replicas' summed)."""

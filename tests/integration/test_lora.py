@@ -176,3 +176,83 @@ def test_served_adapters(adapters, references, stories_path):
             assert r.status_code == 404 and r.json()["error"]["param"] == field
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_load_and_unload_at_run_time_under_traffic(adapters, references, stories_path, tmp_path):
+    """Two slots (--max-loaded-loras 2, rank up to 8): one adapter from the start, one loaded at
+    run time; a full server refuses a third; an adapter with a request running is not unloaded;
+    once unloaded, another loaded into its slot answers with its own tokens (not the old
+    adapter's weights, nor its cached prefix), while base-model streams run throughout unchanged."""
+    import threading
+
+    prompts, want = references
+    make_adapter(stories_path, tmp_path / "ko8", 8, 8, ["k_proj", "o_proj"], False, seed=11)
+    ko8 = peft_greedy(stories_path, str(tmp_path / "ko8"), prompts[0], 24)
+    server = ServerProcess("--lora-paths", f"qv4={adapters['qv4']}", "--max-loaded-loras", "2", "--max-lora-rank", "8")
+    url = server.base_url
+
+    def complete(model: str | None, prompt: list[int], n: int = 24, **extra) -> httpx.Response:
+        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, **extra}
+        return httpx.post(url + "/generate", json={"input_ids": prompt, "sampling_params": {
+            "max_new_tokens": n, "temperature": 0, "ignore_eos": True}, **({"lora_path": model} if model else {})},
+            timeout=120) if not body.get("stream") else httpx.post(url + "/v1/completions", json=body, timeout=120)
+
+    def post(path: str, body: dict) -> httpx.Response:
+        return httpx.post(url + path, json=body, timeout=60)
+
+    base_outputs: list[list[int]] = []
+    stop = threading.Event()
+
+    def base_traffic() -> None:
+        while not stop.is_set():
+            base_outputs.append(complete(None, prompts[0]).json()["output_ids"])
+
+    traffic = threading.Thread(target=base_traffic)
+    traffic.start()
+    try:
+        assert post("/v1/load_lora_adapter", {"lora_name": "all8", "lora_path": adapters["all8"]}).status_code == 200
+        assert complete("all8", prompts[0]).json()["output_ids"] == want[("all8", 0)]
+        assert complete("qv4", prompts[0]).json()["output_ids"] == want[("qv4", 0)]
+        # Full: a third adapter waits for a slot. Too big a rank, a wrong directory, a name in use: 400s.
+        r = post("/v1/load_lora_adapter", {"lora_name": "ko8", "lora_path": str(tmp_path / "ko8")})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "no_free_slot"
+        for body, param, words in (
+            ({"lora_name": "big", "lora_path": adapters["mlp16"]}, "lora_path", "over --max-lora-rank 8"),
+            ({"lora_name": "nope", "lora_path": str(tmp_path)}, "lora_path", "not a PEFT adapter"),
+            ({"lora_name": "qv4", "lora_path": adapters["qv4"]}, "lora_name", "already served"),
+            ({"lora_name": "stories260K", "lora_path": adapters["qv4"]}, "lora_name", "already served"),
+        ):
+            r = post("/v1/load_lora_adapter", body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param and words in r.json()["error"]["message"]
+        assert post("/v1/unload_lora_adapter", {"lora_name": "all8"}).status_code == 200
+        r = complete("all8", prompts[0])
+        assert r.status_code == 404 and r.json()["error"]["param"] == "lora_path"
+        # Its slot takes another adapter, which answers with its own tokens on the same prompt.
+        assert post("/v1/load_lora_adapter", {"lora_name": "ko8", "lora_path": str(tmp_path / "ko8")}).status_code == 200
+        assert complete("ko8", prompts[0]).json()["output_ids"] == ko8
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["stories260K", "qv4", "ko8"]
+        r = post("/v1/unload_lora_adapter", {"lora_name": "stories260K"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
+        r = post("/v1/unload_lora_adapter", {"lora_name": "all8"})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "lora_name"
+    finally:
+        stop.set()
+        traffic.join(120)
+        code = server.stop()
+    assert code == 0, server.log()
+    assert base_outputs and all(out == want[(None, 0)] for out in base_outputs)
+
+
+def test_an_adapter_with_requests_running_is_not_unloaded():
+    from batonlm.config import ServerArgs
+    from batonlm.server.errors import APIError
+    from batonlm.server.lora_adapters import AdapterRegistry
+
+    registry = AdapterRegistry(ServerArgs(lora_paths="a=/x,b=/y", max_loaded_loras=3))
+    assert registry.free_slot() == 3 and registry.next_key == 4
+    with pytest.raises(APIError, match="has 2 request") as e:
+        registry.unload("a", lambda key: 2 if key == 1 else 0)
+    assert e.value.code == "adapter_in_use" and "a" in registry.by_name
+    assert registry.unload("a", lambda key: 0).slot == 1 and registry.free_slot() == 1
+    with pytest.raises(APIError, match="does not exist"):
+        registry.unload("a", lambda key: 0)
