@@ -9,7 +9,8 @@ the slots' weights are stacked: A [slots, R, in] and B [slots, out, R], R the la
 fused projection's parts stacked along R with B block-diagonal, so that one pair of matmuls
 gives the delta of the whole fused output. A forward's tokens are grouped by slot once
 (`LoRABatch`): per projection the work is one shrink and one expand matmul per adapter in the
-batch, never a loop over requests.
+batch (batonlm.kernels.lora: on a GPU two Triton launches for all of them), never a loop over
+requests.
 
 The reference is PEFT: `x @ W.T + scale * (x @ A.T) @ B.T` for each adapted module.
 """
@@ -24,6 +25,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from batonlm.kernels.lora import lora_delta_reference, lora_delta_triton
+from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_config import ModelConfig
 
 # Fused projection -> its parts (PEFT's target module names), in the order the fused output holds them.
@@ -167,21 +170,30 @@ class LoRAWeights:
                 groups.setdefault(s, []).append(t)
         if not groups:
             return None
-        from batonlm.model_runner.host_to_device import to_device
-
-        return LoRABatch(self, [(s, to_device(idx, torch.int64, device)) for s, idx in groups.items()])
+        perm = [t for idx in groups.values() for t in idx]
+        starts = [0]
+        for idx in groups.values():
+            starts.append(starts[-1] + len(idx))
+        return LoRABatch(self, list(groups), starts, to_device(perm, torch.int64, device),
+                         max(len(idx) for idx in groups.values()))
 
 
 class LoRABatch:
-    """The adapters of one forward: (slot, its tokens' flat indices)."""
+    """The adapters of one forward: its adapted tokens' flat indices grouped by slot (`perm`,
+    segment s from `starts[s]`, adapter `slots[s]`): the layout of batonlm.kernels.lora."""
 
-    def __init__(self, weights: LoRAWeights, groups: list[tuple[int, torch.Tensor]]) -> None:
-        self.weights, self.groups = weights, groups
+    def __init__(self, weights: LoRAWeights, slots: list[int], starts: list[int], perm: torch.Tensor,
+                 max_segment: int) -> None:
+        self.weights, self.slots, self.starts, self.perm, self.max_segment = weights, slots, starts, perm, max_segment
+        self._device_segments: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def add(self, out: torch.Tensor, layer: int, fused: str, x: torch.Tensor) -> torch.Tensor:
-        """`out` (a fused projection's output for the tokens `x`) plus each token's adapter delta."""
+        """`out` (a fused projection's output for the tokens `x`) plus each token's adapter delta:
+        the Triton kernels on a GPU, one shrink and one expand matmul per adapter elsewhere."""
         a, b = self.weights.a[layer, fused], self.weights.b[layer, fused]
-        for slot, idx in self.groups:
-            xs = x.index_select(0, idx)
-            out.index_add_(0, idx, (xs @ a[slot].T) @ b[slot].T)
-        return out
+        if not out.is_cuda:
+            return lora_delta_reference(out, x, a, b, self.perm, self.slots, self.starts)
+        if self._device_segments is None:
+            self._device_segments = (to_device(self.slots, torch.int64, out.device),
+                                     to_device(self.starts, torch.int64, out.device))
+        return lora_delta_triton(out, x, a, b, self.perm, *self._device_segments, self.max_segment)
