@@ -11,6 +11,7 @@
 #      verification step's cost on a GPU, where its rows run in one CUDA graph replay;
 #   5. the model families (writes benchmarks/results/models_gpu.json): the MoE layer's Triton
 #      grouped GEMM vs a per-expert loop in bfloat16, decode tok/s per family at 1 and 16 streams;
+#      LoRA: 16 streams over 0 / 1 / 4 / 8 adapters (writes benchmarks/results/lora_mix_gpu.json);
 #   6. scale-out, where there are at least 2 GPUs (writes benchmarks/results/tp_sync_gpu.json):
 #      NCCL collective costs, decode tokens/s at --tp 1/2, and serving with --tp 2, --dp 2 and
 #      --dp 2 --enable-dp-attention (the `gpu` tests above check their tokens; docs/distributed.md).
@@ -25,6 +26,7 @@ export TRITON_INTERPRET=0
 "$PY" benchmarks/gpu_decode.py --output-json benchmarks/results/gpu_decode.json
 "$PY" benchmarks/speculative.py --rounds 3 --json benchmarks/results/speculative_gpu.json
 "$PY" benchmarks/models.py --device cuda --dtype bfloat16 --json benchmarks/results/models_gpu.json
+"$PY" benchmarks/lora_mix.py --device cuda --dtype bfloat16 --output-json benchmarks/results/lora_mix_gpu.json
 if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   "$PY" benchmarks/tp_sync.py --device cuda --tp 1 2 --json benchmarks/results/tp_sync_gpu.json
 fi
