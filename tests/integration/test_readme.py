@@ -167,7 +167,8 @@ def test_the_api_docs_examples_run(readme_server):
               "/v1/messages/count_tokens": ("input_tokens", None), "/v1/messages": ("type", "message"),
               "/v1/embeddings": ("object", "list"), "/generate": ("meta_info", None), "/tokenize": ("tokens", None),
               "/detokenize": ("prompt", None), "/tokenizer_info": ("tokenizer_class", None),
-              "/v1/models": ("object", "list"), "/health": ("status", "ok"), "/version": ("version", None),
+              "/v1/models": ("object", "list"), "/v1/models/stories260K": ("object", "model"),
+              "/health": ("status", "ok"), "/version": ("version", None),
               "/flush_cache": ("status", "ok")}
     seen = set()
     for block in examples:
