@@ -79,6 +79,9 @@ class ServerArgs:
         help="LoRA adapters (PEFT directories) served beside the base model, comma-separated name=DIR pairs; a "
              "request selects one by its `model` (docs/lora.md)")
     max_lora_rank: int = setting(64, group=_MODEL, ge=1, help="the largest rank a LoRA adapter may have")
+    max_loras_per_batch: int | None = setting(
+        None, group=_MODEL, ge=1, unset="no bound",
+        help="distinct LoRA adapters in one batch: a request of another adapter waits until one's requests finish")
     max_loaded_loras: int | None = setting(
         None, group=_MODEL, ge=1, unset="the --lora-paths count",
         help="LoRA adapter slots: those of --lora-paths and those loaded at run time (POST /v1/load_lora_adapter)")

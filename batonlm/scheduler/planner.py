@@ -63,6 +63,7 @@ class PlannerConfig:
     age_bound: int = 256  # iterations (lpm)
     priority_aging_s: float = 60.0  # priority: a request waiting this long goes first
     enable_priority_preemption: bool = False
+    max_loras_per_batch: int | None = None  # distinct LoRA adapters running at once (None: any)
 
 
 class BatchPlanner:
@@ -166,6 +167,8 @@ class BatchPlanner:
                 break
             if req.req_slot is not None:  # retracted with a launch still in flight: next time
                 break
+            if not self._adapter_fits(req, running):  # its adapter waits; others may go first
+                continue
             mem.match(req)
             need_now = req.fill_len - req.kv_len
             need = need_now + self._output_estimate(req)
@@ -187,6 +190,15 @@ class BatchPlanner:
             budget -= n
             if req.prefilling:  # cut into chunks: the rest follows in the next iterations
                 break
+
+    def _adapter_fits(self, req: Request, running: list[Request]) -> bool:
+        """--max-loras-per-batch: the base model, or an adapter running already, or room for one
+        more adapter among the running requests (a batch holds only running requests)."""
+        limit = self.config.max_loras_per_batch
+        if limit is None or not req.lora:
+            return True
+        adapters = {r.lora_key for r in running if r.lora}
+        return req.lora_key in adapters or len(adapters) < limit
 
     # ------------------------------------------------------------------ memory
     def _output_estimate(self, req: Request) -> float:

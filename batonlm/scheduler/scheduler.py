@@ -64,6 +64,7 @@ class SchedulerConfig:
     schedule_policy: str = "fcfs"
     priority_aging_s: float = 60.0
     enable_priority_preemption: bool = False
+    max_loras_per_batch: int | None = None  # distinct LoRA adapters running at once (None: any)
     random_seed: int = 0
     tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
     grammar_whitespace: str = "bounded"

@@ -111,6 +111,34 @@ def test_ngram_speculation_verifies_with_the_requests_adapter(adapters, stories_
         h.close()
 
 
+def test_max_loras_per_batch_bounds_each_batch(adapters, references, stories_path):
+    """With --max-loras-per-batch 1 no batch holds two adapters (the base model's requests join
+    any); requests of another adapter wait for a turn, and every one still gets PEFT's tokens."""
+    prompts, want = references
+    h = SchedulerHarness(stories_path, lora_paths=lora_paths(adapters), max_loras_per_batch=1)
+    seen: list[set[int]] = []
+    plan = h.sched.planner.plan
+
+    def recording_plan(*a, **kw):
+        batch = plan(*a, **kw)
+        seen.append({r.lora for r in batch.reqs if r.lora})
+        return batch
+
+    h.sched.planner.plan = recording_plan
+    try:
+        for slot, name in enumerate([None, *adapters]):
+            for i, p in enumerate(prompts):
+                h.submit(f"{name}-{i}", p, GREEDY, lora=slot)
+        records = h.run(overlap=True)
+        for name in [None, *adapters]:
+            for i in range(len(prompts)):
+                assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i)
+        assert max(len(s) for s in seen) == 1 and set().union(*seen) == {1, 2, 3}
+        h.assert_all_free()
+    finally:
+        h.close()
+
+
 def test_the_prefix_cache_is_kept_per_adapter(adapters, references, stories_path):
     prompts, want = references
     h = SchedulerHarness(stories_path, lora_paths=lora_paths(adapters))
