@@ -40,6 +40,20 @@ async def render_chat(
     return await maybe_offload(sum(len(m["content"] or "") for m in messages), "text", render)
 
 
+def num_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    """The prompts of an OpenAI `prompt` / `input`: a text, texts, token ids, or lists of them."""
+    return 1 if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt) else len(prompt)
+
+
+async def prompt_ids(state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    """The token ids of each prompt of an OpenAI `prompt` / `input`."""
+    if isinstance(prompt, str):
+        return [await state.manager.tokenize_async(prompt)]
+    if all(isinstance(p, int) for p in prompt):
+        return [[p for p in prompt if isinstance(p, int)]]
+    return await tokenize_prompts(state, prompt)
+
+
 async def tokenize_prompts(state: ServerState, prompts: list) -> list[list[int]]:
     """A batch of prompts, each a text or token ids: the texts tokenized together (off the loop
     when together they are long)."""

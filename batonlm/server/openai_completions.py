@@ -8,35 +8,21 @@ scores the prompt without completing it: the prefill runs, its one sampled token
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 from fastapi import APIRouter, Request
 
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import logprobs
 from batonlm.server.errors import bad_request
-from batonlm.server.openai_common import OpenAIRoute, OpenAIStream, tokenize_prompts
+from batonlm.server.openai_common import OpenAIRoute, OpenAIStream, num_prompts, prompt_ids
 from batonlm.server.pipeline import ChoiceResult, Job
 from batonlm.server.protocol import CompletionRequest
 from batonlm.server.state import ServerState
 from batonlm.tokenizer_manager.request_state import GenerationChunk
 
-if TYPE_CHECKING:
-    from typing_extensions import TypeIs
-
 router = APIRouter()
 
 CompletionJob = Job[CompletionRequest]
-
-
-def _is_token_ids(prompt: list[str] | list[int] | list[list[int]]) -> TypeIs[list[int]]:
-    """One prompt given as token ids (not a list of prompts)."""
-    return all(isinstance(p, int) for p in prompt)
-
-
-def _num_prompts(prompt) -> int:
-    return 1 if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt) else len(prompt)
 
 
 def _echoes(state: ServerState, job: CompletionJob) -> list[tuple[str, list[int]]]:
@@ -99,15 +85,10 @@ class CompletionsRoute(OpenAIRoute[CompletionRequest]):
         super().check(state, job)
 
     def num_choices(self, job: CompletionJob) -> int:
-        return _num_prompts(job.req.prompt) * job.n
+        return num_prompts(job.req.prompt) * job.n
 
     async def prompts(self, state: ServerState, job: CompletionJob) -> list[list[int]]:
-        prompt = job.req.prompt
-        if isinstance(prompt, str):
-            return [await state.manager.tokenize_async(prompt)]
-        if _is_token_ids(prompt):
-            return [list(prompt)]
-        return await tokenize_prompts(state, prompt)
+        return await prompt_ids(state, job.req.prompt)
 
     def sampling_params(self, state: ServerState, job: CompletionJob, prompt_ids: list[int]) -> list[SamplingParams]:
         params = super().sampling_params(state, job, prompt_ids)

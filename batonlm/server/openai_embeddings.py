@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from batonlm.pooling import finish_vector, pooling_of
 from batonlm.sampling_params import SamplingParams
 from batonlm.server.errors import bad_request
-from batonlm.server.openai_common import tokenize_prompts
+from batonlm.server.openai_common import num_prompts, prompt_ids
 from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream
 from batonlm.server.protocol import EmbeddingRequest
 from batonlm.server.state import ServerState
@@ -56,16 +56,10 @@ class EmbeddingsRoute(Route[EmbeddingRequest]):
         job.pooling = pooling_of(state.args.pooling, info.model_path)
 
     def num_choices(self, job: EmbeddingJob) -> int:
-        given = job.req.input
-        return 1 if isinstance(given, str) or all(isinstance(p, int) for p in given) else len(given)
+        return num_prompts(job.req.input)
 
     async def prompts(self, state: ServerState, job: EmbeddingJob) -> list[list[int]]:
-        given = job.req.input
-        if isinstance(given, str):
-            return [await state.manager.tokenize_async(given)]
-        if all(isinstance(p, int) for p in given):
-            return [[p for p in given if isinstance(p, int)]]
-        return await tokenize_prompts(state, given)
+        return await prompt_ids(state, job.req.input)
 
     def sampling_params(self, state: ServerState, job: EmbeddingJob, prompt_ids: list[int]) -> list[SamplingParams]:
         return [SamplingParams(temperature=0.0, max_new_tokens=1)]  # the one token is dropped
