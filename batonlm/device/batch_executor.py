@@ -83,8 +83,7 @@ class BatchExecutor:
         batch.input_ids = self._input_ids(launch, batch)  # decode inputs depend on positions
         batch.dp_tokens = launch.dp_tokens
         if launch.lora_slots and self.runner.lora is not None:
-            per_token = [s for s, n in zip(launch.lora_slots, launch.extend_lens) for _ in range(n)]
-            batch.lora = self.runner.lora.batch(per_token, self.device)
+            batch.lora = self.runner.lora.batch(launch.lora_slots, launch.extend_lens, self.device)
         draft_q = self._draft(launch, batch) if self.draft is not None and launch.verify_groups else None
         kept = Kept()
         if launch.prompt_logprob_at or launch.pool_spans:

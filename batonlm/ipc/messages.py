@@ -10,7 +10,6 @@ from batonlm.sampling_params import SamplingParams
 
 # How an embedding request pools its prompt's last hidden states: the last token's, or the mean.
 Pooling = Literal["last", "mean"]
-POOLING_MODES: tuple[str, ...] = ("last", "mean")
 
 
 class GenerateRequest(msgspec.Struct, tag=True, frozen=True):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,34 +95,49 @@ def fused_sizes(cfg: ModelConfig) -> Sizes:
             "gate_up": (cfg.hidden_size, (inter, inter)), "down": (inter, (cfg.hidden_size,))}
 
 
-def _tensor_names(adapter: AdapterSpec, layer: int, part: str) -> tuple[str, str]:
-    group = "self_attn" if part in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-    prefix = f"base_model.model.model.layers.{layer}.{group}.{part}"
-    return f"{prefix}.lora_A.weight", f"{prefix}.lora_B.weight"
+@dataclass(frozen=True)
+class _Module:
+    """One adapted module of one layer: where its A and B are in the checkpoint, and where they
+    go in the fused projection's stacked weights (part k: rank rows k*R.., output rows `row`..)."""
+
+    layer: int
+    fused: str
+    k: int
+    a_name: str
+    b_name: str
+    fan_in: int
+    row: int
+    rows: int
+
+
+def _modules(adapter: AdapterSpec, cfg: ModelConfig) -> Iterator[_Module]:
+    sizes = fused_sizes(cfg)
+    for layer in range(cfg.num_layers):
+        for fused, parts in FUSED.items():
+            fan_in, outs = sizes[fused]
+            for k, part in enumerate(parts):
+                if part in adapter.targets:
+                    group = "self_attn" if fused in ("qkv", "o") else "mlp"
+                    prefix = f"base_model.model.model.layers.{layer}.{group}.{part}"
+                    yield _Module(layer, fused, k, f"{prefix}.lora_A.weight", f"{prefix}.lora_B.weight", fan_in,
+                                  sum(outs[:k]), outs[k])
 
 
 def check_adapter(adapter: AdapterSpec, cfg: ModelConfig) -> None:
     """Every adapted module of every layer has its A and B, of the model's shapes, and nothing
     else is adapted (read from the file's header: no weight is loaded)."""
-    sizes = fused_sizes(cfg)
     with safe_open(str(Path(adapter.path) / "adapter_model.safetensors"), framework="pt") as sf:
         names = set(sf.keys())
         want: set[str] = set()
-        for layer in range(cfg.num_layers):
-            for fused, parts in FUSED.items():
-                fan_in, outs = sizes[fused]
-                for k, part in enumerate(parts):
-                    if part not in adapter.targets:
-                        continue
-                    a_name, b_name = _tensor_names(adapter, layer, part)
-                    if a_name not in names or b_name not in names:
-                        raise LoRAError(f"LoRA adapter {adapter.name!r}: {a_name.removesuffix('.lora_A.weight')} is a "
-                                        "target module but its lora_A / lora_B weights are missing")
-                    a, b = tuple(sf.get_slice(a_name).get_shape()), tuple(sf.get_slice(b_name).get_shape())
-                    if a != (adapter.rank, fan_in) or b != (outs[k], adapter.rank):
-                        raise LoRAError(f"LoRA adapter {adapter.name!r}: {a_name} and its B have shapes {a}, {b}, "
-                                        f"which do not fit the model ({(adapter.rank, fan_in)}, {(outs[k], adapter.rank)})")
-                    want.update((a_name, b_name))
+        for m in _modules(adapter, cfg):
+            if m.a_name not in names or m.b_name not in names:
+                raise LoRAError(f"LoRA adapter {adapter.name!r}: {m.a_name.removesuffix('.lora_A.weight')} is a "
+                                "target module but its lora_A / lora_B weights are missing")
+            a, b = tuple(sf.get_slice(m.a_name).get_shape()), tuple(sf.get_slice(m.b_name).get_shape())
+            if a != (adapter.rank, m.fan_in) or b != (m.rows, adapter.rank):
+                raise LoRAError(f"LoRA adapter {adapter.name!r}: {m.a_name} and its B have shapes {a}, {b}, "
+                                f"which do not fit the model ({(adapter.rank, m.fan_in)}, {(m.rows, adapter.rank)})")
+            want.update((m.a_name, m.b_name))
     extra = sorted(n for n in names - want if ".lora_" in n)
     if extra:
         raise LoRAError(f"LoRA adapter {adapter.name!r}: weights of modules batonlm does not adapt: {extra[:4]}")
@@ -150,24 +166,20 @@ class LoRAWeights:
         for t in (*self.a.values(), *self.b.values()):
             t[slot].zero_()
         with safe_open(str(Path(adapter.path) / "adapter_model.safetensors"), framework="pt") as sf:
-            for layer in range(self.cfg.num_layers):
-                for fused, parts in FUSED.items():
-                    _, outs = self.sizes[fused]
-                    for k, part in enumerate(parts):
-                        if part not in adapter.targets:
-                            continue
-                        a_name, b_name = _tensor_names(adapter, layer, part)
-                        a, b = sf.get_tensor(a_name), sf.get_tensor(b_name)
-                        row = sum(outs[:k])
-                        self.a[layer, fused][slot, k * r : k * r + adapter.rank] = a
-                        self.b[layer, fused][slot, row : row + outs[k], k * r : k * r + adapter.rank] = b * adapter.scale
+            for m in _modules(adapter, self.cfg):
+                at = slice(m.k * r, m.k * r + adapter.rank)
+                self.a[m.layer, m.fused][slot, at] = sf.get_tensor(m.a_name)
+                self.b[m.layer, m.fused][slot, m.row : m.row + m.rows, at] = sf.get_tensor(m.b_name) * adapter.scale
 
-    def batch(self, token_slots: list[int], device: torch.device) -> LoRABatch | None:
-        """A forward's tokens grouped by adapter slot (None: every token on the base model)."""
+    def batch(self, row_slots: list[int], row_tokens: list[int], device: torch.device) -> LoRABatch | None:
+        """A forward's tokens grouped by adapter slot, from each row's slot and token count
+        (None: every row on the base model)."""
         groups: dict[int, list[int]] = {}
-        for t, s in enumerate(token_slots):
+        start = 0
+        for s, n in zip(row_slots, row_tokens, strict=True):
             if s:
-                groups.setdefault(s, []).append(t)
+                groups.setdefault(s, []).extend(range(start, start + n))
+            start += n
         if not groups:
             return None
         perm = [t for idx in groups.values() for t in idx]

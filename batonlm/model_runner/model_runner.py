@@ -112,9 +112,11 @@ class ModelRunner:
     def pool(self, hidden: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
         """Embeddings: per (first flat token index, count) span, the float32 sum of its tokens'
         last hidden states ([S, H]), all spans in one gather and one index_add."""
-        tokens = [t for start, count in spans for t in range(start, start + count)]
-        segment = [i for i, (_, count) in enumerate(spans) for _ in range(count)]
-        at, seg = to_device(tokens, torch.int64, hidden.device), to_device(segment, torch.int64, hidden.device)
+        starts, counts = (to_device(v, torch.int64, hidden.device) for v in zip(*spans))
+        total = sum(count for _, count in spans)  # a host fact: no device sync for the shapes
+        seg = torch.repeat_interleave(torch.arange(len(spans), device=hidden.device), counts, output_size=total)
+        # Each token's flat index: its span's start plus its place in the span.
+        at = starts[seg] + torch.arange(total, device=hidden.device) - (counts.cumsum(0) - counts)[seg]
         out = torch.zeros(len(spans), hidden.shape[-1], dtype=torch.float32, device=hidden.device)
         return out.index_add_(0, seg, self.model.final_norm(hidden[at]).float())
 

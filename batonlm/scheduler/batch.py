@@ -78,6 +78,7 @@ class ScheduleBatch:
         lp_at: list[int] = []  # flat token index of each position whose logits score a prompt token
         lp_targets: list[int] = []
         pool_spans: list[tuple[int, int]] = []
+        lora_slots: list[int] = []  # each launch row's adapter (a verifying request's rows all its own)
         self.prompt_logprob_counts = []
         self.pooled_rows = []
         for row in self.extend:
@@ -95,6 +96,7 @@ class ScheduleBatch:
                 pool_spans.append((len(input_ids) + span[0], span[1]))
             self.pooled_rows.append(span is not None)
             req_slots.append(r.req_slot)
+            lora_slots.append(r.lora)
             prefix_lens.append(start)
             extend_lens.append(row.extend_len)
             input_ids.extend(r.fill_ids[start:end])
@@ -120,16 +122,13 @@ class ScheduleBatch:
                 input_ids.extend([r.output_ids[p - r.prompt_len]] if known else [])
                 input_ids.extend(drafts)
             req_slots.extend([r.req_slot] * n)
+            lora_slots.extend([r.lora] * n)
             prefix_lens.extend(range(p, p + n))
             extend_lens.extend([1] * n)
             out_cache_loc.extend(r.kv_slots[p : p + n])
             from_future.extend([not (drafts and known)] + [False] * (n - 1))
         reqs = self.reqs
         produces = self.produces_output
-        # Each launch row's adapter (a verifying request's rows all its own).
-        lora_slots = [row.req.lora for row in self.extend] + [r.lora for r, d in zip(self.decode, self.drafts or
-                                                                                      [[]] * len(self.decode))
-                                                              for _ in range(1 + len(d))]
         return BatchLaunch(
             batch_id=self.batch_id,
             req_slots=req_slots,

@@ -122,7 +122,8 @@ class RequestIntake:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         if msg.rid in self.requests:
             return self._reject(msg.rid, f"request id {msg.rid!r} is already in use")
-        if msg.lora and self.lora_keys.get(msg.lora) != (msg.lora_key or msg.lora):  # 0: its --lora-paths load
+        lora_key = msg.lora_key or msg.lora  # 0: the slot's --lora-paths load
+        if msg.lora and self.lora_keys.get(msg.lora) != lora_key:
             return self._reject(msg.rid, "its LoRA adapter was unloaded")
         try:
             check_request(
@@ -132,7 +133,7 @@ class RequestIntake:
         except ValueError as e:
             return self._reject(msg.rid, str(e))
         req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.eos_token_ids,
-                      msg.priority, msg.pooling, msg.lora, msg.lora_key or msg.lora)
+                      msg.priority, msg.pooling, msg.lora, lora_key)
         self.requests[req.rid] = req
         if params.constraint is not None:
             self.grammars.add(req)  # joins `waiting` when its grammar is compiled

@@ -283,8 +283,8 @@ class TokenizerManager:
         self.states[rid] = state
         if admission is not None:
             admission.take()  # counted in `states` from now on
-        if lora:
-            self.lora_inflight[lora_key or lora] += 1
+        if lora_key:
+            self.lora_inflight[lora_key] += 1
         replica = self._owner[rid] = self.router.choose(input_ids)
         try:
             await self.link.send(GenerateRequest(rid, input_ids, params, priority, pooling, lora, lora_key), replica)
@@ -296,8 +296,8 @@ class TokenizerManager:
         finally:
             self.states.pop(rid, None)
             self.router.release(replica)
-            if lora:
-                self.lora_inflight[lora_key or lora] -= 1
+            if lora_key:
+                self.lora_inflight[lora_key] -= 1
             if state.timer is not None:
                 state.timer.cancel()
             if not state.finished:

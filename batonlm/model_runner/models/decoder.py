@@ -191,6 +191,6 @@ class DecoderLM(CausalLM):
         return self.model.norm(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = self.model.norm(hidden)
+        hidden = self.final_norm(hidden)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return vocab_logits(hidden, weight, self.config.vocab_size, self.tp)
