@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batonlm.model_runner.quantization.config import QUANTIZATION_CHOICES
 from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS, TOOL_CALL_PARSERS
 from batonlm.sampling_params import MAX_TOP_LOGPROBS
 from batonlm.settings import Bound, ConfigError, check_fields, setting
@@ -85,6 +86,11 @@ class ServerArgs:
     max_loaded_loras: int | None = setting(
         None, group=_MODEL, ge=1, unset="the --lora-paths count",
         help="LoRA adapter slots: those of --lora-paths and those loaded at run time (POST /v1/load_lora_adapter)")
+    quantization: str = setting(
+        "auto", group=_MODEL, choices=QUANTIZATION_CHOICES,
+        help="the checkpoint's weight quantization (docs/quantization.md): auto reads its quantization_config "
+             "(fp8, compressed-tensors, gptq, awq); a method must match it; fp8 on a float checkpoint rounds its "
+             "projections to FP8 on load; none refuses a quantized checkpoint")
     pooling: str = setting(
         "auto", group=_MODEL, choices=POOLING_CHOICES,
         help="/v1/embeddings: a prompt's vector is its last hidden states' last token (last) or mean; auto: as "

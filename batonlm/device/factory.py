@@ -23,7 +23,7 @@ def build_executor(
     """The model runner and FutureMap that execute launches, wherever the device is (with
     `tp`, this rank's part of the model); the decode step compiled (CPU) or captured (CUDA) as
     the spec says, with `progress` told of each step of that (it takes a while)."""
-    cfg = ModelConfig.from_hf(spec.model_path, spec.model_impl)
+    cfg = ModelConfig.from_hf(spec.model_path, spec.model_impl, spec.quantization)
     device = spec.rank_device(tp.rank if tp is not None else 0)
     runner = ModelRunner(
         cfg,

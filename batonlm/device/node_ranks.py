@@ -33,7 +33,7 @@ CLEAN_EXIT_GRACE_S = 10.0
 
 def run_node(args: ServerArgs) -> int:
     """Run this node's ranks until the group ends; the exit code."""
-    spec = device_spec(args, ModelConfig.from_hf(args.model, args.model_impl))
+    spec = device_spec(args, ModelConfig.from_hf(args.model, args.model_impl, args.quantization))
     ctx = mp.get_context("spawn")
     procs: dict[int, mp.process.BaseProcess] = {}
     conns: dict[int, Connection] = {}

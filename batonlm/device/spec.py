@@ -35,6 +35,7 @@ class DeviceSpec:
     sampler: str
     debug_future_map: bool = False
     model_impl: str = "native"  # or transformers (resolved by ModelConfig.from_hf)
+    quantization: str = "auto"  # --quantization (ModelConfig.from_hf resolves it)
     cpu_threads: int = 1  # intra-op threads of the CPU device worker
     cpu_device_worker: str = "process"  # CPU only: "process" (a worker process) or "inline" (debugging)
     # The decode step (decode_graphs.py): CPU, compiled for batches up to compile_max_bs (0: eager);

@@ -114,6 +114,7 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
     # A checkpoint without its LM head (an embedding model, e.g. Qwen3Model): embeddings only.
     embedding_only: bool = False
     hidden_size: int = 0  # an embedding's length
+    quantization: str = ""  # the weights' quantization, described ("": float weights)
 
 
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError, resolve_quantization
 from batonlm.registries import MODEL_ARCHITECTURES
 
 _FULL = "full_attention"
@@ -61,16 +62,21 @@ class ModelConfig:
     # Qwen3Model): the decoder without its LM head, run by `XxxForCausalLM` with the head tied to
     # the embedding; it serves embeddings only.
     embedding_only: bool = False
+    # The checkpoint's quantization as batonlm loads it (`--quantization`; None: float weights).
+    quantization: QuantConfig | None = None
 
     @property
     def context_length(self) -> int:
         return self.max_position_embeddings
 
     @classmethod
-    def from_hf(cls, path: str | os.PathLike[str], model_impl: str = "auto") -> ModelConfig:
+    def from_hf(
+        cls, path: str | os.PathLike[str], model_impl: str = "auto", quantization: str = "auto"
+    ) -> ModelConfig:
         """Read `config.json` (and `generation_config.json` when present) from a model directory.
         `model_impl` (`--model-impl`): native, transformers, or auto (native when batonlm has
-        the architecture, else transformers when it can run it)."""
+        the architecture, else transformers when it can run it); `quantization`
+        (`--quantization`): auto (the checkpoint's), none, or a method the checkpoint must have."""
         root = Path(path)
         cfg_file = root / "config.json"
         if not root.is_dir():
@@ -83,6 +89,13 @@ class ModelConfig:
             raise ModelConfigError(f"{cfg_file} is not valid JSON: {e}") from e
         # First: an unsupported model may lack the fields read below.
         architecture, impl = _architecture(raw, cfg_file, model_impl)
+        try:
+            quant = resolve_quantization(raw, quantization)
+        except QuantizationError as e:
+            raise ModelConfigError(f"{cfg_file}: {e}") from None
+        if quant is not None and impl != "native":
+            raise ModelConfigError(f"{cfg_file}: a quantized model ({quant.description}) runs on batonlm's native "
+                                   f"models only, and {architecture} has none (--model-impl {model_impl})")
         embedding_only = architecture != _declared_architecture(raw)
         # transformers' config maps other names (GPT-2's n_embd, ...) to the ones read below.
         text = raw if impl == "native" else _transformers_fields(root, raw)
@@ -130,6 +143,7 @@ class ModelConfig:
             raw=raw,
             impl=impl,
             embedding_only=embedding_only,
+            quantization=quant,
         )
 
 

@@ -49,5 +49,5 @@ def load_model(
         model = model_class(cfg, shard, tp, mlp_group)
     model = model.to(dtype).to_empty(device=device)
     model.init_buffers(device)
-    stats = load_weights(model, cfg.path, dtype)
+    stats = load_weights(model, cfg.path, dtype, cfg.quantization)
     return model.eval(), stats

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from tqdm import tqdm
 
+from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.layers import GatedMLP
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.moe import FusedExperts
+from batonlm.model_runner.quantization.config import QuantConfig
 
 logger = logging.getLogger(__name__)
 
@@ -164,28 +164,35 @@ def _mlp_targets(mlp: GatedMLP, param_name: str, name: str, p: torch.Tensor) -> 
     return {name: _Target(p, 0, p.shape[0])}  # down_proj's bias, added once after the sum
 
 
-def _read(sf, name: str, t: _Target) -> torch.Tensor:
+def _read(ckpt: Checkpoint, name: str, t: _Target) -> torch.Tensor:
     """This rank's part of a checkpoint tensor, read alone (not the whole tensor)."""
-    if t.full is None or (t.start == 0 and t.count == t.full):
-        return sf.get_tensor(name)
-    part = sf.get_slice(name)
-    return part[t.start : t.start + t.count] if t.dim == 0 else part[:, t.start : t.start + t.count]
+    if t.full is None:
+        return ckpt.read(name)
+    return ckpt.read(name, t.dim, t.start, t.count)
 
 
-def _missing_prefix(files: list[Path], targets: dict[str, _Target]) -> str:
+def _missing_prefix(names: list[str], targets: dict[str, _Target]) -> str:
     """"model." when the checkpoint is a base model's (its decoder's tensors named without the
     prefix: `layers.0...`, not `model.layers.0...`, as embedding models are saved), else ""."""
-    names: list[str] = []
-    for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            names += sf.keys()
     ours = any(t.startswith("model.") for t in targets)
     return "model." if ours and names and not any(n.startswith("model.") for n in names) else ""
 
 
-def load_weights(model: CausalLM, model_dir: str | Path, dtype: torch.dtype) -> LoadStats:
+def open_checkpoint(files: list[Path], quant: QuantConfig | None) -> Checkpoint:
+    """The checkpoint's tensors as float ones: as stored, or through the quantized formats'
+    dequantizing view."""
+    if quant is None:
+        return Checkpoint(files)
+    from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
+
+    return DequantizedCheckpoint(files, quant)
+
+
+def load_weights(
+    model: CausalLM, model_dir: str | Path, dtype: torch.dtype, quant: QuantConfig | None = None
+) -> LoadStats:
     """Fill every parameter of `model` (this rank's part of it) from the directory's
-    safetensors, strictly."""
+    safetensors, strictly; a quantized checkpoint's layers dequantized (`quant`)."""
     files = checkpoint_files(model_dir)
     targets = _targets(model)
     tied = model.lm_head is None
@@ -197,31 +204,30 @@ def load_weights(model: CausalLM, model_dir: str | Path, dtype: torch.dtype) -> 
     bar = tqdm(
         total=total, unit="B", unit_scale=True, desc="Loading weights", disable=total < PROGRESS_BAR_BYTES
     )
-    prefix = _missing_prefix(files, targets)
-    with torch.no_grad():
-        for f in files:
-            with safe_open(str(f), framework="pt") as sf:
-                for name in sf.keys():
-                    if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
-                        continue
-                    target = targets.get(prefix + name)
-                    if target is None:
-                        unexpected.append(name)
-                        continue
-                    shape = tuple(sf.get_slice(name).get_shape())
-                    expected = target.expected_shape()
-                    if shape != expected:
-                        misshapen.append(f"{name}: checkpoint {shape}, model expects {expected}")
-                        continue
-                    tensor = _read(sf, name, target)
-                    bytes_read += tensor.numel() * tensor.element_size()
-                    checkpoint_bytes += tensor.element_size() * math.prod(shape)
-                    if target.dim == 0:
-                        target.param.data[target.offset : target.offset + target.count].copy_(tensor.to(dtype))
-                    else:
-                        target.param.data.copy_(tensor.to(dtype))
-                    loaded.add(prefix + name)
+    with torch.no_grad(), open_checkpoint(files, quant) as ckpt:
+        prefix = _missing_prefix(ckpt.names(), targets)
+        for f, names in ckpt.names_by_file():
+            for name in names:
+                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                    continue
+                target = targets.get(prefix + name)
+                if target is None:
+                    unexpected.append(name)
+                    continue
+                shape = ckpt.shape(name)
+                expected = target.expected_shape()
+                if shape != expected:
+                    misshapen.append(f"{name}: checkpoint {shape}, model expects {expected}")
+                    continue
+                tensor = _read(ckpt, name, target)
+                checkpoint_bytes += ckpt.nbytes(name)
+                if target.dim == 0:
+                    target.param.data[target.offset : target.offset + target.count].copy_(tensor.to(dtype))
+                else:
+                    target.param.data.copy_(tensor.to(dtype))
+                loaded.add(prefix + name)
             bar.update(f.stat().st_size)
+        bytes_read = ckpt.bytes_read
     bar.close()
     missing = sorted(set(targets) - loaded)
     problems = []

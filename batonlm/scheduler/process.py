@@ -37,7 +37,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
     from batonlm.scheduler.speculative import SpecConfig
     from batonlm.settings import derive
 
-    cfg = ModelConfig.from_hf(args.model, args.model_impl)
+    cfg = ModelConfig.from_hf(args.model, args.model_impl, args.quantization)
     spec = device_spec(args, cfg, dp_rank, dp_dir)
     device = create_device(spec)
     speculative = None
@@ -76,6 +76,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
         model_impl=cfg.impl,
         embedding_only=cfg.embedding_only,
         hidden_size=cfg.hidden_size,
+        quantization=cfg.quantization.description if cfg.quantization else "",
     )
     return sched, info
 

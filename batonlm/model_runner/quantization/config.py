@@ -1,0 +1,162 @@
+"""Which quantization a checkpoint's weights are in: its `quantization_config` read and checked
+against `--quantization`, once, at start-up.
+
+`QuantConfig` is what the loader needs of it (`quantization/formats.py` reads the tensors): the
+method, and per method the few fields that decide how a weight is stored. A config batonlm
+cannot load raises `QuantizationError` naming the method, the field and what is supported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# `--quantization`'s values: auto (the checkpoint's), none, and the methods batonlm loads.
+QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq")
+QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
+_FP8_SCHEMES = ("static", "dynamic")
+
+
+class QuantizationError(ValueError):
+    """A quantization config batonlm cannot load (or one the flag contradicts)."""
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """One checkpoint's quantization. `method`: one of QUANTIZATION_METHODS. `online`: the
+    checkpoint is not quantized; its linear weights are rounded to FP8 on load (`--quantization
+    fp8` on a float checkpoint). `bits`/`group_size`: the integer formats' (GPTQ, AWQ;
+    compressed-tensors states them per tensor group, and its tensors say the rest). `sym`: GPTQ's
+    symmetric zeros. `checkpoint_format`: GPTQ's zero convention (`gptq`: stored zero = zero - 1,
+    the v1 format AutoGPTQ and GPTQModel write; `gptq_v2`: stored as is). `block`: FP8's
+    `weight_block_size`. `activation_scheme`: FP8's (static: the checkpoint's `input_scale`;
+    dynamic: per token; batonlm's CPU path keeps activations unquantized either way).
+    Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
+    of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
+
+    method: str
+    online: bool = False
+    bits: int = 0
+    group_size: int = -1
+    sym: bool = True
+    checkpoint_format: str = "gptq"
+    block: tuple[int, int] | None = None
+    activation_scheme: str = "dynamic"
+
+    @property
+    def description(self) -> str:
+        if self.online:
+            return "fp8 (online, from the float checkpoint)"
+        if self.method in ("gptq", "awq"):
+            return f"{self.method} int{self.bits}, group {self.group_size}" + ("" if self.sym else ", asymmetric")
+        if self.method == "fp8":
+            return "fp8 " + (f"block {self.block[0]}x{self.block[1]}" if self.block else "per tensor")
+        return self.method
+
+
+def resolve_quantization(raw: dict[str, Any], flag: str = "auto") -> QuantConfig | None:
+    """The quantization batonlm loads the checkpoint of `raw` (its config.json) with, under
+    `--quantization flag`; None: float weights, as they are."""
+    if flag not in QUANTIZATION_CHOICES:
+        raise QuantizationError(f"--quantization {flag!r} is not one of {', '.join(QUANTIZATION_CHOICES)}")
+    qc = raw.get("quantization_config")
+    if qc is None:
+        if flag == "fp8":
+            return QuantConfig("fp8", online=True)
+        if flag in ("auto", "none"):
+            return None
+        raise QuantizationError(f"--quantization {flag} needs a checkpoint quantized with {flag}; this one is not "
+                                "quantized (its config.json has no quantization_config); only fp8 quantizes a "
+                                "float checkpoint on load")
+    if not isinstance(qc, dict):
+        raise QuantizationError("config.json's quantization_config is not an object")
+    method = str(qc.get("quant_method", "")).lower().replace("_", "-")
+    if method not in QUANTIZATION_METHODS:
+        raise QuantizationError(f"quantization method {qc.get('quant_method')!r} (config.json's "
+                                f"quantization_config.quant_method) is not supported; batonlm loads "
+                                f"{', '.join(QUANTIZATION_METHODS)}")
+    if flag == "none":
+        raise QuantizationError(f"the checkpoint is quantized with {method}; --quantization none cannot load it "
+                                f"(use auto or {method})")
+    if flag not in ("auto", method):
+        raise QuantizationError(f"--quantization {flag} does not match the checkpoint's quantization method "
+                                f"{method} (use auto or {method})")
+    return _READERS[method](qc)
+
+
+def _fp8(qc: dict[str, Any]) -> QuantConfig:
+    scheme = str(qc.get("activation_scheme", "dynamic"))
+    if scheme not in _FP8_SCHEMES:
+        raise QuantizationError(f"fp8 quantization_config.activation_scheme {scheme!r} is not one of "
+                                f"{', '.join(_FP8_SCHEMES)}")
+    block = qc.get("weight_block_size")
+    if block is not None:
+        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+            raise QuantizationError(f"fp8 quantization_config.weight_block_size {block!r} is not two positive "
+                                    "integers")
+        block = (block[0], block[1])
+    return QuantConfig("fp8", block=block, activation_scheme=scheme)
+
+
+def _int_field(qc: dict[str, Any], method: str, key: str, allowed: tuple[int, ...]) -> int:
+    value = qc.get(key, qc.get("w_bit" if key == "bits" else "q_group_size"))
+    if not isinstance(value, int) or value not in allowed:
+        raise QuantizationError(f"{method} quantization_config.{key} {value!r} is not supported (supported: "
+                                f"{', '.join(map(str, allowed))})")
+    return value
+
+
+def _gptq(qc: dict[str, Any]) -> QuantConfig:
+    bits = _int_field(qc, "gptq", "bits", (4, 8))
+    group = _int_field(qc, "gptq", "group_size", (-1, 32, 64, 128, 256))
+    fmt = str(qc.get("checkpoint_format", "gptq"))
+    if fmt not in ("gptq", "gptq_v2"):
+        raise QuantizationError(f"gptq quantization_config.checkpoint_format {fmt!r} is not supported (supported: "
+                                "gptq, gptq_v2)")
+    return QuantConfig("gptq", bits=bits, group_size=group, sym=bool(qc.get("sym", True)), checkpoint_format=fmt)
+
+
+def _awq(qc: dict[str, Any]) -> QuantConfig:
+    bits = _int_field(qc, "awq", "bits", (4,))
+    group = _int_field(qc, "awq", "group_size", (-1, 32, 64, 128, 256))
+    version = str(qc.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise QuantizationError(f"awq quantization_config.version {version!r} is not supported (supported: gemm)")
+    return QuantConfig("awq", bits=bits, group_size=group, sym=not bool(qc.get("zero_point", True)))
+
+
+def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
+    fmt = str(qc.get("format", ""))
+    supported = ("float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "mixed-precision")
+    if fmt not in supported:
+        raise QuantizationError(f"compressed-tensors quantization_config.format {fmt!r} is not supported "
+                                f"(supported: {', '.join(supported)})")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise QuantizationError("compressed-tensors quantization_config.config_groups is missing or empty")
+    for name, group in groups.items():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(weights, dict):
+            raise QuantizationError(f"compressed-tensors config_groups.{name}.weights is missing")
+        kind, bits = weights.get("type"), weights.get("num_bits")
+        if (kind, bits) not in (("float", 8), ("int", 4), ("int", 8)):
+            raise QuantizationError(f"compressed-tensors config_groups.{name}.weights: {kind} {bits}-bit is not "
+                                    "supported (supported: float 8-bit, int 4-bit, int 8-bit)")
+        strategy = weights.get("strategy")
+        if strategy not in ("tensor", "channel", "group", "block"):
+            raise QuantizationError(f"compressed-tensors config_groups.{name}.weights.strategy {strategy!r} is "
+                                    "not supported (supported: tensor, channel, group, block)")
+    if qc.get("sparsity_config"):
+        raise QuantizationError("compressed-tensors sparsity (quantization_config.sparsity_config) is not supported")
+    blocks = {tuple(g["weights"]["block_structure"]) for g in groups.values()
+              if g["weights"].get("strategy") == "block" and g["weights"].get("block_structure")}
+    if len(blocks) > 1:
+        raise QuantizationError(f"compressed-tensors config_groups use different block structures {sorted(blocks)}; "
+                                "one is supported")
+    sizes = {g["weights"].get("group_size") for g in groups.values() if g["weights"].get("strategy") == "group"}
+    block = blocks.pop() if blocks else None
+    return QuantConfig("compressed-tensors", block=(block[0], block[1]) if block else None,
+                       group_size=sizes.pop() if len(sizes) == 1 else -1)
+
+
+_READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors}

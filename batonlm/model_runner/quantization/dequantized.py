@@ -1,0 +1,83 @@
+"""A quantized checkpoint seen as the float checkpoint it means: each quantized layer's tensors
+(`formats.find_linears`) appear as one `<prefix>.weight` [N, K], dequantized when read, and
+every other tensor as it is. The weight loader reads it as it reads any checkpoint, so tensor
+parallelism (a rank's rows or columns of the float weight), fused projections, LoRA and the
+compiled decode step need nothing of their own (docs/quantization.md: what runs where).
+
+With `--quantization fp8` on a float checkpoint (`QuantConfig.online`), each projection's
+weight is rounded to FP8 e4m3 with one scale per output channel as it is read.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from batonlm.model_runner.checkpoint import Checkpoint
+from batonlm.model_runner.quantization.config import QuantConfig
+from batonlm.model_runner.quantization.formats import QuantizedLinear, dequantize, find_linears
+
+# The float weights online FP8 rounds: attention and MLP projections, and experts' (not
+# embeddings, the LM head, norms or routers).
+_PROJECTION = re.compile(r"(_proj|\.experts\.\d+\.w[123])\.weight$")
+FP8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
+
+
+def fp8_round_per_channel(w: torch.Tensor) -> torch.Tensor:
+    """`w` [N, K] rounded to FP8 e4m3 with one scale per row (amax / 448) and back, in float32."""
+    w = w.to(torch.float32)
+    amax = w.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))
+    q = (w / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.to(torch.float32) * scale
+
+
+class DequantizedCheckpoint(Checkpoint):
+    """`ckpt`'s tensors under `quant`, as float ones (`Checkpoint`'s interface)."""
+
+    def __init__(self, files: list[Path], quant: QuantConfig) -> None:
+        super().__init__(files)
+        self.quant = quant
+        self.linears: dict[str, QuantizedLinear] = {}
+        self._consumed: set[str] = set()
+
+    def __enter__(self) -> DequantizedCheckpoint:
+        super().__enter__()
+        if not self.quant.online:
+            self.linears = find_linears(self, self.quant)
+            self._consumed = {m for lin in self.linears.values() for m in lin.members}
+        return self
+
+    def names_by_file(self) -> list[tuple[Path, list[str]]]:
+        out = []
+        for f, names in super().names_by_file():
+            shown = [n for n in names if n not in self._consumed]
+            shown += [w for w, lin in self.linears.items() if lin.members[0] in names]
+            out.append((f, shown))
+        return out
+
+    def names(self) -> list[str]:
+        return [n for _, names in self.names_by_file() for n in names]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.linears or (name not in self._consumed and super().__contains__(name))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        lin = self.linears.get(name)
+        return lin.shape if lin is not None else super().shape(name)
+
+    def nbytes(self, name: str) -> int:
+        lin = self.linears.get(name)
+        return super().nbytes(name) if lin is None else sum(super().nbytes(m) for m in lin.members)
+
+    def read(self, name: str, dim: int = 0, start: int = 0, count: int | None = None) -> torch.Tensor:
+        lin = self.linears.get(name)
+        if lin is None:
+            if not (self.quant.online and _PROJECTION.search(name) and len(super().shape(name)) == 2):
+                return super().read(name, dim, start, count)
+            w = fp8_round_per_channel(super().get(name))
+        else:
+            w = dequantize(self, lin, self.quant)
+        return w if count is None else w.narrow(dim, start, count)

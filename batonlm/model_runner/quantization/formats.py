@@ -1,0 +1,217 @@
+"""The quantized formats' tensors, read back to the weights they mean.
+
+A quantized linear layer is stored as several tensors under its module name (its prefix):
+- fp8 (transformers' FineGrainedFP8 / DeepSeek-V3, Qwen3-FP8; older per-tensor FP8): `weight`
+  (float8) and `weight_scale_inv` (one per block of `weight_block_size`) or `weight_scale`
+  (one per tensor); W = weight * scale of its block.
+- compressed-tensors (llm-compressor): `weight` (float8 or int8) with `weight_scale` (per tensor
+  [1], per channel [N, 1], per group [N, K/G] or per block) and an optional `weight_zero_point`;
+  or, pack-quantized, `weight_packed` (int32 [N, K/8]: 8 4-bit values along K, value + 8 so it is
+  unsigned, the first in the lowest bits), `weight_shape`, `weight_scale` [N, K/G] and for
+  asymmetric schemes `weight_zero_point` (packed along N the same way); `weight_g_idx` for
+  activation-ordered groups. W = (q - zero) * scale.
+- GPTQ (AutoGPTQ, GPTQModel): `qweight` int32 [K/8, N] (packed along K, the first row in the
+  lowest bits), `qzeros` int32 [K/G, N/8] (packed along N; `checkpoint_format` gptq stores
+  zero - 1), `scales` [K/G, N], `g_idx` [K] (each input row's group). W^T = (q - zero) * scale.
+- AWQ (AutoAWQ, GEMM): `qweight` int32 [K, N/8] and `qzeros` int32 [K/G, N/8], both packed along
+  N in AWQ's interleaved order (the j-th value of a word is column `_AWQ_ORDER[j]` of its 8),
+  `scales` [K/G, N]. W^T = (q - zero) * scale.
+
+`find_linears` names every quantized layer of a checkpoint and the tensors it consumes;
+`dequantize` gives its weight as nn.Linear holds it ([N, K], float32, exact: every format's
+value times its scale is one float32 rounding of the float64 product). A layer's activation
+scales (`input_scale`, `input_zero_point`) are consumed and unused: batonlm's CPU path runs
+W8A8 checkpoints as W8A16 (activations unquantized, at least as accurate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from batonlm.model_runner.checkpoint import Checkpoint
+from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
+
+# AWQ's interleave: value j of a packed word is column _AWQ_ORDER[j] of its group of 8.
+_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+_ACTIVATION_PARAMS = ("input_scale", "input_zero_point")
+_FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
+
+
+@dataclass(frozen=True)
+class QuantizedLinear:
+    """One quantized layer: its module name, its storage (fp8, int: an unpacked integer weight
+    with scales, packed: compressed-tensors' packed int, gptq, awq), the checkpoint tensors it
+    consumes, and its float weight's shape [N, K]."""
+
+    prefix: str
+    storage: str
+    members: tuple[str, ...]
+    shape: tuple[int, int]
+
+
+def find_linears(ckpt: Checkpoint, quant: QuantConfig) -> dict[str, QuantizedLinear]:
+    """`<prefix>.weight` -> the quantized layer stored under `prefix`, for every quantized layer
+    of the checkpoint (a layer left in float is not one)."""
+    names = set(ckpt.names())
+    out: dict[str, QuantizedLinear] = {}
+    for name in sorted(names):
+        prefix, _, leaf = name.rpartition(".")
+        found = _linear(ckpt, names, prefix, leaf, quant)
+        if found is not None:
+            out[f"{prefix}.weight"] = found
+    return out
+
+
+def _with_activation_params(names: set[str], prefix: str, members: list[str]) -> tuple[str, ...]:
+    return tuple(members + [f"{prefix}.{p}" for p in _ACTIVATION_PARAMS if f"{prefix}.{p}" in names])
+
+
+def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: QuantConfig) -> QuantizedLinear | None:
+    p = f"{prefix}."
+    if quant.method in ("gptq", "awq") and leaf == "qweight":
+        members = [p + "qweight", p + "qzeros", p + "scales"] + ([p + "g_idx"] if p + "g_idx" in names else [])
+        absent = [m for m in members if m not in names]
+        if absent:
+            raise QuantizationError(f"{quant.method} layer {prefix} lacks {', '.join(absent)}")
+        packed = ckpt.shape(p + "qweight")
+        per_word = 32 // quant.bits
+        shape = ((packed[1], packed[0] * per_word) if quant.method == "gptq" else (packed[1] * per_word, packed[0]))
+        return QuantizedLinear(prefix, quant.method, tuple(members), shape)
+    if leaf == "weight_packed":
+        members = [m for m in (p + "weight_packed", p + "weight_shape", p + "weight_scale", p + "weight_zero_point",
+                               p + "weight_g_idx") if m in names]
+        if p + "weight_scale" not in names or p + "weight_shape" not in names:
+            raise QuantizationError(f"compressed-tensors layer {prefix} lacks weight_scale or weight_shape")
+        n, k = (int(v) for v in ckpt.get(p + "weight_shape").tolist())
+        return QuantizedLinear(prefix, "packed", _with_activation_params(names, prefix, members), (n, k))
+    if leaf == "weight" and (p + "weight_scale" in names or p + "weight_scale_inv" in names):
+        dtype = ckpt.dtype(name := p + "weight")
+        storage = "fp8" if dtype in _FP8_DTYPES else "int" if dtype in ("I8", "U8") else None
+        if storage is None:
+            raise QuantizationError(f"{name} has scales but is stored as {dtype}, neither fp8 nor int8")
+        scale = p + "weight_scale_inv" if p + "weight_scale_inv" in names else p + "weight_scale"
+        members = [name, scale] + ([p + "weight_zero_point"] if p + "weight_zero_point" in names else [])
+        rows, cols = ckpt.shape(name)
+        return QuantizedLinear(prefix, storage, _with_activation_params(names, prefix, members), (rows, cols))
+    return None
+
+
+def dequantize(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    """The layer's weight [N, K] in float32."""
+    return _DEQUANTIZE[lin.storage](ckpt, lin, quant)
+
+
+def _scaled(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    """fp8 or int8 values with a per-tensor, -channel, -group or -block scale (and zero)."""
+    p = f"{lin.prefix}."
+    n, k = lin.shape
+    scale_name = lin.members[1]
+    w = ckpt.get(p + "weight").to(torch.float32)
+    if p + "weight_zero_point" in lin.members:
+        zero = ckpt.get(p + "weight_zero_point").to(torch.float32)
+        w = w - _expand(zero, n, k, quant, p + "weight_zero_point")
+    return w * _expand(ckpt.get(scale_name).to(torch.float32), n, k, quant, scale_name)
+
+
+def _packed(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    """compressed-tensors' pack-quantized int4: unsigned values (signed + 8) along K."""
+    p = f"{lin.prefix}."
+    n, k = lin.shape
+    q = unpack_words(ckpt.get(p + "weight_packed"), 4, dim=1)[:, :k]
+    scale = ckpt.get(p + "weight_scale").to(torch.float32)
+    groups = _group_index(ckpt, p + "weight_g_idx", lin, k, scale.shape[1], quant.group_size)
+    if p + "weight_zero_point" not in lin.members:
+        return (q - 8).to(torch.float32) * scale[:, groups]  # symmetric: a zero of 0, + 8 unsigned
+    z = ckpt.get(p + "weight_zero_point")
+    zero = unpack_words(z, 4, dim=0)[:n] if z.dtype == torch.int32 else z.to(torch.int32) + 8
+    return (q - zero[:, groups]).to(torch.float32) * scale[:, groups]
+
+
+def _gptq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    p = f"{lin.prefix}."
+    n, k = lin.shape
+    q = unpack_words(ckpt.get(p + "qweight"), quant.bits, dim=0)[:k]  # [K, N]
+    zeros = unpack_words(ckpt.get(p + "qzeros"), quant.bits, dim=1)[:, :n]  # [K/G, N]
+    if quant.checkpoint_format == "gptq":  # v1: stored zero - 1
+        zeros = zeros + 1
+    scales = ckpt.get(p + "scales").to(torch.float32)
+    groups = _group_index(ckpt, p + "g_idx", lin, k, scales.shape[0], quant.group_size)
+    return ((q - zeros[groups]).to(torch.float32) * scales[groups]).t().contiguous()
+
+
+def _awq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    p = f"{lin.prefix}."
+    n, k = lin.shape
+    q = _awq_columns(unpack_words(ckpt.get(p + "qweight"), 4, dim=1))[:, :n]  # [K, N]
+    zeros = _awq_columns(unpack_words(ckpt.get(p + "qzeros"), 4, dim=1))[:, :n]
+    scales = ckpt.get(p + "scales").to(torch.float32)
+    groups = _group_index(ckpt, None, lin, k, scales.shape[0], quant.group_size)
+    return ((q - zeros[groups]).to(torch.float32) * scales[groups]).t().contiguous()
+
+
+_DEQUANTIZE = {"fp8": _scaled, "int": _scaled, "packed": _packed, "gptq": _gptq, "awq": _awq}
+
+
+def unpack_words(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """int32 words of 32 / bits unsigned values each (the first in the lowest bits) unpacked
+    along `dim`: [.., W, ..] -> [.., W * 32 / bits, ..] int32."""
+    per_word = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
+    words = packed.to(torch.int32).unsqueeze(dim + 1)  # a new axis after `dim` for the values
+    view = [1] * words.dim()
+    view[dim + 1] = per_word
+    values = (words >> shifts.view(view)) & ((1 << bits) - 1)
+    shape = list(packed.shape)
+    shape[dim] *= per_word
+    return values.reshape(shape)
+
+
+def _awq_columns(values: torch.Tensor) -> torch.Tensor:
+    """Columns unpacked in AWQ's interleaved order put back in order: column c of each group of 8
+    is value _AWQ_ORDER.index(c) of its word."""
+    rows, cols = values.shape
+    inverse = torch.tensor([_AWQ_ORDER.index(c) for c in range(8)])
+    return values.view(rows, cols // 8, 8)[:, :, inverse].reshape(rows, cols)
+
+
+def _group_index(
+    ckpt: Checkpoint, g_idx: str | None, lin: QuantizedLinear, k: int, num_groups: int, group_size: int
+) -> torch.Tensor:
+    """Each input row's group: the checkpoint's `g_idx` when it has one (activation order), else
+    row // group size (-1: one group)."""
+    if g_idx is not None and g_idx in lin.members:
+        groups = ckpt.get(g_idx).to(torch.int64)
+        if groups.shape != (k,) or int(groups.min()) < 0 or int(groups.max()) >= num_groups:
+            raise QuantizationError(f"{g_idx} is not a group index of {k} rows into {num_groups} groups")
+        return groups
+    size = k if group_size == -1 else group_size if group_size > 0 else -(-k // num_groups)
+    if -(-k // size) != num_groups:
+        raise QuantizationError(f"{lin.prefix}: {num_groups} scale groups for {k} input features do not fit the "
+                                f"group size {size}")
+    return torch.arange(k) // size
+
+
+def _expand(scale: torch.Tensor, n: int, k: int, quant: QuantConfig, name: str) -> torch.Tensor:
+    """A per-tensor, per-channel, per-group or per-block scale (or zero) as a [N, K] (or
+    broadcastable) tensor."""
+    if scale.numel() == 1:
+        return scale.reshape(())
+    if scale.dim() == 1 and scale.shape[0] == n:
+        return scale[:, None]
+    if scale.dim() == 2 and scale.shape == (n, 1):
+        return scale
+    if scale.dim() == 2 and scale.shape[0] == n:  # per group along K
+        size = quant.group_size if quant.group_size > 0 else -(-k // scale.shape[1])
+        if -(-k // size) != scale.shape[1]:
+            raise QuantizationError(f"{name} has {scale.shape[1]} groups for {k} input features of group size {size}")
+        return scale.repeat_interleave(size, dim=1)[:, :k]
+    if scale.dim() == 2 and quant.block is not None:
+        bn, bk = quant.block
+        if scale.shape != (-(-n // bn), -(-k // bk)):
+            raise QuantizationError(f"{name} has shape {tuple(scale.shape)}; a [{n}, {k}] weight in {bn}x{bk} blocks "
+                                    f"needs {(-(-n // bn), -(-k // bk))}")
+        return scale.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+    raise QuantizationError(f"{name} of shape {tuple(scale.shape)} is not a per-tensor, per-channel, per-group or "
+                            f"per-block scale of a [{n}, {k}] weight")

@@ -1,0 +1,89 @@
+"""`--quantization` against a checkpoint's quantization_config: what loads, and one clear line
+for what does not (the method, the field, what is supported)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from batonlm.model_runner.model_config import ModelConfig, ModelConfigError
+from batonlm.model_runner.quantization.config import QuantizationError, resolve_quantization
+from batonlm.model_runner.quantization.dequantized import FP8_E4M3_MAX, fp8_round_per_channel
+
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": True}
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+CT_W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+    "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+                                       "symmetric": True}}}, "ignore": ["lm_head"]}
+
+
+def test_the_checkpoints_method_is_read() -> None:
+    assert resolve_quantization({}) is None
+    gptq = resolve_quantization({"quantization_config": GPTQ})
+    assert gptq is not None and (gptq.method, gptq.bits, gptq.group_size, gptq.sym) == ("gptq", 4, 64, True)
+    assert gptq.checkpoint_format == "gptq"  # AutoGPTQ's and GPTQModel's default: zeros stored minus one
+    awq = resolve_quantization({"quantization_config": AWQ}, "awq")
+    assert awq is not None and (awq.method, awq.group_size, awq.sym) == ("awq", 128, False)
+    fp8 = resolve_quantization({"quantization_config": FP8_BLOCK})
+    assert fp8 is not None and fp8.block == (128, 128) and not fp8.online
+    ct = resolve_quantization({"quantization_config": CT_W4A16})
+    assert ct is not None and (ct.method, ct.group_size) == ("compressed-tensors", 128)
+    online = resolve_quantization({}, "fp8")
+    assert online is not None and online.online and online.method == "fp8"
+
+
+@pytest.mark.parametrize("raw, flag, words", [
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "auto",
+     ["'bitsandbytes'", "quant_method", "fp8, compressed-tensors, gptq, awq"]),
+    ({"quantization_config": GPTQ}, "none", ["gptq", "--quantization none"]),
+    ({"quantization_config": GPTQ}, "awq", ["--quantization awq", "gptq"]),
+    ({}, "gptq", ["--quantization gptq", "not quantized"]),
+    ({"quantization_config": {**GPTQ, "bits": 3}}, "auto", ["gptq", "bits", "3", "4, 8"]),
+    ({"quantization_config": {**GPTQ, "checkpoint_format": "marlin"}}, "auto", ["checkpoint_format", "'marlin'"]),
+    ({"quantization_config": {**AWQ, "version": "gemv"}}, "auto", ["awq", "version", "'gemv'", "gemm"]),
+    ({"quantization_config": {**FP8_BLOCK, "weight_block_size": [128]}}, "auto", ["weight_block_size"]),
+    ({"quantization_config": {**FP8_BLOCK, "activation_scheme": "smooth"}}, "auto", ["activation_scheme"]),
+    ({"quantization_config": {**CT_W4A16, "format": "marlin-24"}}, "auto", ["compressed-tensors", "'marlin-24'"]),
+    ({"quantization_config": {**CT_W4A16, "config_groups": {"g": {"weights": {
+        "num_bits": 2, "type": "int", "strategy": "group"}}}}}, "auto", ["int 2-bit", "int 4-bit"]),
+    ({"quantization_config": {**CT_W4A16, "sparsity_config": {"format": "sparse-24"}}}, "auto", ["sparsity"]),
+])
+def test_an_unloadable_config_is_one_clear_line(raw: dict, flag: str, words: list[str]) -> None:
+    with pytest.raises(QuantizationError) as e:
+        resolve_quantization(raw, flag)
+    message = str(e.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_a_model_directory_with_a_bad_config_fails_at_start(tmp_path, stories_path) -> None:
+    model = tmp_path / "m"
+    shutil.copytree(stories_path, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "hqq"}}))
+    with pytest.raises(ModelConfigError, match=r"config\.json.*'hqq'.*supported"):
+        ModelConfig.from_hf(model)
+    with pytest.raises(ModelConfigError, match="needs a checkpoint quantized with awq"):
+        ModelConfig.from_hf(stories_path, quantization="awq")
+
+
+def test_online_fp8_rounds_each_channel_within_half_a_step() -> None:
+    """e4m3 has 3 mantissa bits: a value's nearest e4m3 is within 2^-4 of it relatively (normal
+    range), and below the smallest normal (2^-6) within half the subnormal step 2^-10 (scaled by
+    the row's scale). Rows are scaled so their largest value is 448 (kept exactly)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 96, generator=g, dtype=torch.float64) * torch.logspace(-3, 1, 64, dtype=torch.float64)[:, None]
+    w[5] = 0  # an all-zero row stays zero
+    r = fp8_round_per_channel(w.float()).double()
+    scale = (w.abs().amax(1, keepdim=True) / FP8_E4M3_MAX).clamp_min(1e-30)
+    bound = torch.maximum(w.abs() * 2.0**-4, scale * 2.0**-10) * (1 + 1e-6) + w.abs() * 2.0**-23
+    assert ((r - w).abs() <= bound).all()
+    assert (r[5] == 0).all()
+    # Each row's largest value maps to 448, exact in e4m3: it comes back within float32's rounding.
+    top = w.float().double().abs().amax(1)
+    assert ((r.abs().amax(1) - top).abs() <= top * 2.0**-22).all()
