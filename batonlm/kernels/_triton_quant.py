@@ -157,7 +157,7 @@ def fp8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, x_sc
     block_m, tile_n = _tile_m(m), _tile(n, 128)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, tile_n))
     _fp8_matmul_kernel[grid](
-        x_q, w_q, y, x_scale, w_scale, bias if bias is not None else y, m, n, k, block_n, block_k or k,
+        x_q, w_q, y, x_scale, w_scale, bias.contiguous() if bias is not None else y, m, n, k, block_n, block_k or k,
         x_q.stride(0), w_q.stride(0), y.stride(0), *x_scale_strides, *w_scale_strides,
         K_BLOCKED=block_k is not None, HAS_BIAS=bias is not None, UPCAST=INTERPRET,
         BLOCK_M=block_m, BLOCK_N=tile_n, BLOCK_K=tile_k, **NO_FMA, **_GPU_OPTS,
@@ -215,7 +215,7 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     block_m, block_n, block_k = _tile_m(m), _tile(n, 64), 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _int4_matmul_kernel[grid](
-        x, qweight, scales, zeros, bias if bias is not None else y, y, m, n, k, group,
+        x, qweight, scales, zeros, bias.contiguous() if bias is not None else y, y, m, n, k, group,
         x.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), y.stride(0),
         ROW_SCALES=group % block_k == 0 or group >= k, HAS_BIAS=bias is not None, UPCAST=INTERPRET,
         IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,

@@ -322,17 +322,20 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
     return w.T.contiguous().to(dtype)
 
 
-def _check_x(x: torch.Tensor, bias: torch.Tensor | None, n: int) -> None:
+def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias) -> int:
+    """The group size in rows (-1 -> K)."""
     _check_2d(x, "x")
     if not x.is_floating_point():
         raise _fail("x", "a floating-point tensor", x.dtype)
-    if bias is not None and _shape(bias) != (n,):
-        raise _fail("bias", f"shape [{n}]", f"shape {_shape(bias)}")
+    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1])
+    if bias is not None and _shape(bias) != (qweight.shape[1],):
+        raise _fail("bias", f"shape [{qweight.shape[1]}]", f"shape {_shape(bias)}")
+    return g
 
 
 def int4_dequant_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                                   zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    _check_x(x, bias, qweight.shape[1] if qweight.dim() == 2 else -1)
+    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias)
     w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
@@ -344,8 +347,7 @@ def int4_dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Te
     (the layout above; group_size 32, 64, 128, ... or -1)."""
     if not (x.is_cuda if use_triton is None else use_triton):
         return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias)
-    _check_x(x, bias, qweight.shape[1] if qweight.dim() == 2 else -1)
-    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1])
+    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias)
     from batonlm.kernels import _triton_quant
 
     return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias)
