@@ -2,7 +2,10 @@
 
 For batch 1, 16, 64, 256 x vocabulary 32000, 151936: sampling (Triton; the sort-based torch
 reference; the usual torch sampler: sort, top-k/top-p masks, torch.multinomial), greedy argmax,
-penalties and logprobs (top 5). Times are CUDA-event means after warm-up. Prints a table and
+penalties and logprobs (top 5). For M = 1, 16, 64, 256 rows of a 4096 x 4096 linear layer: the
+quantized kernels (FP8 activation quantization, FP8 block-wise and per-channel GEMMs, int4
+weight-only, group 128) against their torch references and the unquantized bfloat16 matmul.
+Times are CUDA-event means after warm-up. Prints a table and
 writes benchmarks/results/kernels_gpu.json. Without CUDA it prints "skipped: no CUDA device"
 and exits 0.
 
@@ -28,6 +31,7 @@ BATCHES = (1, 16, 64, 256)
 VOCABS = (32000, 151936)
 TEMPERATURE, TOP_K, TOP_P, MIN_P = 0.8, 50, 0.9, 0.05
 TOP_N = 5
+QUANT_N, QUANT_K, QUANT_GROUP = 4096, 4096, 128
 DEFAULT_OUT = Path(__file__).parent / "results" / "local" / "kernels_gpu.json"
 
 
@@ -104,12 +108,51 @@ def bench_shape(b: int, v: int, iters: int, dev: str = "cuda") -> list[dict]:
     return rows
 
 
+def bench_quant(m: int, iters: int, n: int = QUANT_N, k: int = QUANT_K, dev: str = "cuda") -> list[dict]:
+    """The quantized linear kernels at M rows of an N x K layer (FP8 rows need compute capability 8.9)."""
+    from batonlm.kernels import quant as q
+
+    g = torch.Generator(device=dev).manual_seed(m)
+    x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) / 64
+    groups = k // QUANT_GROUP
+    qweight = q.pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=g))
+    scales = torch.rand(groups, n, device=dev, generator=g, dtype=torch.bfloat16) / 100
+    zeros = torch.full((groups, n), 8, dtype=torch.int32, device=dev)
+    cases = [
+        ("bf16 matmul", "torch", lambda: x @ w.T),
+        ("int4 gemm", "triton", lambda: q.int4_dequant_matmul(x, qweight, scales, zeros, QUANT_GROUP)),
+        ("int4 gemm", "torch reference", lambda: q.int4_dequant_matmul_reference(x, qweight, scales, zeros, QUANT_GROUP)),
+    ]
+    if torch.cuda.get_device_capability() >= (8, 9):
+        x_q, x_s = q.per_token_group_quant_fp8(x, QUANT_GROUP)
+        w_q = (w * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        w_block_s = torch.rand(n // 128, k // 128, device=dev, generator=g) / 100
+        xt_q, xt_s = q.per_token_quant_fp8(x)
+        w_ch = torch.rand(n, device=dev, generator=g) / 100
+        cases += [
+            ("fp8 group quant", "triton", lambda: q.per_token_group_quant_fp8(x, QUANT_GROUP)),
+            ("fp8 group quant", "torch reference", lambda: q.per_token_group_quant_fp8_reference(x, QUANT_GROUP)),
+            ("fp8 block gemm", "triton",
+             lambda: q.fp8_block_matmul(x_q, x_s, w_q, w_block_s, (128, 128), torch.bfloat16)),
+            ("fp8 block gemm", "torch reference",
+             lambda: q.fp8_block_matmul_reference(x_q, x_s, w_q, w_block_s, (128, 128), torch.bfloat16)),
+            ("fp8 channel gemm", "triton", lambda: q.fp8_scaled_matmul(xt_q, xt_s, w_q, w_ch, torch.bfloat16)),
+            ("fp8 channel gemm", "torch reference",
+             lambda: q.fp8_scaled_matmul_reference(xt_q, xt_s, w_q, w_ch, torch.bfloat16)),
+        ]
+    size = f"{n}x{k}"
+    return [{"op": op, "impl": impl, "batch": m, "size": size, "ms": round(cuda_ms(fn, iters), 4)} for op, impl, fn in cases]
+
+
 def print_table(rows: list[dict]) -> None:
-    print(f"{'op':<16} {'vocab':>7} {'batch':>5} {'impl':<24} {'ms':>9} {'vs triton':>9}")
-    triton_ms = {(r["op"], r["batch"], r["vocab"]): r["ms"] for r in rows if r["impl"] == "triton"}
-    for r in sorted(rows, key=lambda r: (r["op"], r["vocab"], r["batch"], r["impl"] != "triton")):
-        ratio = r["ms"] / triton_ms[(r["op"], r["batch"], r["vocab"])]
-        print(f"{r['op']:<16} {r['vocab']:>7} {r['batch']:>5} {r['impl']:<24} {r['ms']:>9.4f} {ratio:>8.2f}x")
+    print(f"{'op':<16} {'size':>9} {'batch':>5} {'impl':<24} {'ms':>9} {'vs triton':>9}")
+    size = {id(r): str(r.get("vocab", r.get("size"))) for r in rows}
+    triton_ms = {(r["op"], r["batch"], size[id(r)]): r["ms"] for r in rows if r["impl"] == "triton"}
+    for r in sorted(rows, key=lambda r: (r["op"], size[id(r)], r["batch"], r["impl"] != "triton")):
+        base = triton_ms.get((r["op"], r["batch"], size[id(r)]))
+        ratio = f"{r['ms'] / base:>8.2f}x" if base else f"{'':>9}"
+        print(f"{r['op']:<16} {size[id(r)]:>9} {r['batch']:>5} {r['impl']:<24} {r['ms']:>9.4f} {ratio}")
 
 
 def main() -> int:
@@ -127,6 +170,9 @@ def main() -> int:
         for b in BATCHES:
             rows += bench_shape(b, v, args.iters)
             print(f"done: batch {b}, vocabulary {v}", file=sys.stderr, flush=True)
+    for m in BATCHES:
+        rows += bench_quant(m, args.iters)
+        print(f"done: quantized GEMMs, {m} rows", file=sys.stderr, flush=True)
     print_table(rows)
     result = {
         "device": torch.cuda.get_device_name(),

@@ -14,7 +14,7 @@ from triton import compile as triton_compile  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from batonlm.kernels import _triton_logprobs, _triton_penalties, _triton_sampling  # noqa: E402
+from batonlm.kernels import _triton_logprobs, _triton_penalties, _triton_quant, _triton_sampling  # noqa: E402
 from batonlm.kernels._triton_common import NO_FMA  # noqa: E402
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
@@ -38,6 +38,21 @@ KERNELS = [
      dict(logits_ptr=F32, stride="i32", temperature_ptr=F32, chosen_ptr=I64, chosen_out_ptr=F32,
           top_ids_ptr=I64, top_lp_ptr=F32, V="i32", top_n="i32"),
      dict(BLOCK=1024, NP=32, WITH_TOP=True), dict(num_warps=8, **NO_FMA)),
+    (_triton_quant._quant_fp8_kernel,
+     dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr=F32, K="i32", group="i32", groups_per_row="i32", stride_xm="i32",
+          stride_qm="i32", fp8_max="fp32", min_scale="fp32"),
+     dict(STATIC=False, BLOCK=128), dict(num_warps=4, **NO_FMA)),
+    (_triton_quant._fp8_matmul_kernel,
+     dict(x_ptr="*fp8e4nv", w_ptr="*fp8e4nv", y_ptr="*bf16", xs_ptr=F32, ws_ptr=F32, bias_ptr="*bf16", M="i32", N="i32",
+          K="i32", block_n="i32", block_k="i32", stride_xm="i32", stride_wn="i32", stride_ym="i32", stride_xsm="i32",
+          stride_xsk="i32", stride_wsn="i32", stride_wsk="i32"),
+     dict(K_BLOCKED=True, HAS_BIAS=False, UPCAST=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128),
+     dict(num_warps=4, num_stages=3, **NO_FMA)),
+    (_triton_quant._int4_matmul_kernel,
+     dict(x_ptr="*bf16", qw_ptr=I32, s_ptr="*bf16", z_ptr=I32, bias_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32",
+          K="i32", group="i32", stride_xm="i32", stride_qk="i32", stride_sg="i32", stride_zg="i32", stride_ym="i32"),
+     dict(ROW_SCALES=False, HAS_BIAS=True, UPCAST=False, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+     dict(num_warps=4, num_stages=3, **NO_FMA)),
 ]
 
 
@@ -47,7 +62,9 @@ def main() -> None:
         src = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs)
         ptx = triton_compile(src, target=target, options=dict(options)).asm["ptx"]
         # tl.exp's fast path is a bare ex2.approx.f32; CUDA's expf (libdevice) uses the .ftz form.
-        facts = {"fma": "fma.rn.f32" in ptx, "fast_exp": "ex2.approx.f32" in ptx}
+        facts = {"fma": "fma.rn.f32" in ptx, "fast_exp": "ex2.approx.f32" in ptx,
+                 # FP8 tensor-core MMAs; FP8 stores rounded to nearest even and saturated.
+                 "fp8_mma": ".e4m3.e4m3" in ptx, "fp8_cvt_rn": "cvt.rn.satfinite.e4m3x2.f32" in ptx}
         print(json.dumps({"kernel": fn.__name__, "ptx_chars": len(ptx), **facts}), flush=True)
 
 

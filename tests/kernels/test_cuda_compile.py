@@ -30,9 +30,13 @@ def test_every_kernel_compiles_for_sm90():
     kernels = {r["kernel"]: r for r in map(json.loads, proc.stdout.splitlines())}
     assert set(kernels) == {
         "_sample_kernel", "_threshold_kernel", "_argmax_kernel", "_uniform_kernel", "_penalties_kernel", "_logprobs_kernel",
+        "_quant_fp8_kernel", "_fp8_matmul_kernel", "_int4_matmul_kernel",
     }
     assert all(r["ptx_chars"] > 1000 for r in kernels.values())
     # Penalties: no FMA, so that freq * count + pres rounds as torch's does.
     assert not kernels["_penalties_kernel"]["fma"]
     # Softmax probabilities use libdevice's exp (CUDA's expf, as torch), not tl.exp's ex2.approx.
     assert not kernels["_sample_kernel"]["fast_exp"] and not kernels["_logprobs_kernel"]["fast_exp"]
+    # The FP8 block GEMM multiplies FP8 tiles on the tensor cores (not upcast), and activations
+    # are rounded to FP8 to nearest even, as torch rounds (the interpreter cannot show either).
+    assert kernels["_fp8_matmul_kernel"]["fp8_mma"] and kernels["_quant_fp8_kernel"]["fp8_cvt_rn"]

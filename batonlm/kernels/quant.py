@@ -1,0 +1,353 @@
+"""Quantized linear layers' kernels: FP8 (activations quantized at run time, weights per block,
+per channel or per tensor) and int4 weight-only, each a plain-torch reference beside a Triton
+twin (`_triton_quant.py`). The entry points take `use_triton`: None picks Triton for CUDA tensors
+(FP8: on a GPU with FP8 support, compute capability 8.9 or more) and torch otherwise.
+
+FP8 scales are float32 and mean "dequantized = stored value * scale" (a checkpoint's
+`weight_scale_inv`). Activations are 2-D [M, K]; weights are nn.Linear's [N, K]; y = x @ W^T.
+
+- Activations, dynamically: `per_token_group_quant_fp8` gives x_q [M, K] and a scale
+  [M, ceil(K / group)] per row and group of `group` columns (the last may be partial): the
+  group's amax / the format's max, so its largest value becomes +-max; values are divided by it
+  and rounded to nearest even. A scale is at least float32's smallest normal, so an all-zero
+  group quantizes to zeros (no 0 / 0). `per_token_quant_fp8`: one group per row.
+  Statically: `static_quant_fp8` divides by a given per-tensor scale and clamps to +-max.
+- Weights per block (DeepSeek-V3, Qwen3 FP8): w_q [N, K], w_scale [ceil(N / bn), ceil(K / bk)]
+  for block (bn, bk); W[n, k] = w_q[n, k] * w_scale[n // bn, k // bk]. `fp8_block_matmul`
+  takes x quantized with group = bk and applies both scales per K block.
+- Weights per channel ([N] or [N, 1]) or per tensor ([] or [1]), activations per token
+  ([M, 1]) or per tensor ([] or [1]): `fp8_scaled_matmul` applies both once, then a bias.
+
+int4 weight-only: the one layout GPTQ and AWQ checkpoints are repacked into.
+- `qweight` int32 [ceil(K / 8), N]: row j packs input rows 8j .. 8j + 7 of column n, nibble i
+  (bits 4i .. 4i + 3, i = 0 the least significant) holding row 8j + i, unsigned 0..15 (rows past
+  K are 0). `pack_int4` / `unpack_int4` convert from / to a [K, N] tensor of values.
+- `scales` [ceil(K / G), N], float32 or the activation dtype; `zeros` [ceil(K / G), N], any
+  integer dtype, unpacked values 0..15 (8 everywhere for a symmetric checkpoint). G is the
+  group size; -1 means one group of all K rows.
+- W[n, k] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n]: `dequantize_int4` gives W [N, K]
+  (nn.Linear's layout); `int4_dequant_matmul` computes x @ W^T in x's dtype, W rounded to it
+  (the Triton kernel dequantizes each tile exactly in float32, rounds it once to x's dtype and
+  multiplies with float32 accumulation; the reference rounds the same W the same way).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# The least scale: float32's smallest normal (a zero group divides by it, not by 0).
+MIN_SCALE = torch.finfo(torch.float32).tiny
+
+
+def _fail(name: str, what: str, got: object) -> ValueError:
+    return ValueError(f"{name}: expected {what}, got {got}")
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check_2d(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 2:
+        raise _fail(name, "a 2-D tensor", f"shape {_shape(t)}")
+
+
+def _check_fp8(t: torch.Tensor, name: str) -> None:
+    _check_2d(t, name)
+    if t.dtype not in FP8_DTYPES:
+        raise _fail(name, "float8_e4m3fn or float8_e5m2", t.dtype)
+
+
+def _check_scale(t: torch.Tensor, name: str, shapes: list[tuple[int, ...]]) -> None:
+    if t.dtype != torch.float32:
+        raise _fail(name, "float32", t.dtype)
+    if _shape(t) not in shapes:
+        raise _fail(name, " or ".join(str(list(s)) for s in shapes), f"shape {_shape(t)}")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _fp8_on_triton(t: torch.Tensor, use_triton: bool | None) -> bool:
+    if use_triton is not None:
+        return use_triton
+    return t.is_cuda and torch.cuda.get_device_capability(t.device) >= (8, 9)
+
+
+def _expand(scale: torch.Tensor, rows_per: int, cols_per: int, rows: int, cols: int) -> torch.Tensor:
+    """A per-block scale [ceil(rows / rows_per), ceil(cols / cols_per)] -> one per element."""
+    return scale.repeat_interleave(rows_per, 0)[:rows].repeat_interleave(cols_per, 1)[:, :cols]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# --- FP8 activations -------------------------------------------------------------------------
+
+
+def _check_quant_args(x: torch.Tensor, group: int, dtype: torch.dtype) -> None:
+    _check_2d(x, "x")
+    if not x.is_floating_point():
+        raise _fail("x", "a floating-point tensor", x.dtype)
+    if dtype not in FP8_DTYPES:
+        raise _fail("dtype", "float8_e4m3fn or float8_e5m2", dtype)
+    if group < 1:
+        raise _fail("group", "a positive number of columns", group)
+
+
+def per_token_group_quant_fp8_reference(
+    x: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_quant_args(x, group, dtype)
+    m, k = x.shape
+    fp8_max = torch.finfo(dtype).max
+    groups = _cdiv(k, group)
+    xf = torch.nn.functional.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
+    amax = xf.abs().amax(dim=2)
+    # A tensor divisor: CUDA divides by a Python scalar as a multiply by its reciprocal.
+    scale = (amax / torch.full_like(amax, fp8_max)).clamp(min=MIN_SCALE)
+    q = (xf / scale[:, :, None]).clamp(-fp8_max, fp8_max).to(dtype)
+    return q.view(m, groups * group)[:, :k].contiguous(), scale
+
+
+def per_token_group_quant_fp8(
+    x: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float8_e4m3fn, *, use_triton: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_q [M, K] in `dtype`, scale float32 [M, ceil(K / group)])."""
+    if not _fp8_on_triton(x, use_triton):
+        return per_token_group_quant_fp8_reference(x, group, dtype)
+    _check_quant_args(x, group, dtype)
+    from batonlm.kernels import _triton_quant
+
+    return _triton_quant.quant_fp8(x, group, dtype, MIN_SCALE)
+
+
+def per_token_quant_fp8(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *, use_triton: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_q [M, K], scale float32 [M, 1]): one group per row."""
+    _check_2d(x, "x")
+    return per_token_group_quant_fp8(x, max(1, x.shape[1]), dtype, use_triton=use_triton)
+
+
+def static_quant_fp8_reference(x: torch.Tensor, scale: torch.Tensor,
+                               dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    _check_quant_args(x, 1, dtype)
+    _check_scale(scale, "scale", [(), (1,)])
+    fp8_max = torch.finfo(dtype).max
+    return (x.float() / scale.reshape(())).clamp(-fp8_max, fp8_max).to(dtype)
+
+
+def static_quant_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *,
+                     use_triton: bool | None = None) -> torch.Tensor:
+    """x [M, K] / a per-tensor float32 `scale` ([] or [1], e.g. a checkpoint's input_scale),
+    clamped to the format's range -> x_q [M, K]."""
+    if not _fp8_on_triton(x, use_triton):
+        return static_quant_fp8_reference(x, scale, dtype)
+    _check_quant_args(x, 1, dtype)
+    _check_scale(scale, "scale", [(), (1,)])
+    from batonlm.kernels import _triton_quant
+
+    return _triton_quant.quant_fp8(x, 4096, dtype, MIN_SCALE, static_scale=scale)[0]
+
+
+# --- FP8 weights -----------------------------------------------------------------------------
+
+
+def _check_block(block: tuple[int, int]) -> tuple[int, int]:
+    if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
+        raise _fail("block", "(block_n, block_k), two positive ints", block)
+    return block[0], block[1]
+
+
+def dequantize_fp8_block(w_q: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int],
+                         dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """W [N, K] in `dtype` = w_q * the scale of its block (computed in float32, or float64)."""
+    _check_fp8(w_q, "w_q")
+    bn, bk = _check_block(block)
+    n, k = w_q.shape
+    _check_scale(w_scale, "w_scale", [(_cdiv(n, bn), _cdiv(k, bk))])
+    c = _compute_dtype(dtype)
+    return (w_q.to(c) * _expand(w_scale.to(c), bn, bk, n, k)).to(dtype)
+
+
+def _channel_scale(w_scale: torch.Tensor, n: int) -> torch.Tensor:
+    _check_scale(w_scale, "w_scale", [(), (1,), (n,), (n, 1)])
+    return w_scale.reshape(-1, 1)  # [1, 1] or [N, 1]
+
+
+def dequantize_fp8(w_q: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """W [N, K] in `dtype` = w_q * its per-tensor ([] / [1]) or per-channel ([N] / [N, 1]) scale."""
+    _check_fp8(w_q, "w_q")
+    c = _compute_dtype(dtype)
+    return (w_q.to(c) * _channel_scale(w_scale, w_q.shape[0]).to(c)).to(dtype)
+
+
+def _check_block_matmul(x_q, x_scale, w_q, w_scale, block) -> tuple[int, int]:
+    _check_fp8(x_q, "x_q")
+    _check_fp8(w_q, "w_q")
+    if x_q.dtype != w_q.dtype:
+        raise _fail("w_q", f"x_q's dtype {x_q.dtype}", w_q.dtype)
+    if x_q.shape[1] != w_q.shape[1]:
+        raise _fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {_shape(w_q)}")
+    bn, bk = _check_block(block)
+    (m, k), n = x_q.shape, w_q.shape[0]
+    _check_scale(x_scale, "x_scale", [(m, _cdiv(k, bk))])
+    _check_scale(w_scale, "w_scale", [(_cdiv(n, bn), _cdiv(k, bk))])
+    return bn, bk
+
+
+def fp8_block_matmul_reference(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                               block: tuple[int, int], out_dtype: torch.dtype) -> torch.Tensor:
+    """Both operands dequantized in float32, one matmul."""
+    bn, bk = _check_block_matmul(x_q, x_scale, w_q, w_scale, block)
+    m, k = x_q.shape
+    x = x_q.float() * _expand(x_scale, 1, bk, m, k)
+    return (x @ dequantize_fp8_block(w_q, w_scale, (bn, bk), torch.float32).T).to(out_dtype)
+
+
+def fp8_block_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                     block: tuple[int, int], out_dtype: torch.dtype, *, use_triton: bool | None = None) -> torch.Tensor:
+    """y [M, N] in `out_dtype` = x @ W^T: x_q [M, K] with x_scale [M, ceil(K / bk)]
+    (`per_token_group_quant_fp8` with group = bk), w_q [N, K] with w_scale
+    [ceil(N / bn), ceil(K / bk)], block = (bn, bk). The Triton kernel needs bk a multiple of 16."""
+    if not _fp8_on_triton(x_q, use_triton):
+        return fp8_block_matmul_reference(x_q, x_scale, w_q, w_scale, block, out_dtype)
+    bn, bk = _check_block_matmul(x_q, x_scale, w_q, w_scale, block)
+    from batonlm.kernels import _triton_quant
+
+    return _triton_quant.fp8_matmul(x_q, w_q, x_scale, (x_scale.stride(0), x_scale.stride(1)), w_scale,
+                                    (w_scale.stride(0), w_scale.stride(1)), bn, bk, out_dtype, None)
+
+
+def _check_scaled_matmul(x_q, x_scale, w_q, w_scale, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two scales as [M or 1, 1] and [N or 1, 1]."""
+    _check_fp8(x_q, "x_q")
+    _check_fp8(w_q, "w_q")
+    if x_q.dtype != w_q.dtype:
+        raise _fail("w_q", f"x_q's dtype {x_q.dtype}", w_q.dtype)
+    if x_q.shape[1] != w_q.shape[1]:
+        raise _fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {_shape(w_q)}")
+    m, n = x_q.shape[0], w_q.shape[0]
+    _check_scale(x_scale, "x_scale", [(), (1,), (m, 1)])
+    if bias is not None and _shape(bias) != (n,):
+        raise _fail("bias", f"shape [{n}]", f"shape {_shape(bias)}")
+    return x_scale.reshape(-1, 1), _channel_scale(w_scale, n)
+
+
+def fp8_scaled_matmul_reference(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                                out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The FP8 product in float32, times both scales, plus the bias."""
+    xs, ws = _check_scaled_matmul(x_q, x_scale, w_q, w_scale, bias)
+    y = (x_q.float() @ w_q.float().T) * (xs * ws.T)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+def fp8_scaled_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                      out_dtype: torch.dtype, bias: torch.Tensor | None = None, *,
+                      use_triton: bool | None = None) -> torch.Tensor:
+    """y [M, N] in `out_dtype` = (x_q @ w_q^T) * x_scale * w_scale + bias: x_scale [] / [1] (per
+    tensor) or [M, 1] (per token), w_scale [] / [1] (per tensor) or [N] / [N, 1] (per channel)."""
+    if not _fp8_on_triton(x_q, use_triton):
+        return fp8_scaled_matmul_reference(x_q, x_scale, w_q, w_scale, out_dtype, bias)
+    xs, ws = _check_scaled_matmul(x_q, x_scale, w_q, w_scale, bias)
+    from batonlm.kernels import _triton_quant
+
+    xs, ws = xs.contiguous(), ws.contiguous()
+    x_strides = (int(xs.shape[0] > 1), 0)  # a stride of 0 broadcasts a per-tensor scale
+    w_strides = (int(ws.shape[0] > 1), 0)
+    return _triton_quant.fp8_matmul(x_q, w_q, xs, x_strides, ws, w_strides, 1, None, out_dtype, bias)
+
+
+# --- int4 weight-only --------------------------------------------------------------------------
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q [K, N] integers 0..15 -> qweight int32 [ceil(K / 8), N] (the layout above)."""
+    _check_2d(q, "q")
+    if q.is_floating_point() or q.is_complex():
+        raise _fail("q", "an integer tensor", q.dtype)
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) > 15):
+        raise _fail("q", "values in 0..15", f"{int(q.min())}..{int(q.max())}")
+    k, n = q.shape
+    rows = torch.nn.functional.pad(q.to(torch.int64), (0, 0, 0, _cdiv(k, 8) * 8 - k)).view(-1, 8, n)
+    shifts = 4 * torch.arange(8, device=q.device).view(1, 8, 1)
+    packed = (rows << shifts).sum(dim=1)  # 0 .. 2^32 - 1, as int32's two's complement below
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_int4(qweight: torch.Tensor, k: int) -> torch.Tensor:
+    """qweight int32 [ceil(K / 8), N] -> uint8 [K, N] values 0..15."""
+    _check_2d(qweight, "qweight")
+    if qweight.dtype != torch.int32:
+        raise _fail("qweight", "int32", qweight.dtype)
+    if qweight.shape[0] != _cdiv(k, 8):
+        raise _fail("qweight", f"{_cdiv(k, 8)} rows (ceil(K / 8) for K = {k})", f"shape {_shape(qweight)}")
+    shifts = 4 * torch.arange(8, dtype=torch.int32, device=qweight.device).view(1, 8, 1)
+    q = (qweight.unsqueeze(1) >> shifts) & 0xF  # the arithmetic shift's sign bits are masked off
+    return q.reshape(-1, qweight.shape[1])[:k].to(torch.uint8)
+
+
+def _check_int4(qweight, scales, zeros, group_size: int, k: int) -> int:
+    """The group size in rows (-1 -> K)."""
+    if group_size != -1 and group_size < 1:
+        raise _fail("group_size", "a positive number of rows or -1 (one group)", group_size)
+    g = k if group_size == -1 else group_size
+    _check_2d(qweight, "qweight")
+    n = qweight.shape[1]
+    if qweight.dtype != torch.int32 or qweight.shape[0] != _cdiv(k, 8):
+        raise _fail("qweight", f"int32 [{_cdiv(k, 8)}, N] (ceil(K / 8) rows, K = {k})",
+                    f"{qweight.dtype} {_shape(qweight)}")
+    groups = _cdiv(k, max(g, 1))
+    if not scales.is_floating_point() or _shape(scales) != (groups, n):
+        raise _fail("scales", f"a floating-point [{groups}, {n}] tensor", f"{scales.dtype} {_shape(scales)}")
+    if zeros.is_floating_point() or _shape(zeros) != (groups, n):
+        raise _fail("zeros", f"an integer [{groups}, {n}] tensor (unpacked)", f"{zeros.dtype} {_shape(zeros)}")
+    return max(g, 1)
+
+
+def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int, k: int,
+                    dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """W [N, K] in `dtype` (nn.Linear's layout): computed in float32 (exact: a 4-bit integer
+    times a scale of at most 24 bits, but float32 scales, which round once) or float64."""
+    g = _check_int4(qweight, scales, zeros, group_size, k)
+    c = _compute_dtype(dtype)
+    groups = torch.arange(k, device=qweight.device) // g
+    w = (unpack_int4(qweight, k).to(c) - zeros[groups].to(c)) * scales[groups].to(c)  # [K, N]
+    return w.T.contiguous().to(dtype)
+
+
+def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias) -> int:
+    """The group size in rows (-1 -> K)."""
+    _check_2d(x, "x")
+    if not x.is_floating_point():
+        raise _fail("x", "a floating-point tensor", x.dtype)
+    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1])
+    if bias is not None and _shape(bias) != (qweight.shape[1],):
+        raise _fail("bias", f"shape [{qweight.shape[1]}]", f"shape {_shape(bias)}")
+    return g
+
+
+def int4_dequant_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                                  zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias)
+    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype)
+    return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
+
+
+def int4_dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                        group_size: int, bias: torch.Tensor | None = None, *,
+                        use_triton: bool | None = None) -> torch.Tensor:
+    """y [M, N] in x's dtype = x [M, K] @ W^T (+ bias), W from `qweight`, `scales`, `zeros`
+    (the layout above; group_size 32, 64, 128, ... or -1)."""
+    if not (x.is_cuda if use_triton is None else use_triton):
+        return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias)
+    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias)
+    from batonlm.kernels import _triton_quant
+
+    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias)
