@@ -9,7 +9,13 @@ from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import TPLayout
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.base import CausalLM
-from batonlm.model_runner.weight_loader import LoadStats, load_weights
+from batonlm.model_runner.weight_loader import (
+    LoadStats,
+    checkpoint_files,
+    load_weights,
+    open_checkpoint,
+    weight_targets,
+)
 from batonlm.registries import MODEL_ARCHITECTURES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,10 +39,11 @@ def tp_layout(cfg: ModelConfig, rank: int, size: int) -> TPLayout:
 
 def load_model(
     cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None,
-    shard: TPLayout | None = None, mlp_group: TPGroup | None = None,
+    shard: TPLayout | None = None, mlp_group: TPGroup | None = None, resident: bool | None = None,
 ) -> tuple[CausalLM, LoadStats]:
     """The model (this rank's part of it: `shard`, by default the group's rank's; with DP
-    attention its share of the MLP among `mlp_group`) and what loading it read."""
+    attention its share of the MLP among `mlp_group`) and what loading it read. A quantized
+    checkpoint's projections stay quantized (`resident`; default: on CUDA) or are dequantized."""
     if cfg.impl == "transformers":
         from batonlm.model_runner.models.transformers_fallback import load_transformers_model
 
@@ -47,7 +54,26 @@ def load_model(
     # Built on the meta device so no memory is touched until the checkpoint fills it.
     with torch.device("meta"):
         model = model_class(cfg, shard, tp, mlp_group)
-    model = model.to(dtype).to_empty(device=device)
+    model = model.to(dtype)
+    quant = cfg.quantization
+    layers = []
+    if quant is not None and not quant.online and (torch.device(device).type == "cuda" if resident is None
+                                                   else resident):
+        from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
+        from batonlm.model_runner.quantization.resident import make_resident
+
+        with DequantizedCheckpoint(checkpoint_files(cfg.path), quant) as ckpt:
+            layers = make_resident(model, ckpt, ckpt.linears, quant, weight_targets(model), dtype)
+    model = model.to_empty(device=device)
     model.init_buffers(device)
-    stats = load_weights(model, cfg.path, dtype, cfg.quantization)
+    elsewhere = frozenset(f"{lin.prefix}.weight" for layer in layers for lin, _ in layer.sources)
+    stats = load_weights(model, cfg.path, dtype, quant, elsewhere)
+    if layers:
+        assert quant is not None
+        from batonlm.model_runner.quantization.resident import load_resident
+
+        with open_checkpoint(checkpoint_files(cfg.path), quant) as ckpt:
+            load_resident(layers, ckpt, quant)
+            size = sum(ckpt.nbytes(m) for layer in layers for lin, _ in layer.sources for m in lin.members)
+            stats = LoadStats(stats.bytes_read + ckpt.bytes_read, stats.checkpoint_bytes + size)
     return model.eval(), stats

@@ -18,15 +18,21 @@ from batonlm.distributed.group import TPGroup
 
 
 class RowParallelLinear(nn.Module):
-    """y = sum over ranks of x_r @ W_r^T, then the bias once (after the sum, on every rank)."""
+    """y = sum over ranks of x_r @ W_r^T, then the bias once (after the sum, on every rank).
+    `local`: the rank's product by a quantized weight in place of `weight` (quantization/resident.py)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.tp = tp
+        self.local: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.local is not None:
+            y = self.local(x)
+            y = y if self.tp.size == 1 else self.tp.all_reduce(y)
+            return y if self.bias is None else y + self.bias
         if self.tp.size == 1:
             return F.linear(x, self.weight, self.bias)
         y = self.tp.all_reduce(F.linear(x, self.weight))

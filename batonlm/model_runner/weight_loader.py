@@ -58,7 +58,7 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
 
 
 @dataclass(frozen=True)
-class _Target:
+class Target:
     """Where one checkpoint tensor goes: its elements [start, start + count) along `dim` (0:
     rows, 1: columns; `full` of them in the checkpoint) fill rows [offset, offset + count) of
     `param` (dim 0) or the whole of it (dim 1)."""
@@ -82,7 +82,7 @@ class LoadStats:
     checkpoint_bytes: int  # the checkpoint's tensors, all of them
 
 
-def _targets(model: CausalLM) -> dict[str, _Target]:
+def weight_targets(model: CausalLM) -> dict[str, Target]:
     """Checkpoint tensor name -> where this rank's part of it goes."""
     shard, cfg = model.shard, model.config
     q_start, _ = shard.q_rows()
@@ -90,7 +90,7 @@ def _targets(model: CausalLM) -> dict[str, _Target]:
     vocab_start, vocab_count = shard.vocab_rows_in_checkpoint()
     q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     starts = {"q_proj": (q_start, q_full), "k_proj": (kv_start, kv_full), "v_proj": (kv_start, kv_full)}
-    out: dict[str, _Target] = {}
+    out: dict[str, Target] = {}
     for param_name, p in model.named_parameters():
         name = _checkpoint_name(model, param_name)
         if param_name.endswith(_EXPERT_PARAMS):
@@ -106,17 +106,17 @@ def _targets(model: CausalLM) -> dict[str, _Target]:
             for f, src, index in model.stacked_params:
                 if f == fused:
                     start, full = starts[src]
-                    out[name.replace(f"{fused}.", f"{src}.")] = _Target(
+                    out[name.replace(f"{fused}.", f"{src}.")] = Target(
                         p, sum(sizes[:index]), sizes[index], 0, start, full
                     )
         elif name.endswith("o_proj.weight"):  # row-parallel: its columns
-            out[name] = _Target(p, 0, p.shape[1], 1, q_start, q_full)
+            out[name] = Target(p, 0, p.shape[1], 1, q_start, q_full)
         elif name.endswith(("embed_tokens.weight", "lm_head.weight")):  # its vocabulary rows
-            out[name] = _Target(p, 0, vocab_count, 0, vocab_start, cfg.vocab_size)
+            out[name] = Target(p, 0, vocab_count, 0, vocab_start, cfg.vocab_size)
             with torch.no_grad():
                 p[vocab_count:].zero_()  # the padding rows past the vocabulary
         else:
-            out[name] = _Target(p, 0, p.shape[0])
+            out[name] = Target(p, 0, p.shape[0])
     return out
 
 
@@ -129,7 +129,7 @@ def _checkpoint_name(model: CausalLM, name: str) -> str:
     return name
 
 
-def _expert_targets(model: CausalLM, param_name: str, name: str, p: torch.Tensor) -> dict[str, _Target]:
+def _expert_targets(model: CausalLM, param_name: str, name: str, p: torch.Tensor) -> dict[str, Target]:
     """The fused experts' parameter `param_name` (checkpoint prefix from `name`): expert e's gate
     and up projections fill rows of w13[e] (this rank's slice of each), its down projection
     w2[e] (this rank's columns)."""
@@ -140,38 +140,38 @@ def _expert_targets(model: CausalLM, param_name: str, name: str, p: torch.Tensor
     full = experts.intermediate
     prefix = name.rpartition(".")[0]
     gate, up, down = model.expert_weight_names
-    out: dict[str, _Target] = {}
+    out: dict[str, Target] = {}
     for e in range(p.shape[0]):
         view = p.data[e]
         if kind == "w13":
-            out[f"{prefix}.{e}.{gate}.weight"] = _Target(view, 0, count, 0, start, full)
-            out[f"{prefix}.{e}.{up}.weight"] = _Target(view, count, count, 0, start, full)
+            out[f"{prefix}.{e}.{gate}.weight"] = Target(view, 0, count, 0, start, full)
+            out[f"{prefix}.{e}.{up}.weight"] = Target(view, count, count, 0, start, full)
         else:
-            out[f"{prefix}.{e}.{down}.weight"] = _Target(view, 0, count, 1, start, full)
+            out[f"{prefix}.{e}.{down}.weight"] = Target(view, 0, count, 1, start, full)
     return out
 
 
-def _mlp_targets(mlp: GatedMLP, param_name: str, name: str, p: torch.Tensor) -> dict[str, _Target]:
+def _mlp_targets(mlp: GatedMLP, param_name: str, name: str, p: torch.Tensor) -> dict[str, Target]:
     """A gated MLP's slice of intermediate features (`checkpoint_rows`): rows of its gate and up
     projections (fused, weight and bias), columns of its down projection (its bias whole)."""
     start, full = mlp.checkpoint_rows
     count = mlp.intermediate
     if ".gate_up_proj." in param_name:
-        return {name.replace(".gate_up_proj.", ".gate_proj."): _Target(p, 0, count, 0, start, full),
-                name.replace(".gate_up_proj.", ".up_proj."): _Target(p, count, count, 0, start, full)}
+        return {name.replace(".gate_up_proj.", ".gate_proj."): Target(p, 0, count, 0, start, full),
+                name.replace(".gate_up_proj.", ".up_proj."): Target(p, count, count, 0, start, full)}
     if param_name.endswith("down_proj.weight"):
-        return {name: _Target(p, 0, count, 1, start, full)}
-    return {name: _Target(p, 0, p.shape[0])}  # down_proj's bias, added once after the sum
+        return {name: Target(p, 0, count, 1, start, full)}
+    return {name: Target(p, 0, p.shape[0])}  # down_proj's bias, added once after the sum
 
 
-def _read(ckpt: Checkpoint, name: str, t: _Target) -> torch.Tensor:
+def _read(ckpt: Checkpoint, name: str, t: Target) -> torch.Tensor:
     """This rank's part of a checkpoint tensor, read alone (not the whole tensor)."""
     if t.full is None:
         return ckpt.read(name)
     return ckpt.read(name, t.dim, t.start, t.count)
 
 
-def _missing_prefix(names: list[str], targets: dict[str, _Target]) -> str:
+def _missing_prefix(names: list[str], targets: dict[str, Target]) -> str:
     """"model." when the checkpoint is a base model's (its decoder's tensors named without the
     prefix: `layers.0...`, not `model.layers.0...`, as embedding models are saved), else ""."""
     ours = any(t.startswith("model.") for t in targets)
@@ -189,12 +189,14 @@ def open_checkpoint(files: list[Path], quant: QuantConfig | None) -> Checkpoint:
 
 
 def load_weights(
-    model: CausalLM, model_dir: str | Path, dtype: torch.dtype, quant: QuantConfig | None = None
+    model: CausalLM, model_dir: str | Path, dtype: torch.dtype, quant: QuantConfig | None = None,
+    elsewhere: frozenset[str] = frozenset(),
 ) -> LoadStats:
     """Fill every parameter of `model` (this rank's part of it) from the directory's
-    safetensors, strictly; a quantized checkpoint's layers dequantized (`quant`)."""
+    safetensors, strictly; a quantized checkpoint's layers dequantized (`quant`). `elsewhere`:
+    checkpoint (float view) names another loader fills (quantized layers kept quantized)."""
     files = checkpoint_files(model_dir)
-    targets = _targets(model)
+    targets = weight_targets(model)
     tied = model.lm_head is None
     loaded: set[str] = set()
     unexpected: list[str] = []
@@ -208,7 +210,7 @@ def load_weights(
         prefix = _missing_prefix(ckpt.names(), targets)
         for f, names in ckpt.names_by_file():
             for name in names:
-                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or name in elsewhere:
                     continue
                 target = targets.get(prefix + name)
                 if target is None:

@@ -70,7 +70,7 @@ class DequantizedCheckpoint(Checkpoint):
 
     def nbytes(self, name: str) -> int:
         lin = self.linears.get(name)
-        return super().nbytes(name) if lin is None else sum(super().nbytes(m) for m in lin.members)
+        return super().nbytes(name) if lin is None else sum(Checkpoint.nbytes(self, m) for m in lin.members)
 
     def read(self, name: str, dim: int = 0, start: int = 0, count: int | None = None) -> torch.Tensor:
         lin = self.linears.get(name)

@@ -6,8 +6,8 @@ A quantized linear layer is stored as several tensors under its module name (its
   (one per tensor); W = weight * scale of its block.
 - compressed-tensors (llm-compressor): `weight` (float8 or int8) with `weight_scale` (per tensor
   [1], per channel [N, 1], per group [N, K/G] or per block) and an optional `weight_zero_point`;
-  or, pack-quantized, `weight_packed` (int32 [N, K/8]: 8 4-bit values along K, value + 8 so it is
-  unsigned, the first in the lowest bits), `weight_shape`, `weight_scale` [N, K/G] and for
+  or, pack-quantized, `weight_packed` (int32 [N, K/8] or [N, K/4]: 8 4-bit or 4 8-bit values along
+  K, each + 2^(bits-1) so it is unsigned, the first in the lowest bits), `weight_shape`, `weight_scale` [N, K/G] and for
   asymmetric schemes `weight_zero_point` (packed along N the same way); `weight_g_idx` for
   activation-ordered groups. W = (q - zero) * scale.
 - GPTQ (AutoGPTQ, GPTQModel): `qweight` int32 [K/8, N] (packed along K, the first row in the
@@ -115,21 +115,58 @@ def _scaled(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch
     return w * _expand(ckpt.get(scale_name).to(torch.float32), n, k, quant, scale_name)
 
 
-def _packed(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
-    """compressed-tensors' pack-quantized int4: unsigned values (signed + 8) along K."""
+@dataclass(frozen=True)
+class IntWeights:
+    """An integer format's layer unpacked: values q [K, N] and zeros [G, N] (unsigned, on the
+    same offset), scales [G, N] float32, each input row's group [K]. W^T = (q - zero) * scale."""
+
+    q: torch.Tensor
+    zeros: torch.Tensor
+    scales: torch.Tensor
+    groups: torch.Tensor
+    bits: int
+
+    def dense(self) -> torch.Tensor:
+        """W [N, K] float32 (exact: a small integer times a half-precision scale)."""
+        return ((self.q - self.zeros[self.groups]).to(torch.float32) * self.scales[self.groups]).t().contiguous()
+
+    @property
+    def group_size(self) -> int | None:
+        """Rows per group when the groups are consecutive rows (row // size), else None
+        (activation order: a permutation)."""
+        k, num_groups = self.q.shape[0], self.scales.shape[0]
+        size = -(-k // num_groups)
+        return size if torch.equal(self.groups, torch.arange(k) // size) else None
+
+
+def int_weights(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
+    """A GPTQ, AWQ or compressed-tensors packed layer's integers, scales and groups."""
+    return _INT_READERS[lin.storage](ckpt, lin, quant)
+
+
+def _packed(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
+    """compressed-tensors' pack-quantized int4 or int8: unsigned values (signed + 2^(bits-1))
+    along K, their bit width told by the packed shape."""
     p = f"{lin.prefix}."
     n, k = lin.shape
-    q = unpack_words(ckpt.get(p + "weight_packed"), 4, dim=1)[:, :k]
+    packed = ckpt.get(p + "weight_packed")
+    bits = next((b for b in (4, 8) if -(-k * b // 32) == packed.shape[1]), None)
+    if bits is None:
+        raise QuantizationError(f"{p}weight_packed of shape {tuple(packed.shape)} packs {k} input features in "
+                                "neither 4 nor 8 bits")
+    offset = 1 << (bits - 1)
+    q = unpack_words(packed, bits, dim=1)[:, :k].t()
     scale = ckpt.get(p + "weight_scale").to(torch.float32)
     groups = _group_index(ckpt, p + "weight_g_idx", lin, k, scale.shape[1], quant.group_size)
-    if p + "weight_zero_point" not in lin.members:
-        return (q - 8).to(torch.float32) * scale[:, groups]  # symmetric: a zero of 0, + 8 unsigned
-    z = ckpt.get(p + "weight_zero_point")
-    zero = unpack_words(z, 4, dim=0)[:n] if z.dtype == torch.int32 else z.to(torch.int32) + 8
-    return (q - zero[:, groups]).to(torch.float32) * scale[:, groups]
+    if p + "weight_zero_point" not in lin.members:  # symmetric: a zero of 0, offset unsigned
+        zero = torch.full((scale.shape[1], n), offset, dtype=torch.int32)
+    else:
+        z = ckpt.get(p + "weight_zero_point")
+        zero = (unpack_words(z, bits, dim=0)[:n] if z.dtype == torch.int32 else z.to(torch.int32) + offset).t()
+    return IntWeights(q, zero, scale.t(), groups, bits)
 
 
-def _gptq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+def _gptq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
     p = f"{lin.prefix}."
     n, k = lin.shape
     q = unpack_words(ckpt.get(p + "qweight"), quant.bits, dim=0)[:k]  # [K, N]
@@ -138,20 +175,27 @@ def _gptq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.T
         zeros = zeros + 1
     scales = ckpt.get(p + "scales").to(torch.float32)
     groups = _group_index(ckpt, p + "g_idx", lin, k, scales.shape[0], quant.group_size)
-    return ((q - zeros[groups]).to(torch.float32) * scales[groups]).t().contiguous()
+    return IntWeights(q, zeros, scales, groups, quant.bits)
 
 
-def _awq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+def _awq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
     p = f"{lin.prefix}."
     n, k = lin.shape
     q = _awq_columns(unpack_words(ckpt.get(p + "qweight"), 4, dim=1))[:, :n]  # [K, N]
     zeros = _awq_columns(unpack_words(ckpt.get(p + "qzeros"), 4, dim=1))[:, :n]
     scales = ckpt.get(p + "scales").to(torch.float32)
     groups = _group_index(ckpt, None, lin, k, scales.shape[0], quant.group_size)
-    return ((q - zeros[groups]).to(torch.float32) * scales[groups]).t().contiguous()
+    return IntWeights(q, zeros, scales, groups, 4)
 
 
-_DEQUANTIZE = {"fp8": _scaled, "int": _scaled, "packed": _packed, "gptq": _gptq, "awq": _awq}
+_INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq}
+
+
+def _int_dense(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    return int_weights(ckpt, lin, quant).dense()
+
+
+_DEQUANTIZE = {"fp8": _scaled, "int": _scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense}
 
 
 def unpack_words(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

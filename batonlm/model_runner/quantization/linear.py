@@ -1,0 +1,81 @@
+"""Linear layers whose weights stay quantized on the device: FP8 (block-wise, or per channel)
+and int4 (grouped), each a matmul of batonlm/kernels/quant.py (Triton on CUDA, the torch
+references elsewhere). `resident.py` puts them in a model in place of its float projections
+and fills them from the checkpoint."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from batonlm.kernels.quant import (
+    fp8_block_matmul,
+    fp8_scaled_matmul,
+    int4_dequant_matmul,
+    per_token_group_quant_fp8,
+    per_token_quant_fp8,
+    static_quant_fp8,
+)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Fp8Linear(nn.Module):
+    """y = x W^T (+ bias) with W [N, K] in FP8 e4m3 and float32 scales: one per `block` of
+    [bn, bk] (DeepSeek-V3, Qwen3-FP8), or one per output channel. Activations are quantized
+    per token (per token and group of bk with blocks), or with `static` a checkpoint's one
+    input scale."""
+
+    weight_q: torch.Tensor
+    weight_scale: torch.Tensor
+    input_scale: torch.Tensor | None
+
+    def __init__(self, n: int, k: int, block: tuple[int, int] | None, static: bool, bias: bool) -> None:
+        super().__init__()
+        self.n, self.k, self.block = n, k, block
+        self.register_buffer("weight_q", torch.empty(n, k, dtype=torch.float8_e4m3fn))
+        shape = (_cdiv(n, block[0]), _cdiv(k, block[1])) if block else (n,)
+        self.register_buffer("weight_scale", torch.empty(shape, dtype=torch.float32))
+        self.register_buffer("input_scale", torch.empty(1, dtype=torch.float32) if static else None)
+        self.bias = nn.Parameter(torch.empty(n)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.k)
+        if self.block is not None:
+            x_q, x_scale = per_token_group_quant_fp8(flat, self.block[1])
+            y = fp8_block_matmul(x_q, x_scale, self.weight_q, self.weight_scale, self.block, x.dtype)
+            y = y if self.bias is None else y + self.bias
+        else:
+            if self.input_scale is not None:
+                x_q, x_scale = static_quant_fp8(flat, self.input_scale), self.input_scale
+            else:
+                x_q, x_scale = per_token_quant_fp8(flat)
+            y = fp8_scaled_matmul(x_q, x_scale, self.weight_q, self.weight_scale, x.dtype, self.bias)
+        return y.reshape(*x.shape[:-1], self.n)
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T (+ bias) with W^T [K, N] as 4-bit integers packed along K (`qweight` [K/8, N]),
+    a zero and a scale per group of `group_size` input rows and output column (GPTQ, AWQ and
+    compressed-tensors W4A16, repacked into this one layout on load)."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+
+    def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool) -> None:
+        super().__init__()
+        self.n, self.k, self.group_size = n, k, group_size
+        groups = 1 if group_size == -1 else _cdiv(k, group_size)
+        self.register_buffer("qweight", torch.empty(_cdiv(k, 8), n, dtype=torch.int32))
+        # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
+        self.register_buffer("scales", torch.empty(groups, n, dtype=torch.float32))
+        self.register_buffer("zeros", torch.empty(groups, n, dtype=torch.uint8))
+        self.bias = nn.Parameter(torch.empty(n, dtype=dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.k)
+        y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias)
+        return y.reshape(*x.shape[:-1], self.n)

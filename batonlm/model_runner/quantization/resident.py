@@ -1,0 +1,192 @@
+"""Quantized weights kept quantized on the device (CUDA by default): each decoder projection
+whose checkpoint layers are all FP8, or all 4-bit with consecutive groups, becomes an
+`Fp8Linear` / `Int4Linear` (quantization/linear.py) before the model's memory is allocated, and
+is filled here from the checkpoint's own integers and scales: never through a float copy.
+
+A projection the kernels do not cover (int8, activation-ordered groups, mixed formats) stays a
+float layer filled by the dequantizing view. Under tensor parallelism a rank holds the rows or
+columns of every source layer the float loader would give it (`weight_targets`); a slice that
+would split an FP8 block or an int4 group is refused at start-up, naming the layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from batonlm.kernels.quant import pack_int4
+from batonlm.model_runner.checkpoint import Checkpoint
+from batonlm.model_runner.parallel_layers import RowParallelLinear
+from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
+from batonlm.model_runner.quantization.formats import QuantizedLinear, int_weights
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear
+from batonlm.model_runner.weight_loader import Target
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ResidentLayer:
+    """A projection made quantized: its module and the checkpoint layers that fill it."""
+
+    name: str  # the model's module name (e.g. model.layers.0.self_attn.qkv_proj)
+    module: Fp8Linear | Int4Linear
+    sources: list[tuple[QuantizedLinear, Target]]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def make_resident(
+    model: nn.Module, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], quant: QuantConfig,
+    targets: dict[str, Target], dtype: torch.dtype,
+) -> list[ResidentLayer]:
+    """Swap every decoder projection of `model` (on the meta device, not allocated yet) that can
+    stay quantized for its quantized layer; `targets`: the float loader's, computed before the
+    swap. Returns what `load_resident` fills."""
+    by_param: dict[int, list[tuple[str, Target]]] = {}
+    for name, t in targets.items():
+        by_param.setdefault(id(t.param), []).append((name, t))
+    out: list[ResidentLayer] = []
+    kept: set[str] = set()
+    for module_name, module in list(model.named_modules()):
+        if ".layers." not in module_name or not isinstance(module, (nn.Linear, RowParallelLinear)):
+            continue
+        weight = module.weight
+        sources = [(linears[n], t) for n, t in by_param.get(id(weight), []) if n in linears]
+        if not sources or len(sources) != len(by_param.get(id(weight), [])):
+            continue
+        n, k = weight.shape
+        storages = {lin.storage for lin, _ in sources}
+        layer: Fp8Linear | Int4Linear
+        if storages == {"fp8"}:
+            block = quant.block
+            static = any(m.endswith(".input_scale") for lin, _ in sources for m in lin.members)
+            for lin, t in sources:
+                _check_fp8_slice(module_name, lin, t, block)
+            with torch.device("meta"):
+                layer = Fp8Linear(n, k, block, static, bias=False)
+        elif storages <= {"gptq", "awq", "packed"}:
+            group = _int4_group(ckpt, module_name, sources, quant)
+            if group is None:
+                kept.add(module_name)
+                continue
+            with torch.device("meta"):
+                layer = Int4Linear(n, k, group, dtype, bias=False)
+        else:
+            kept.add(module_name)
+            continue
+        _swap(model, module_name, module, layer, dtype)
+        out.append(ResidentLayer(module_name, layer, sources))
+    if kept:
+        logger.info("%d quantized projection(s) run dequantized (int8, activation-ordered groups or mixed formats), "
+                    "e.g. %s", len(kept), sorted(kept)[0])
+    return out
+
+
+def _int4_group(
+    ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]], quant: QuantConfig
+) -> int | None:
+    """The group size the int4 layout takes (-1: one group), or None: not 4-bit with
+    consecutive groups. A slice that would split a group is refused."""
+    sizes = set()
+    for lin, t in sources:
+        iw = int_weights(ckpt, lin, quant)
+        size = iw.group_size
+        if iw.bits != 4 or size is None:
+            return None
+        size = -1 if iw.scales.shape[0] == 1 else size
+        if t.dim == 1 and size != -1 and (t.start % size or (t.count % size and t.start + t.count != t.full)):
+            raise QuantizationError(f"{module_name}: this rank's input features [{t.start}, {t.start + t.count}) of "
+                                    f"{lin.prefix} would split its int4 groups of {size}; choose a --tp that "
+                                    "divides them into whole groups")
+        sizes.add(size)
+    if len(sizes) != 1:
+        raise QuantizationError(f"{module_name}: its checkpoint layers have different group sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _check_fp8_slice(module_name: str, lin: QuantizedLinear, t: Target, block: tuple[int, int] | None) -> None:
+    if block is None:
+        return
+    size = block[t.dim]
+    full = t.full if t.full is not None else t.count
+    whole = t.start % size == 0 and (t.count % size == 0 or t.start + t.count == full)
+    fused = t.dim == 1 or t.offset % block[0] == 0
+    if not (whole and fused):
+        what = "output rows" if t.dim == 0 else "input columns"
+        raise QuantizationError(f"{module_name}: {lin.prefix}'s {what} [{t.start}, {t.start + t.count}) at offset "
+                                f"{t.offset} would split its FP8 {block[0]}x{block[1]} blocks; a --tp that divides "
+                                "them into whole blocks is needed")
+
+
+def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int4Linear, dtype: torch.dtype) -> None:
+    if isinstance(old, RowParallelLinear):  # its bias stays, added once after the ranks' sum
+        del old.weight
+        old.local = new
+        return
+    if old.bias is not None:
+        new.bias = nn.Parameter(torch.empty(new.n, dtype=dtype, device="meta"))
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, new)
+
+
+def load_resident(layers: list[ResidentLayer], ckpt: Checkpoint, quant: QuantConfig) -> None:
+    """Fill each quantized layer from its checkpoint layers' integers and scales (this rank's
+    rows or columns of each, at its offset among a fused projection's)."""
+    with torch.no_grad():
+        for layer in layers:
+            for lin, t in layer.sources:
+                if isinstance(layer.module, Fp8Linear):
+                    _load_fp8(layer.module, ckpt, lin, t, quant)
+                else:
+                    _load_int4(layer.module, ckpt, lin, t, quant)
+
+
+def _narrow(x: torch.Tensor, t: Target, dim: int | None = None) -> torch.Tensor:
+    return x if t.full is None else x.narrow(t.dim if dim is None else dim, t.start, t.count)
+
+
+def _load_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
+    p = f"{lin.prefix}."
+    w = _narrow(ckpt.get(p + "weight"), t).to(torch.float8_e4m3fn)
+    scale = ckpt.get(lin.members[1]).to(torch.float32)
+    rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
+    module.weight_q[rows] = w.to(module.weight_q.device)
+    if module.block is not None:
+        bn, bk = module.block
+        if t.dim == 0:
+            s = scale[t.start // bn : _cdiv(t.start + t.count, bn)]
+            module.weight_scale[t.offset // bn : t.offset // bn + s.shape[0]] = s
+        else:
+            module.weight_scale.copy_(scale[:, t.start // bk : _cdiv(t.start + t.count, bk)])
+    else:
+        full = lin.shape[0]
+        per_channel = scale.reshape(-1).expand(full) if scale.numel() == 1 else scale.reshape(full)
+        module.weight_scale[rows] = per_channel[t.start : t.start + t.count] if t.dim == 0 else per_channel
+    if module.input_scale is not None:  # one scale for the fused input: the largest (nothing clips)
+        given = ckpt.get(p + "input_scale").to(torch.float32).reshape(1) if p + "input_scale" in lin.members else None
+        if given is not None:
+            module.input_scale.copy_(given if t.offset == 0 else torch.maximum(module.input_scale, given))
+
+
+def _load_int4(module: Int4Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
+    iw = int_weights(ckpt, lin, quant)
+    q, zeros, scales = iw.q, iw.zeros, iw.scales  # [K, N], [G, N], [G, N]
+    if t.dim == 0:  # this rank's output columns of W^T, at its offset in the fused layer
+        cols = slice(t.offset, t.offset + t.count)
+        q, zeros, scales = (_narrow(x, t, dim=1) for x in (q, zeros, scales))
+    else:  # this rank's input rows, in whole groups
+        cols = slice(None)
+        q = _narrow(q, t, dim=0)
+        if module.group_size != -1 and t.full is not None:
+            g = slice(t.start // module.group_size, _cdiv(t.start + t.count, module.group_size))
+            zeros, scales = zeros[g], scales[g]
+    device = module.qweight.device
+    module.qweight[:, cols] = pack_int4(q).to(device)
+    module.zeros[:, cols] = zeros.to(device=device, dtype=module.zeros.dtype)
+    module.scales[:, cols] = scales.to(device=device, dtype=module.scales.dtype)
