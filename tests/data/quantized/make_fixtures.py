@@ -1,11 +1,12 @@
 """Regenerate the quantized test fixtures in this folder (README.md says with which venvs).
 
-    V/bin/python tests/data/quantized/make_fixtures.py source        # fp32-source (any torch+transformers)
+    python tests/data/quantized/make_fixtures.py source              # fp32-source (the system transformers 5.25.0)
     V/bin/python tests/data/quantized/make_fixtures.py llmcompressor # fp8-dynamic, fp8-block, w4a16, ... (llm-compressor venv)
     V/bin/python tests/data/quantized/make_fixtures.py gptqmodel     # gptqmodel-* (GPTQModel venv)
     V/bin/python tests/data/quantized/make_fixtures.py helper        # gptq-w4g64, awq-w4g64 (tests/quant_formats.py)
 
-Every fixture is made from fp32-source: a tiny random Llama (seed 0) whose shapes allow 128x128
+Each step runs in its own venv (they pin different transformers), so there is no "all". Every
+fixture is made from fp32-source: a tiny random Llama (seed 0) whose shapes allow 128x128
 blocks and 128/64 groups: hidden 256, intermediate 384, 4 heads / 2 KV heads of 64, 2 layers,
 vocabulary 512 (the stories260K tokenizer's), untied lm_head. Weights are drawn with std 0.2
 (transformers' init with initializer_range 0.2, as configs/test-models use: std 0.02 leaves greedy
@@ -181,12 +182,13 @@ def make_helper() -> None:
 
 
 if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 else "all"
-    if what in ("source", "all"):
-        make_source()
-    if what in ("llmcompressor", "all"):
-        make_llmcompressor(sys.argv[2:] or list(LLMC_FIXTURES))
-    if what == "gptqmodel":
-        make_gptqmodel(sys.argv[2:] or list(GPTQMODEL_FIXTURES))
-    if what in ("helper", "all"):
-        make_helper()
+    steps = {"source": make_source, "llmcompressor": make_llmcompressor, "gptqmodel": make_gptqmodel, "helper": make_helper}
+    if len(sys.argv) < 2 or sys.argv[1] not in steps:
+        sys.exit(__doc__)
+    what, names = sys.argv[1], sys.argv[2:]
+    if what == "llmcompressor":
+        make_llmcompressor(names or list(LLMC_FIXTURES))
+    elif what == "gptqmodel":
+        make_gptqmodel(names or list(GPTQMODEL_FIXTURES))
+    else:
+        steps[what]()
