@@ -58,7 +58,8 @@ def load_float_checkpoint(src_dir: str | Path) -> tuple[dict, dict[str, torch.Te
     src = Path(src_dir)
     config = json.loads((src / "config.json").read_text())
     tensors: dict[str, torch.Tensor] = {}
-    for path in sorted(src.glob("*.safetensors")):
+    # model.safetensors or model-0000i-of-0000n.safetensors: not reference.safetensors beside them
+    for path in sorted(src.glob("model*.safetensors")):
         with safe_open(str(path), "pt") as f:
             for k in f.keys():
                 tensors[k] = f.get_tensor(k)

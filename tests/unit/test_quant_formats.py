@@ -75,6 +75,8 @@ def float_ckpt(tmp_path_factory) -> Path:
     }
     t["model.layers.0.mlp.down_proj.weight"][:, :128] += 1.0  # groups far from zero-centred
     save_file(t, str(d / "model.safetensors"))
+    # a fixture directory's reference logits are not part of the checkpoint
+    save_file({"logits": torch.zeros(2, 40)}, str(d / "reference.safetensors"))
     (d / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "float32"}))
     return d
 
@@ -90,6 +92,7 @@ def test_gptq_layout_and_meaning(float_ckpt, tmp_path, bits, group, sym, desc_ac
     deq = qf.write_gptq_checkpoint(float_ckpt, tmp_path, bits=bits, group_size=group, sym=sym, desc_act=desc_act)
     t = load_file(str(tmp_path / "model.safetensors"))
     src = load_file(str(float_ckpt / "model.safetensors"))
+    assert len(t) == 3 + 4 * len(QUANTIZED)
     f = 32 // bits
     for p in QUANTIZED:
         N, K = src[p + ".weight"].shape
@@ -128,6 +131,7 @@ def test_awq_layout_and_meaning(float_ckpt, tmp_path, group):
     deq = qf.write_awq_checkpoint(float_ckpt, tmp_path, group_size=group)
     t = load_file(str(tmp_path / "model.safetensors"))
     src = load_file(str(float_ckpt / "model.safetensors"))
+    assert len(t) == 3 + 3 * len(QUANTIZED)
     for p in QUANTIZED:
         N, K = src[p + ".weight"].shape
         assert (t[p + ".qweight"].dtype, tuple(t[p + ".qweight"].shape)) == (torch.int32, (K, N // 8))
