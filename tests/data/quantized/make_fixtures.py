@@ -1,0 +1,194 @@
+"""Regenerate the quantized test fixtures in this folder (README.md says with which venvs).
+
+    python tests/data/quantized/make_fixtures.py source              # fp32-source (the system transformers 5.25.0)
+    V/bin/python tests/data/quantized/make_fixtures.py llmcompressor # fp8-dynamic, fp8-block, w4a16, ... (llm-compressor venv)
+    V/bin/python tests/data/quantized/make_fixtures.py gptqmodel     # gptqmodel-* (GPTQModel venv)
+    V/bin/python tests/data/quantized/make_fixtures.py helper        # gptq-w4g64, awq-w4g64 (tests/quant_formats.py)
+
+Each step runs in its own venv (they pin different transformers), so there is no "all". Every
+fixture is made from fp32-source: a tiny random Llama (seed 0) whose shapes allow 128x128
+blocks and 128/64 groups: hidden 256, intermediate 384, 4 heads / 2 KV heads of 64, 2 layers,
+vocabulary 512 (the stories260K tokenizer's), untied lm_head. Weights are drawn with std 0.2
+(transformers' init with initializer_range 0.2, as configs/test-models use: std 0.02 leaves greedy
+near-ties, 0.2 gives a median top-1/top-2 logit margin of ~0.9) and norm weights from U(0.5, 1.5);
+every weight is then rounded to bfloat16, so the float32 source is exactly the bfloat16 model that
+the tools quantize (quantized fixtures keep bfloat16 embeddings, norms and lm_head).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent.parent
+REPO = TESTS.parent
+SOURCE = HERE / "fp32-source"
+TOKENIZER_DIR = REPO / "batonlm" / "assets" / "stories260K"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+SEED = 0
+INIT_STD = 0.2
+
+CONFIG = dict(
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=512,
+    initializer_range=INIT_STD,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# llm-compressor fixtures: name -> (recipe kind, scheme preset)
+LLMC_FIXTURES = {
+    "fp8-dynamic": ("rtn", "FP8_DYNAMIC"),
+    "fp8-block": ("rtn", "FP8_BLOCK"),
+    "w4a16": ("rtn", "W4A16"),
+    "w4a16-asym": ("rtn", "W4A16_ASYM"),
+    "w8a16": ("rtn", "W8A16"),
+    "w4a16-gptq": ("gptq", "W4A16"),
+}
+
+
+def copy_tokenizer(dst: Path) -> None:
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOKENIZER_DIR / name, dst / name)
+    (dst / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}, indent=2) + "\n")
+
+
+def make_source() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(SEED)
+    config = LlamaConfig(**CONFIG)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    if SOURCE.exists():
+        shutil.rmtree(SOURCE)
+    model.save_pretrained(SOURCE, safe_serialization=True)
+    copy_tokenizer(SOURCE)
+
+
+def calibration_ids(n: int = 16, length: int = 64) -> torch.Tensor:
+    """Random token sequences: GPTQ needs activations, not meaningful text, on a random model."""
+    g = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(3, CONFIG["vocab_size"], (n, length), generator=g)
+    ids[:, 0] = 1
+    return ids
+
+
+def calibration_dataset():
+    from datasets import Dataset
+
+    ids = calibration_ids()
+    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
+
+
+def make_llmcompressor(names: list[str]) -> None:
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import AutoModelForCausalLM
+
+    for name in names:
+        kind, scheme = LLMC_FIXTURES[name]
+        torch.manual_seed(SEED)
+        model = AutoModelForCausalLM.from_pretrained(SOURCE, dtype=torch.bfloat16)
+        if kind == "rtn":
+            recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
+            oneshot(model=model, recipe=recipe)
+        else:
+            recipe = GPTQModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
+            ds = calibration_dataset()
+            oneshot(model=model, recipe=recipe, dataset=ds, num_calibration_samples=len(ds), max_seq_length=64)
+        out = HERE / name
+        if out.exists():
+            shutil.rmtree(out)
+        model.save_pretrained(out, save_compressed=True)
+        copy_tokenizer(out)
+        # llm-compressor writes recipe.yaml beside the weights; it is not needed to load them.
+        print(name, "->", out)
+
+
+# GPTQModel fixtures: name -> QuantizeConfig / AWQConfig arguments
+GPTQMODEL_FIXTURES = {
+    "gptqmodel-w4g64": ("gptq", dict(bits=4, group_size=64, sym=True, desc_act=False)),
+    "gptqmodel-w4g64-asym-descact": ("gptq", dict(bits=4, group_size=64, sym=False, desc_act=True)),
+    "gptqmodel-awq-w4g64": ("awq", dict(bits=4, group_size=64, sym=False)),
+}
+
+
+def make_gptqmodel(names: list[str]) -> None:
+    import os
+
+    # GPTQModel's CPU thread pool wants 2 workers for its model loader; it sizes itself from half
+    # the cores (1 on a 2-core machine) unless told.
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+    # GPTQModel writes per-module logs under ./logs: keep them out of the work tree.
+    import tempfile
+
+    os.chdir(tempfile.mkdtemp(prefix="gptqmodel-logs-"))
+    from gptqmodel import BACKEND, GPTQModel, QuantizeConfig
+    from gptqmodel.quantization.config import AWQConfig
+
+    ids = calibration_ids()
+    calib = [{"input_ids": row.tolist(), "attention_mask": [1] * len(row)} for row in ids]
+    for name in names:
+        kind, kw = GPTQMODEL_FIXTURES[name]
+        torch.manual_seed(SEED)
+        qc = QuantizeConfig(**kw) if kind == "gptq" else AWQConfig(**kw)
+        model = GPTQModel.load(str(SOURCE), qc, device="cpu")
+        # AWQ's default packing kernel is CUDA's; its torch kernel packs the same GEMM layout.
+        backend = BACKEND.AWQ_TORCH if kind == "awq" else BACKEND.AUTO
+        model.quantize(calib, batch_size=4, backend=backend)
+        out = HERE / name
+        if out.exists():
+            shutil.rmtree(out)
+        model.save(str(out))
+        # Per-module quantization log and a temp path: not part of the checkpoint.
+        (out / "quant_log.csv").unlink(missing_ok=True)
+        copy_tokenizer(out)
+        print(name, "->", out)
+
+
+def make_helper() -> None:
+    sys.path.insert(0, str(TESTS))
+    from quant_formats import write_awq_checkpoint, write_gptq_checkpoint
+
+    for name, fn, kw in (
+        ("gptq-w4g64", write_gptq_checkpoint, dict(bits=4, group_size=64, sym=True, desc_act=False)),
+        ("awq-w4g64", write_awq_checkpoint, dict(group_size=64, zero_point=True)),
+    ):
+        out = HERE / name
+        if out.exists():
+            shutil.rmtree(out)
+        fn(SOURCE, out, **kw)
+        print(name, "->", out)
+
+
+if __name__ == "__main__":
+    steps = {"source": make_source, "llmcompressor": make_llmcompressor, "gptqmodel": make_gptqmodel, "helper": make_helper}
+    if len(sys.argv) < 2 or sys.argv[1] not in steps:
+        sys.exit(__doc__)
+    what, names = sys.argv[1], sys.argv[2:]
+    if what == "llmcompressor":
+        make_llmcompressor(names or list(LLMC_FIXTURES))
+    elif what == "gptqmodel":
+        make_gptqmodel(names or list(GPTQMODEL_FIXTURES))
+    else:
+        steps[what]()

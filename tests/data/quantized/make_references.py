@@ -1,0 +1,254 @@
+"""transformers' logits for each fixture, checked against the fixture's dequantized float32 weights,
+saved as <fixture>/reference.safetensors (README.md here says with which venvs).
+
+    V/bin/python tests/data/quantized/make_references.py [--write] NAME...
+
+For each fixture: transformers loads it (AutoModelForCausalLM, dtype float32, CPU) through its own
+quantization integration (compressed-tensors; GPTQModel + optimum with its torch kernels), runs
+PROMPT and a greedy continuation.
+Independently, the script dequantizes the checkpoint's tensors from the formats' descriptions
+(compressed-tensors: fp8 * scale, int codes + offset packed low bits first; GPTQ / AWQ: the
+readers in tests/quant_formats.py, checked against the tools by check_packing.py), puts them into
+a plain float32 LlamaForCausalLM (for W8A8 FP8 fixtures, with each Linear's input quantized to
+float8 per token / per 128-group as the scheme says, which transformers does too) and compares the
+logits. With --write, the transformers numbers
+(not ours) are saved: input_ids, logits [T, vocab] float32 and greedy_ids, with the versions and
+the measured difference in the file's metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))
+import quant_formats as qf  # noqa: E402
+
+PROMPT = "Once upon a time"
+GREEDY_TOKENS = 16
+
+
+def load_tensors(d: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for p in sorted(d.glob("*.safetensors")):
+        if p.name == "reference.safetensors":
+            continue
+        with safe_open(str(p), "pt") as f:
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+    return out
+
+
+def unpack_ct(packed: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
+    """compressed-tensors pack-quantized: signed codes + 2^(bits-1), packed densely along `dim`,
+    element i at bit i*bits of the little-endian int32 stream. Returns signed int64 codes."""
+    if dim == 0:
+        packed = packed.T
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    f = 32 // bits
+    shifts = torch.arange(f, dtype=torch.int64) * bits
+    codes = ((words.unsqueeze(-1) >> shifts) & (2**bits - 1)).reshape(words.shape[0], -1)[:, :n]
+    codes = codes - (1 << (bits - 1))
+    return codes.T if dim == 0 else codes
+
+
+def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Tensor]:
+    (group,) = qcfg["config_groups"].values()
+    w_args = group["weights"]
+    fmt = group.get("format") or qcfg["format"]
+    out = {}
+    for k in list(t):
+        if fmt == "float-quantized" and k.endswith(".weight_scale"):
+            p = k[: -len(".weight_scale")]
+            w = t[p + ".weight"].to(torch.float32)
+            s = t[k].to(torch.float32)
+            if w_args["strategy"] == "block":
+                bn, bk = w_args["block_structure"]
+                s = s.repeat_interleave(bn, 0).repeat_interleave(bk, 1)[: w.shape[0], : w.shape[1]]
+            out[p + ".weight"] = w * s
+        elif fmt == "pack-quantized" and k.endswith(".weight_packed"):
+            p = k[: -len(".weight_packed")]
+            bits = w_args["num_bits"]
+            N, K = t[p + ".weight_shape"].tolist()
+            q = unpack_ct(t[k], bits, K, 1)
+            s = t[p + ".weight_scale"].to(torch.float32)  # [N, K/G]
+            G = w_args["group_size"] or K
+            if p + ".weight_zero_point" in t:
+                z = unpack_ct(t[p + ".weight_zero_point"], bits, N, 0)  # [N, K/G]
+            else:
+                z = torch.zeros_like(s, dtype=torch.int64)
+            if p + ".weight_g_idx" in t:
+                gi = t[p + ".weight_g_idx"].long()
+            else:
+                gi = torch.arange(K) // G
+            out[p + ".weight"] = s[:, gi] * (q - z[:, gi]).to(torch.float32)
+    return out
+
+
+def dequantized_state(d: Path) -> dict[str, torch.Tensor]:
+    cfg = json.loads((d / "config.json").read_text())
+    qcfg = cfg.get("quantization_config")
+    t = load_tensors(d)
+    if qcfg is None:
+        return {k: v.float() for k, v in t.items()}
+    method = qcfg["quant_method"]
+    if method == "compressed-tensors":
+        deq = dequantize_ct(t, qcfg)
+    elif method == "gptq":
+        deq = {}
+        for k in t:
+            if k.endswith(".qweight"):
+                p = k[: -len(".qweight")]
+                deq[p + ".weight"] = qf.dequantize_gptq(t[k], t[p + ".qzeros"], t[p + ".scales"], t[p + ".g_idx"], qcfg["bits"])
+    elif method == "awq":
+        deq = {}
+        for k in t:
+            if k.endswith(".qweight"):
+                p = k[: -len(".qweight")]
+                deq[p + ".weight"] = qf.dequantize_awq(t[k], t[p + ".qzeros"], t[p + ".scales"], qcfg["group_size"])
+    else:
+        raise ValueError(method)
+    assert len(deq) == 14, len(deq)
+    plain = {k: v.float() for k, v in t.items() if k.endswith(("norm.weight", "embed_tokens.weight", "lm_head.weight"))}
+    plain.update(deq)
+    return plain
+
+
+def dequantized_model(d: Path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("quantization_config", None)
+    cfg["dtype"] = "float32"
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).to(torch.float32).eval()
+    state = dequantized_state(d)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    return model
+
+
+def fp8_activation_args(d: Path) -> dict | None:
+    """The dynamic float8 input_activations args of a compressed-tensors fixture, if any."""
+    qcfg = json.loads((d / "config.json").read_text()).get("quantization_config") or {}
+    if qcfg.get("quant_method") != "compressed-tensors":
+        return None
+    (group,) = qcfg["config_groups"].values()
+    a = group.get("input_activations")
+    if a and a["type"] == "float" and a["num_bits"] == 8 and a["dynamic"]:
+        return a
+    return None
+
+
+def add_fp8_activation_quant(model, args: dict) -> None:
+    """Quantize every decoder Linear's input to float8 e4m3 and back, per token (strategy "token")
+    or per token and 128-group (strategy "group"), scale = amax / 448: what W8A8 dynamic means."""
+    group = args["group_size"] if args["strategy"] == "group" else None
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+
+    def hook(mod, inputs):
+        x = inputs[0]
+        xs = x.reshape(*x.shape[:-1], -1, group) if group else x.unsqueeze(-2)
+        s = xs.abs().amax(-1, keepdim=True) / fmax
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        q = (xs / s).clamp(-fmax, fmax).to(torch.float8_e4m3fn).to(x.dtype) * s
+        return (q.reshape(x.shape),)
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
+            mod.register_forward_pre_hook(hook)
+
+
+def loading_config(d: Path):
+    """GPTQ / AWQ through GPTQModel's torch kernels (float16 math; its default CPU kernels use
+    bfloat16 int4 matmuls, 0.2-0.5 off in the logits here)."""
+    qcfg = json.loads((d / "config.json").read_text()).get("quantization_config") or {}
+    if qcfg.get("quant_method") == "gptq":
+        from transformers import GPTQConfig
+
+        return GPTQConfig(bits=qcfg["bits"], backend="torch")
+    if qcfg.get("quant_method") == "awq":
+        from transformers import AwqConfig
+
+        return AwqConfig(bits=qcfg["bits"], backend="torch_awq")
+    return None
+
+
+def run(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        logits = model(ids[None]).logits[0].float()
+        gen = model.generate(ids[None], do_sample=False, max_new_tokens=GREEDY_TOKENS, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return logits, gen[0, len(ids) :]
+
+
+def versions() -> str:
+    import importlib.metadata as md
+
+    out = [f"torch {torch.__version__}"]
+    for pkg in ("transformers", "compressed-tensors", "gptqmodel", "optimum"):
+        try:
+            out.append(f"{pkg} {md.version(pkg)}")
+        except md.PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+def main() -> None:
+    import os
+    import tempfile
+
+    # GPTQModel (where installed) sizes its CPU pool from half the cores and writes ./logs.
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+    os.chdir(tempfile.mkdtemp(prefix="quant-references-"))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args = sys.argv[1:]
+    write = "--write" in args
+    names = [a for a in args if a != "--write"]
+    tok = AutoTokenizer.from_pretrained(HERE / "fp32-source")
+    ids = torch.tensor([1] + tok.encode(PROMPT, add_special_tokens=False))
+    print("versions:", versions())
+    for name in names:
+        d = HERE / name
+        qc = loading_config(d)
+        kw = {"quantization_config": qc} if qc is not None else {}
+        try:
+            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, device_map="cpu", **kw).eval()
+        except Exception as e:  # noqa: BLE001 - the report says which fixtures load
+            print(f"{name}: transformers cannot load it: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        hf_logits, hf_greedy = run(model, ids)
+        ref_model = dequantized_model(d)
+        meaning = "dequantized fp32 weights"
+        if (act := fp8_activation_args(d)) is not None:
+            add_fp8_activation_quant(ref_model, act)
+            meaning += f" + fp8 e4m3 dynamic activations per {act['strategy']}"
+        ref_logits, ref_greedy = run(ref_model, ids)
+        diff = (hf_logits - ref_logits).abs().max().item()
+        top2 = hf_logits.topk(2, -1).values
+        margin = (top2[:, 0] - top2[:, 1]).min().item()
+        same = torch.equal(hf_greedy, ref_greedy)
+        print(f"{name}: max |logits - ({meaning})| = {diff:.3g} (logit scale {hf_logits.abs().max():.3g}), min top-2 margin {margin:.3g}, greedy equal: {same}")
+        if write:
+            meta = {
+                "producer": f"transformers AutoModelForCausalLM.from_pretrained(dtype=float32, CPU): {versions()}",
+                "prompt": PROMPT,
+                "loading_config": repr(qc.to_dict()) if qc is not None else "default",
+                "compared_with": meaning,
+                "max_abs_diff": f"{diff:.6g}",
+                "greedy_equal": str(same),
+            }
+            save_file(
+                {"input_ids": ids.clone(), "logits": hf_logits.contiguous(), "greedy_ids": hf_greedy.clone()},
+                str(d / "reference.safetensors"),
+                metadata=meta,
+            )
+
+
+if __name__ == "__main__":
+    main()
