@@ -43,7 +43,8 @@ def load_model(
 ) -> tuple[CausalLM, LoadStats]:
     """The model (this rank's part of it: `shard`, by default the group's rank's; with DP
     attention its share of the MLP among `mlp_group`) and what loading it read. A quantized
-    checkpoint's projections stay quantized (`resident`; default: on CUDA) or are dequantized."""
+    checkpoint's projections stay quantized (`resident`; default: on CUDA, and for W8A8 FP8
+    everywhere) or are dequantized."""
     if cfg.impl == "transformers":
         from batonlm.model_runner.models.transformers_fallback import load_transformers_model
 
@@ -57,8 +58,9 @@ def load_model(
     model = model.to(dtype)
     quant = cfg.quantization
     layers = []
-    if quant is not None and not quant.online and (torch.device(device).type == "cuda" if resident is None
-                                                   else resident):
+    if resident is None:  # W8A8's activations are quantized on every device: its outputs are the checkpoint's
+        resident = torch.device(device).type == "cuda" or (quant is not None and quant.act_quant)
+    if quant is not None and not quant.online and resident:
         from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
         from batonlm.model_runner.quantization.resident import make_resident
 

@@ -30,7 +30,8 @@ class QuantConfig:
     symmetric zeros. `checkpoint_format`: GPTQ's zero convention (`gptq`: stored zero = zero - 1,
     the v1 format AutoGPTQ and GPTQModel write; `gptq_v2`: stored as is). `block`: FP8's
     `weight_block_size`. `activation_scheme`: FP8's (static: the checkpoint's `input_scale`;
-    dynamic: per token; batonlm's CPU path keeps activations unquantized either way).
+    dynamic: per token). `act_quant`: W8A8 FP8, whose layers quantize their inputs too (they
+    stay quantized on every device, so the outputs are the checkpoint's, transformers').
     Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
     of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
 
@@ -42,6 +43,7 @@ class QuantConfig:
     checkpoint_format: str = "gptq"
     block: tuple[int, int] | None = None
     activation_scheme: str = "dynamic"
+    act_quant: bool = False  # the checkpoint's layers quantize their inputs to FP8 (W8A8)
 
     @property
     def description(self) -> str:
@@ -95,7 +97,7 @@ def _fp8(qc: dict[str, Any]) -> QuantConfig:
             raise QuantizationError(f"fp8 quantization_config.weight_block_size {block!r} is not two positive "
                                     "integers")
         block = (block[0], block[1])
-    return QuantConfig("fp8", block=block, activation_scheme=scheme)
+    return QuantConfig("fp8", block=block, activation_scheme=scheme, act_quant=True)
 
 
 def _int_field(qc: dict[str, Any], method: str, key: str, allowed: tuple[int, ...]) -> int:
@@ -155,8 +157,9 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
                                 "one is supported")
     sizes = {g["weights"].get("group_size") for g in groups.values() if g["weights"].get("strategy") == "group"}
     block = blocks.pop() if blocks else None
+    act_quant = any((g.get("input_activations") or {}).get("type") == "float" for g in groups.values())
     return QuantConfig("compressed-tensors", block=(block[0], block[1]) if block else None,
-                       group_size=sizes.pop() if len(sizes) == 1 else -1)
+                       group_size=sizes.pop() if len(sizes) == 1 else -1, act_quant=act_quant)
 
 
 _READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors}

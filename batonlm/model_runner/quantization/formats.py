@@ -170,9 +170,13 @@ def _gptq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeig
     p = f"{lin.prefix}."
     n, k = lin.shape
     q = unpack_words(ckpt.get(p + "qweight"), quant.bits, dim=0)[:k]  # [K, N]
-    zeros = unpack_words(ckpt.get(p + "qzeros"), quant.bits, dim=1)[:, :n]  # [K/G, N]
-    if quant.checkpoint_format == "gptq":  # v1: stored zero - 1
-        zeros = zeros + 1
+    words = ckpt.get(p + "qzeros")
+    if quant.checkpoint_format == "gptq":
+        # v1 stores each word minus 0x11111111 (4-bit), subtracted as one 32-bit word: a zero of
+        # 0 borrows from its neighbour, so the whole word is added back before unpacking.
+        ones = sum(1 << (quant.bits * i) for i in range(32 // quant.bits))
+        words = ((words.to(torch.int64) + ones) & 0xFFFFFFFF).to(torch.int32)
+    zeros = unpack_words(words, quant.bits, dim=1)[:, :n]  # [K/G, N]
     scales = ckpt.get(p + "scales").to(torch.float32)
     groups = _group_index(ckpt, p + "g_idx", lin, k, scales.shape[0], quant.group_size)
     return IntWeights(q, zeros, scales, groups, quant.bits)

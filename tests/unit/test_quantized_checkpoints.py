@@ -1,0 +1,113 @@
+"""Quantized checkpoints written by the tools users quantize with (tests/data/quantized/README.md:
+llm-compressor, GPTQModel; two by tests/quant_formats.py) load, and give the logits of what they
+mean: transformers' own quantized inference where it computes that exactly (compressed-tensors,
+including FP8's activation quantization), the dequantized float32 model where transformers'
+kernels round (GPTQ and AWQ run in float16 there; their weights are read back by
+quant_formats.py's readers, checked against GPTQModel's and AutoAWQ's own code).
+
+Bound: the same float32 math in another order. Each logit is a chain of two layers of dot products
+of K <= 384 terms; float32 summation errs by at most ~K * 2^-24 of the sum of |terms| per dot
+product, ~2.3e-5 relative, compounded over a handful of them: 1e-4 of the largest logit (~13).
+A quantized activation (FP8 W8A8) whose value lies at a rounding tie can round the other way in
+the other order; none does on this prompt (transformers agrees to the bound).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from quant_formats import dequantize_awq, dequantize_gptq, save_dequantized
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from batonlm.model_runner.forward_batch import ForwardBatch
+from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.model_runner import ModelRunner
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
+# transformers (+ compressed-tensors) computes exactly what these mean.
+TRANSFORMERS_EXACT = ("fp8-dynamic", "fp8-block", "w4a16", "w4a16-asym", "w4a16-gptq", "w8a16")
+GPTQ_AWQ = ("gptqmodel-w4g64", "gptqmodel-w4g64-asym-descact", "gptq-w4g64", "gptqmodel-awq-w4g64", "awq-w4g64")
+RELATIVE = 1e-4
+
+
+def _runner(path: Path | str, resident: bool | None = None) -> ModelRunner:
+    cfg = ModelConfig.from_hf(path)
+    runner = ModelRunner(cfg, dtype=torch.float32, device="cpu", kv_capacity=64, num_req_slots=4,
+                         context_length=64, attention_backend="torch", sampler="torch")
+    if resident is not None:  # the same checkpoint loaded the other way
+        from batonlm.model_runner.model_loader import load_model
+
+        runner.model = load_model(cfg, torch.float32, "cpu", resident=resident)[0]
+    return runner
+
+
+def _prompt_logits(runner: ModelRunner, ids: torch.Tensor) -> torch.Tensor:
+    n = ids.numel()
+    batch = ForwardBatch.build(torch.arange(1, n + 1), [1], [0], [n], "cpu", input_ids=ids)
+    _, hidden = runner.forward_hidden(batch)
+    return runner.model.logits(hidden)
+
+
+def _reference(name: str) -> dict[str, torch.Tensor]:
+    return load_file(str(DATA / name / "reference.safetensors"))
+
+
+@pytest.mark.parametrize("name", TRANSFORMERS_EXACT)
+def test_compressed_tensors_checkpoints_give_transformers_logits(name: str) -> None:
+    ref = _reference(name)
+    ours = _prompt_logits(_runner(DATA / name), ref["input_ids"].reshape(-1))
+    assert (ours - ref["logits"]).abs().max() <= RELATIVE * ref["logits"].abs().max()
+
+
+def _dequantized_dir(name: str, tmp: Path) -> Path:
+    """The float32 checkpoint a GPTQ / AWQ fixture means, read by quant_formats.py's readers."""
+    src = DATA / name
+    qc = ModelConfig.from_hf(src).quantization
+    assert qc is not None
+    deq: dict[str, torch.Tensor] = {}
+    with safe_open(str(src / "model.safetensors"), framework="pt") as sf:
+        for key in sf.keys():
+            if key.endswith(".qweight"):
+                p = key.removesuffix(".qweight")
+                get = sf.get_tensor
+                if qc.method == "gptq":
+                    deq[p + ".weight"] = dequantize_gptq(get(key), get(p + ".qzeros"), get(p + ".scales"),
+                                                         get(p + ".g_idx"), qc.bits)
+                else:
+                    deq[p + ".weight"] = dequantize_awq(get(key), get(p + ".qzeros"), get(p + ".scales"),
+                                                        qc.group_size)
+    out = tmp / name
+    save_dequantized(src, deq, out)
+    return out
+
+
+@pytest.mark.parametrize("name", GPTQ_AWQ)
+def test_gptq_and_awq_checkpoints_give_the_dequantized_models_logits(name: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    ids = _reference(name)["input_ids"]
+    float_dir = _dequantized_dir(name, tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32)
+    with torch.no_grad():
+        want = hf(ids.reshape(1, -1)).logits[0]
+    for resident in (False, True):  # dequantized on load, and kept as int4 (the CUDA layout, torch kernels)
+        ours = _prompt_logits(_runner(DATA / name, resident), ids.reshape(-1))
+        assert (ours - want).abs().max() <= RELATIVE * want.abs().max(), resident
+
+
+def test_the_layers_kernels_cover_stay_quantized() -> None:
+    """On the CPU W8A8 FP8 stays FP8 (its activations are quantized, as the checkpoint says);
+    weight-only formats are dequantized on load unless asked; int8 and activation-ordered groups
+    have no kernel and are always dequantized."""
+    def kinds(name: str, resident: bool | None = None) -> set[str]:
+        model = _runner(DATA / name, resident).model
+        return {type(m).__name__ for m in model.modules() if isinstance(m, (Fp8Linear, Int4Linear))}
+
+    assert kinds("fp8-block") == {"Fp8Linear"} and kinds("fp8-dynamic") == {"Fp8Linear"}
+    assert kinds("w4a16") == set() and kinds("w4a16", resident=True) == {"Int4Linear"}
+    assert kinds("w8a16", resident=True) == set()
+    assert kinds("gptqmodel-w4g64-asym-descact", resident=True) == set()
