@@ -364,3 +364,30 @@ def save_dequantized(quant_dir: str | Path, deq: dict[str, torch.Tensor], dst_di
     for name in AUX_FILES:
         if (src / name).exists():
             shutil.copy(src / name, dst / name)
+
+
+def write_fp8_block_checkpoint(src_dir: str | Path, out_dir: str | Path, block: tuple[int, int] = (128, 128)) -> None:
+    """transformers' FineGrainedFP8 format (DeepSeek-V3, Qwen3-FP8): every decoder linear's weight
+    in float8 e4m3 with one float32 `weight_scale_inv` per block of `block` (amax / 448, the
+    dequantized weight is weight * its block's scale), `quant_method: fp8`, dynamic activations.
+    transformers' own loader reads it back (it dequantizes on a machine without a GPU)."""
+    src, out = Path(src_dir), Path(out_dir)
+    config, tensors = load_float_checkpoint(src)
+    bn, bk = block
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    result: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        if not is_quantized_linear(name):
+            result[name] = w
+            continue
+        n, k = w.shape
+        rows, cols = -(-n // bn), -(-k // bk)
+        padded = torch.zeros(rows * bn, cols * bk, dtype=torch.float32)
+        padded[:n, :k] = w.float()
+        blocks = padded.view(rows, bn, cols, bk)
+        scale = (blocks.abs().amax(dim=(1, 3)) / fp8_max).clamp_min(torch.finfo(torch.float32).tiny)
+        q = (blocks / scale[:, None, :, None]).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn)
+        result[name] = q.view(rows * bn, cols * bk)[:n, :k].contiguous()
+        result[name.removesuffix(".weight") + ".weight_scale_inv"] = scale
+    qconfig = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+    _finish(src, out, config, qconfig, result, str(next(iter(tensors.values())).dtype).removeprefix("torch."))

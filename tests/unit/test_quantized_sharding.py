@@ -1,0 +1,124 @@
+"""Tensor parallelism of quantized checkpoints: each rank's projections, quantized or
+dequantized, are its rows (column-parallel: the ranks' outputs side by side give the whole
+output) or its columns (row-parallel: the ranks' partial products sum to it) of the one-rank
+model's, scales, zeros and blocks sharded with their weights; a slice that would split an FP8
+block or an int4 group is refused at start-up, naming the layer.
+
+Computed in float64, where the ranks' other summation order errs below 1e-12 (FP8 layers compute
+in float32, their kernels' accumulator: K terms err by K * 2^-24 on each side). W8A8 with
+per-token activation scales (FP8 dynamic) is the exception: a row-parallel rank quantizes its
+own slice of each token with the slice's own scale, so the ranks' sum differs from the one-rank
+product by activation rounding: each side errs by at most half an e4m3 step, 2^-4 of each
+activation, so they differ by at most 2^-3 * sum |x| |W|.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from quant_formats import write_fp8_block_checkpoint
+
+from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.model_loader import load_model, tp_layout
+from batonlm.model_runner.quantization.config import QuantizationError
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
+LAYER = "model.layers.1."
+
+
+@pytest.fixture(scope="module")
+def fp8_block64(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fp8") / "fp8-block64"
+    write_fp8_block_checkpoint(DATA / "fp32-source", out, block=(64, 64))
+    return out
+
+
+def _models(path: Path, resident: bool, size: int = 2):
+    cfg = ModelConfig.from_hf(path)
+    full = load_model(cfg, torch.float64, "cpu", resident=resident)[0]
+    ranks = [load_model(cfg, torch.float64, "cpu", shard=tp_layout(cfg, r, size), resident=resident)[0]
+             for r in range(size)]
+    return cfg, full, ranks
+
+
+@pytest.mark.parametrize("name, resident, kind", [
+    ("gptqmodel-w4g64", True, Int4Linear),
+    ("gptqmodel-awq-w4g64", True, Int4Linear),
+    ("w4a16-asym", False, None),  # groups of 128: two ranks' 192 down_proj columns need it dequantized
+    ("gptqmodel-w4g64-asym-descact", False, None),
+    ("w8a16", False, None),
+    ("fp8-block64", True, Fp8Linear),
+    ("fp8-dynamic", True, Fp8Linear),
+])
+def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:
+    path = fp8_block64 if name == "fp8-block64" else DATA / name
+    cfg, full, ranks = _models(path, resident)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, cfg.hidden_size, generator=g, dtype=torch.float64)
+    per_token = name == "fp8-dynamic"
+
+    def module(model, proj):
+        return model.get_submodule(LAYER + proj)
+
+    def close(got, want, x_in, proj, model=full):
+        w = _dense_weight(module(model, proj), x_in.shape[1])
+        # FP8 layers compute in float32 (their kernels' accumulator): K terms err by K * 2^-24 each side.
+        rounding = x_in.shape[1] * 2.0**-23 if kind is Fp8Linear else 1e-12
+        bound = (2.0**-3 if per_token else rounding) * (x_in.abs() @ w.abs().T).max()
+        assert (got - want).abs().max() <= bound, (name, proj)
+
+    if kind is not None:
+        assert isinstance(module(ranks[0], "self_attn.qkv_proj"), kind)
+    # Column-parallel: the fused q/k/v and gate/up rows of each rank.
+    qkv = module(full, "self_attn.qkv_proj")(x)
+    q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    gate_up = module(full, "mlp.gate_up_proj")(x)
+    for m in ranks:
+        out = module(m, "self_attn.qkv_proj")(x)
+        (qs, qc), (ks, kc) = m.shard.q_rows(), m.shard.kv_rows()
+        want = torch.cat([qkv[:, qs : qs + qc], qkv[:, q_full + ks : q_full + ks + kc],
+                          qkv[:, q_full + kv_full + ks : q_full + kv_full + ks + kc]], dim=1)
+        close(out, want, x, "self_attn.qkv_proj")
+        ms, mc = m.shard.mlp_rows()
+        out = module(m, "mlp.gate_up_proj")(x)
+        inter = cfg.intermediate_size
+        close(out, torch.cat([gate_up[:, ms : ms + mc], gate_up[:, inter + ms : inter + ms + mc]], dim=1), x,
+              "mlp.gate_up_proj")
+    # Row-parallel: each rank's columns, summed.
+    for proj, width, rows in (("self_attn.o_proj", q_full, lambda s: s.q_rows()),
+                              ("mlp.down_proj", cfg.intermediate_size, lambda s: s.mlp_rows())):
+        h = torch.randn(3, width, generator=g, dtype=torch.float64)
+        parts = [module(m, proj)(h[:, rows(m.shard)[0] : sum(rows(m.shard))]) for m in ranks]
+        close(sum(parts), module(full, proj)(h), h, proj)
+
+
+def _dense_weight(mod, k: int) -> torch.Tensor:
+    """The layer's weight as a float64 [N, K] (a quantized layer's by its product with I)."""
+    inner = getattr(mod, "local", None) or mod
+    if isinstance(inner, (Fp8Linear, Int4Linear)):
+        from batonlm.kernels.quant import dequantize_fp8, dequantize_fp8_block, dequantize_int4
+
+        if isinstance(inner, Int4Linear):
+            return dequantize_int4(inner.qweight, inner.scales, inner.zeros, inner.group_size, k, torch.float64)
+        if inner.block is not None:
+            return dequantize_fp8_block(inner.weight_q, inner.weight_scale, inner.block, torch.float64)
+        return dequantize_fp8(inner.weight_q, inner.weight_scale, torch.float64)
+    return mod.weight
+
+
+def test_a_slice_that_would_split_a_block_or_group_is_refused() -> None:
+    """128x128 FP8 blocks: two ranks' 64 K/V rows each split a block. int4 groups of 128 over
+    down_proj's 384 input features: two ranks' 192 each split a group."""
+    for name, words in (("fp8-block", ["qkv_proj", "k_proj", "FP8 128x128 blocks", "--tp"]),
+                        ("w4a16", ["down_proj", "int4 groups of 128", "--tp"])):
+        cfg = ModelConfig.from_hf(DATA / name)
+        with pytest.raises(QuantizationError) as e:
+            load_model(cfg, torch.float32, "cpu", shard=tp_layout(cfg, 1, 2), resident=True)
+        for word in words:
+            assert word in str(e.value), (word, str(e.value))
+        # Dequantized on load any slice is exact: the weight-only format loads.
+        if name == "w4a16":
+            load_model(cfg, torch.float32, "cpu", shard=tp_layout(cfg, 1, 2), resident=False)
