@@ -156,7 +156,7 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
     logger.info(
         "batonlm ready on http://%s:%d (model %s, %s, %s, %d KV slots%s, %s loop%s)",
         shown, port, args.model_name + (" on transformers' modeling code" if info.model_impl == "transformers" else ""),
-        info.device, info.dtype + (f" from {info.quantization} weights" if info.quantization else ""), info.kv_capacity,
+        info.device, info.dtype + (f", {info.quantization} weights" if info.quantization else ""), info.kv_capacity,
         " per replica" if args.dp_size > 1 else "", "overlap" if info.overlap else "normal", scale,
     )
     # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, with the handlers found

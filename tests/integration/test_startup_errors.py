@@ -65,3 +65,14 @@ def test_a_tokenizer_that_does_not_load_stops_the_start(tmp_path):
     out = serve("--tokenizer", str(tmp_path))
     assert_clean_error(out, "could not load a tokenizer from", str(tmp_path))
     assert out.returncode == 2 and "ready on" not in out.stdout + out.stderr
+
+
+def test_an_unsupported_quantization_config(tmp_path, stories_path):
+    import json
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(stories_path, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "bitsandbytes"}}))
+    assert_clean_error(serve(str(d)), "quantization method 'bitsandbytes'", "fp8, compressed-tensors, gptq, awq")

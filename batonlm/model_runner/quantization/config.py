@@ -50,9 +50,9 @@ class QuantConfig:
         if self.online:
             return "fp8 (online, from the float checkpoint)"
         if self.method in ("gptq", "awq"):
-            return f"{self.method} int{self.bits}, group {self.group_size}" + ("" if self.sym else ", asymmetric")
+            return f"{self.method} int{self.bits} (group {self.group_size}{'' if self.sym else ', asymmetric'})"
         if self.method == "fp8":
-            return "fp8 " + (f"block {self.block[0]}x{self.block[1]}" if self.block else "per tensor")
+            return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks)" if self.block else "(per tensor)")
         return self.method
 
 

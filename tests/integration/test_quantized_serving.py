@@ -1,0 +1,48 @@
+"""Quantized checkpoints served: greedy tokens through the scheduler and the device worker equal
+transformers' on the checkpoints the tools wrote (tests/data/quantized/README.md), and at two
+tensor-parallel ranks equal one rank's (CPU, gloo, the ranks' divergence check at every launch)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from helpers import SchedulerHarness, random_prompts
+from quant_formats import write_fp8_block_checkpoint
+from safetensors.torch import load_file
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
+
+
+def _greedy(path: str | Path, prompts: list[list[int]], max_new: list[int], **args) -> list[list[int]]:
+    h = SchedulerHarness(str(path), **args)
+    try:
+        for i, (ids, n) in enumerate(zip(prompts, max_new)):
+            h.submit(f"r{i}", ids, {"temperature": 0.0, "max_new_tokens": n}, at=i)
+        records = h.run(overlap=True)
+        h.assert_all_free()
+        return [records[f"r{i}"].token_ids for i in range(len(prompts))]
+    finally:
+        h.close()
+
+
+# W8A8 FP8 in blocks (kept FP8 on the CPU too), int4 asymmetric (compressed-tensors, dequantized),
+# GPTQ with activation order (a g_idx permutation, dequantized).
+@pytest.mark.parametrize("name", ["fp8-block", "w4a16-asym", "gptqmodel-w4g64-asym-descact"])
+def test_served_greedy_tokens_are_transformers(name: str) -> None:
+    ref = load_file(str(DATA / name / "reference.safetensors"))
+    want = ref["greedy_ids"].tolist()  # 16 tokens, or fewer ending in the EOS (2)
+    assert _greedy(DATA / name, [ref["input_ids"].reshape(-1).tolist()], [16]) == [want]
+
+
+def test_two_ranks_give_one_ranks_tokens(tmp_path: Path) -> None:
+    """GPTQ int4 (group 64: each rank's down_proj columns are whole groups) and W8A8 FP8 in 64x64
+    blocks (each rank's rows and columns are whole blocks: its activation groups are one rank's)."""
+    fp8 = tmp_path / "fp8-block64"
+    write_fp8_block_checkpoint(DATA / "fp32-source", fp8, block=(64, 64))
+    prompts = random_prompts(4, random.Random(3), lo=2, hi=60)
+    max_new = [24, 12, 30, 18]
+    for path in (DATA / "gptqmodel-w4g64", fp8):
+        one = _greedy(path, prompts, max_new)
+        assert _greedy(path, prompts, max_new, tp_size=2, debug_tp_check_every=1) == one, path.name
