@@ -1,0 +1,175 @@
+"""Quantized weights: what each layout costs per matmul, and end to end.
+
+Part 1, one projection (K -> N) at M rows, median of `--rounds` (the ways alternating in each
+round): the float matmul (what a checkpoint dequantized on load runs: batonlm's CPU choice for
+weight-only formats), the int4 dequant-GEMM and the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`;
+the torch references on the CPU, which dequantize every call; Triton on CUDA). The CPU choice is
+this table: a dequantize per call costs more than the float matmul it feeds.
+
+Part 2, a random Llama (`--shape`) written as float, W8A8 FP8 in 128x128 blocks (transformers'
+FineGrainedFP8 format), GPTQ int4 (group 128) and served by `batonlm.Engine` (eager step,
+overlap loop), plus `--quantization fp8` on the float checkpoint: start-up seconds, checkpoint
+MB, and output tok/s of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill
+included), median of `--rounds`. On CUDA the quantized variants run on the kernels (the
+weights stay quantized); on the CPU int4 and online FP8 run dequantized and W8A8 on the torch
+references.
+
+    python benchmarks/quantization.py [--batch 1 16 64] [--json out.json]
+    python benchmarks/quantization.py --device cuda --dtype bfloat16 [--shape llama3-8b --layers 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests check against the tools
+from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
+from vs_transformers import build_random_llama  # noqa: E402
+
+from batonlm.kernels.quant import (  # noqa: E402
+    fp8_block_matmul,
+    int4_dequant_matmul,
+    pack_int4,
+    per_token_group_quant_fp8,
+)
+
+SHAPES = {
+    "32m": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
+            "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 8192},
+    "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256},
+}
+
+
+def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: torch.dtype) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(device, dtype)
+    q = torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32)
+    qweight, scales = pack_int4(q).to(device), (torch.rand(k // 128, n, generator=g) / 64).to(device)
+    zeros = torch.full((k // 128, n), 8, dtype=torch.uint8, device=device)
+    w_q = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
+    w_scale = torch.rand(-(-n // 128), k // 128, generator=g).to(device) / 100
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, generator=g).to(device, dtype)
+
+        def fp8(x=x):
+            x_q, x_s = per_token_group_quant_fp8(x, 128)
+            return fp8_block_matmul(x_q, x_s, w_q, w_scale, (128, 128), x.dtype)
+
+        ways = {"float": lambda x=x: F.linear(x, w), "int4 dequant-GEMM": lambda x=x: int4_dequant_matmul(
+            x, qweight, scales, zeros, 128), "fp8 W8A8 block": fp8}
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(rounds):
+            for name, fn in ways.items():
+                fn()
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    fn()
+                sync()
+                times[name].append((time.perf_counter() - t0) / 10)
+        base = statistics.median(times["float"])
+        row: dict = {"M": m, "K x N": f"{k}x{n}"}
+        for name in ways:
+            t = statistics.median(times[name])
+            row[f"{name} us"] = round(t * 1e6, 1)
+            row[f"{name} / float"] = round(t / base, 2)
+        rows.append(row)
+    return rows
+
+
+def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
+    """name -> (model directory, Engine arguments)."""
+    fp8, gptq = out / "fp8-block", out / "gptq-int4"
+    write_fp8_block_checkpoint(src, fp8)
+    write_gptq_checkpoint(src, gptq, bits=4, group_size=128, sym=True)
+    return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "gptq int4 g128": (str(gptq), {}),
+            "fp8 online (per channel)": (src, {"quantization": "fp8"})}
+
+
+def served(models: dict[str, tuple[str, dict]], batches: list[int], new_tokens: int, rounds: int, device: str,
+           dtype: str) -> list[dict]:
+    from batonlm import Engine
+
+    rows = []
+    for name, (path, extra) in models.items():
+        t0 = time.perf_counter()
+        engine = Engine(path, compile="off", max_running_requests=max(batches), device=device, dtype=dtype, **extra)
+        start = time.perf_counter() - t0
+        size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) / 2**20
+        try:
+            row: dict = {"weights": name, "start s": round(start, 1), "checkpoint MB": round(size, 1)}
+            for b in batches:
+                ids = [[1] + [3 + (7 * i + j) % 500 for j in range(31)] for i in range(b)]
+                params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+                engine.generate(input_ids=ids[:1], sampling_params=params)  # warm
+                times = []
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    out = engine.generate(input_ids=ids, sampling_params=params)
+                    times.append(time.perf_counter() - t0)
+                    assert all(o["completion_tokens"] == new_tokens for o in out)
+                row[f"{b} streams tok/s"] = round(b * new_tokens / statistics.median(times), 1)
+            rows.append(row)
+        finally:
+            engine.shutdown()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    lines = [" | ".join(keys), " | ".join("---" for _ in keys)]
+    lines += [" | ".join(str(r[k]) for k in keys) for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="32m")
+    ap.add_argument("--layers", type=int, help="override the shape's layer count (a big shape in less memory)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    shape = dict(SHAPES[args.shape], **({"num_hidden_layers": args.layers} if args.layers else {}))
+    dtype = getattr(torch, args.dtype)
+    h, i = shape["hidden_size"], shape["intermediate_size"]
+    where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else args.device
+    print(f"Part 1: one projection, {args.dtype}, {where}")
+    layers = layer_costs(args.batch, h, i, args.rounds, args.device, dtype)
+    layers += layer_costs(args.batch, i, h, args.rounds, args.device, dtype)
+    print(table(layers))
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.json"
+        config.write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                      "tie_word_embeddings": False, **shape}))
+        src = build_random_llama(config, Path(tmp) / "float")
+        print(f"\nPart 2: a random Llama ({args.shape}, {shape['num_hidden_layers']} layers) served, "
+              f"{args.new_tokens} new tokens per stream")
+        rows = served(variants(src, Path(tmp)), args.batch, args.new_tokens, args.rounds, args.device, args.dtype)
+    print(table(rows))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"shape": shape, "device": where, "dtype": args.dtype, "layers": layers,
+                                         "served": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
