@@ -145,3 +145,29 @@ def test_the_weight_loader_accepts_the_scale_tensors(tmp_path, stories_path):
     with pytest.raises(WeightLoadError, match="1 unexpected tensor"):
         load_model(ModelConfig.from_hf(model_dir), torch.float32, "cpu")
 
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_same_memory_holds_twice_bfloat16s_tokens_in_fp8(monkeypatch, stories_path, device):
+    """The capacity sizing (`device_spec`'s): at one KV budget an FP8 cache holds twice the
+    tokens of a bfloat16 one and four times a float32 one (floor(2x) // 2 == floor(x)). The
+    request ceiling is lifted so that memory binds; on CUDA the free memory is fixed."""
+    from batonlm.config import ServerArgs
+    from batonlm.device import spec
+    from batonlm.model_runner.model_config import ModelConfig
+
+    cfg = ModelConfig.from_hf(stories_path)
+    if device == "cuda":
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda _device: (3 * 2**30, 4 * 2**30))
+    args = ServerArgs(model=stories_path, max_running_requests=1 << 20)
+
+    def capacity(dtype: torch.dtype, kv: str) -> int:
+        return spec._kv_capacity(args.replace(kv_cache_dtype=kv), cfg, dtype, device, cfg.context_length)
+
+    bf16, fp32 = capacity(torch.bfloat16, "auto"), capacity(torch.float32, "auto")
+    for kv in KV_CACHE_DTYPES:
+        assert capacity(torch.bfloat16, kv) // 2 == bf16 and capacity(torch.float32, kv) // 4 == fp32
+        if device == "cpu":  # 2 GiB of 320-byte tokens
+            assert capacity(torch.bfloat16, kv) == spec.CPU_KV_BUDGET_BYTES // 320 == 6710886
+    if device == "cpu":  # the engine's own sizing, through device_spec
+        got = spec.device_spec(args.replace(dtype="bfloat16", kv_cache_dtype="fp8_e4m3"), cfg)
+        assert (got.kv_capacity, got.kv_cache_dtype) == (2 * bf16, "fp8_e4m3")
