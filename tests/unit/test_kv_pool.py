@@ -171,3 +171,17 @@ def test_the_same_memory_holds_twice_bfloat16s_tokens_in_fp8(monkeypatch, storie
     if device == "cpu":  # the engine's own sizing, through device_spec
         got = spec.device_spec(args.replace(dtype="bfloat16", kv_cache_dtype="fp8_e4m3"), cfg)
         assert (got.kv_capacity, got.kv_cache_dtype) == (2 * bf16, "fp8_e4m3")
+
+
+def test_the_flag_takes_its_choices_only(capsys):
+    from batonlm.cli import parse_serve_args
+    from batonlm.config import KV_CACHE_DTYPE_CHOICES, ConfigError, ServerArgs
+
+    assert KV_CACHE_DTYPE_CHOICES == ("auto", *KV_CACHE_DTYPES)  # the pool's formats, all offered
+    assert parse_serve_args(["--kv-cache-dtype", "fp8_e5m2"]).kv_cache_dtype == "fp8_e5m2"
+    assert ServerArgs().kv_cache_dtype == "auto"
+    with pytest.raises(ConfigError, match="kv_cache_dtype: must be one of auto, fp8_e4m3, fp8_e5m2"):
+        ServerArgs(kv_cache_dtype="fp8")
+    with pytest.raises(SystemExit):
+        parse_serve_args(["--kv-cache-dtype", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
