@@ -24,6 +24,7 @@ EMBEDDED_MODEL = str(Path(__file__).resolve().parent / "assets" / "stories260K")
 EMBEDDED_MODEL_NAME = "stories260K"
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8_e4m3", "fp8_e5m2")  # batonlm.model_runner.kv_pool.KV_CACHE_DTYPES
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # "auto" picks per device; the rest are the registries' names.
@@ -99,6 +100,11 @@ class ServerArgs:
     device: str = setting("auto", group=_DEVICE, choices=DEVICE_CHOICES, help="auto: cuda when there is a GPU")
     dtype: str = setting("auto", group=_DEVICE, choices=DTYPE_CHOICES,
                          help="auto: float32 on the CPU; on a GPU the checkpoint's half type (bfloat16 for fp32 ones)")
+    kv_cache_dtype: str = setting(
+        "auto", group=_DEVICE, choices=KV_CACHE_DTYPE_CHOICES,
+        help="the KV cache's storage: auto: the model's dtype; fp8_e4m3 / fp8_e5m2: one byte an element (twice "
+             "bfloat16's tokens in the same memory), scaled per layer by the checkpoint's k_scale / v_scale, else "
+             "1.0 with a warning (docs/quantization.md)")
     attention_backend: str = setting(
         "auto", group=_DEVICE, choices=ATTENTION_BACKEND_CHOICES,
         help="triton: kernels over the KV pool (auto on CUDA); torch: gather + SDPA (auto on the CPU)")

@@ -36,6 +36,7 @@ def build_executor(
         context_length=spec.context_length,
         attention_backend=spec.attention_backend,
         sampler=spec.sampler,
+        kv_cache=spec.kv_cache_dtype,
     )
     if spec.lora_slots:
         runner.use_lora(spec.lora_slots, spec.lora_rank, spec.lora_adapters)
@@ -62,7 +63,8 @@ def build_executor(
         # split under tensor parallelism: every rank runs the whole (small) draft model.
         draft = ModelRunner(draft_cfg, dtype=DTYPES[spec.dtype], device=device, kv_capacity=spec.kv_capacity,
                             num_req_slots=spec.num_req_slots, context_length=spec.context_length,
-                            attention_backend=spec.attention_backend, sampler=spec.sampler)
+                            attention_backend=spec.attention_backend, sampler=spec.sampler,
+                            kv_cache=spec.kv_cache_dtype)
     return BatchExecutor(runner, FutureMap(spec.num_req_slots, runner.device, debug=spec.debug_future_map), draft)
 
 

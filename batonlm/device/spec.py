@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from batonlm.config import CPU_COMPILE_MAX_BS, CUDA_GRAPH_MAX_BS, ServerArgs
-from batonlm.model_runner.kv_pool import KVPool
+from batonlm.model_runner.kv_pool import KVPool, kv_cache_dtype
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import DTYPES, resolve_dtype
 from batonlm.settings import derive
@@ -43,6 +43,8 @@ class DeviceSpec:
     compile_max_bs: int = 0
     compile_cache_dir: str = ""
     cuda_graph_max_bs: int = 0
+    # The KV pool's storage: auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (kv_pool.py).
+    kv_cache_dtype: str = "auto"
     draft_model_path: str | None = None  # speculative decoding's draft model (its own KV pool)
     # LoRA: adapter slots (0: off), their rank, and the --lora-paths adapters (name, directory)
     # in slots 1.. in order.
@@ -90,16 +92,19 @@ def context_length(args: ServerArgs, cfg: ModelConfig) -> int:
 
 
 def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str, ctx: int) -> int:
+    """KV slots (tokens) in the memory the KV cache may use, each `KVPool.bytes_per_token` in
+    the cache's dtype (an FP8 cache holds twice bfloat16's tokens); weights in `dtype`."""
     if args.max_total_tokens is not None:
         return args.max_total_tokens
-    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    kv_dtype = kv_cache_dtype(args.kv_cache_dtype, dtype)
+    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_dtype)
     # Never more than every running request at full context needs.
     ceiling = args.max_running_requests * ctx
     if device.startswith("cuda"):
         # Per GPU: this rank's share of the weights and of the KV heads (every GPU of a
         # tensor-parallel group holds the same share, give or take a row).
         tp, mlp_split = args.tp_size, args.dp_size if args.enable_dp_attention else args.tp_size
-        per_token = KVPool.bytes_per_token(cfg.num_layers, max(1, cfg.num_kv_heads // tp), cfg.head_dim, dtype)
+        per_token = KVPool.bytes_per_token(cfg.num_layers, max(1, cfg.num_kv_heads // tp), cfg.head_dim, kv_dtype)
         free, total = torch.cuda.mem_get_info(torch.device(device))
         weights = sum(_param_count(cfg, tp, mlp_split)) * torch.empty((), dtype=dtype).element_size()
         budget = free - weights - int((1 - args.mem_fraction_static) * total)

@@ -4,7 +4,14 @@ Both kernels read keys and values straight from the head-major pool ([H_kv, slot
 through the req-to-token table; nothing is gathered or padded. Softmax is online (running max
 and sum, FlashAttention's recurrence) in float32. Products are tl.dot over tiles of at least 16
 (a head dim or a group below that is zero-padded, which changes no dot product), in IEEE float32
-for float32 pools (no TF32 rounding) and with float32 accumulation for half pools.
+for float32 queries (no TF32 rounding) and with float32 accumulation for half ones.
+
+An FP8 pool's tiles are loaded as FP8 and converted to the queries' dtype (exact: every e4m3 and
+e5m2 value is a float16, bfloat16 and float32 value), so the products are those of the pool's
+dtype; the layer's scales are arguments: k_scale multiplies the scores (with the softmax
+scale), v_scale the normalised output. The interpreter (triton 3.9) loads and converts FP8
+tensors as the compiled kernels do, for every finite value (its NaN/inf encodings differ from
+torch's, and the pool never holds one: writes clamp), so the CPU tests run this code as is.
 """
 
 from __future__ import annotations
@@ -48,8 +55,8 @@ def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, r2t_row, k_stride_s, start, hi
     kv_slot = tl.load(r2t_row + offs_n, mask=n_valid, other=0)
     kv_off = kv_slot.to(tl.int64)[:, None] * k_stride_s + offs_d[None, :]
     kv_mask = n_valid[:, None] & d_valid[None, :]
-    k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+    k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # FP8 pools: exact
+    v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
     s = _scores(q, k, IEEE) * scale
     visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
     if HAS_WINDOW:
@@ -66,8 +73,8 @@ def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, r2t_row, k_stride_s, start, hi
 
 @triton.jit
 def _extend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, r2t_ptr, r2t_stride, slots_ptr, prefix_ptr, ext_ptr, starts_ptr,
-                   q_stride_t, q_stride_h, k_stride_h, k_stride_s, o_stride_t, o_stride_h, scale, window, D,
-                   GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   q_stride_t, q_stride_h, k_stride_h, k_stride_s, o_stride_t, o_stride_h, scale, k_scale, v_scale,
+                   window, D, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -94,18 +101,19 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, r2t_ptr, r2t_stride, slots_ptr, p
             lo = tl.maximum(0, prefix + block * BLOCK_M - window + 1) // BLOCK_N * BLOCK_N
         k_head = k_ptr + kv_head.to(tl.int64) * k_stride_h
         v_head = v_ptr + kv_head.to(tl.int64) * k_stride_h
+        qk_scale = scale * k_scale
         for start in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_head, v_head, r2t_row, k_stride_s, start, hi, q_pos,
-                                          offs_d, d_valid, scale, window, HAS_WINDOW, BLOCK_N, IEEE)
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+                                          offs_d, d_valid, qk_scale, window, HAS_WINDOW, BLOCK_N, IEEE)
+        out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
         o_off = (first + offs_m).to(tl.int64)[:, None] * o_stride_t + head * o_stride_h + offs_d[None, :]
         tl.store(o_ptr + o_off, out, mask=m_valid[:, None] & d_valid[None, :])
 
 
 @triton.jit
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, part_ptr, lse_ptr, r2t_ptr, r2t_stride, slots_ptr, prefix_ptr,
-                         starts_ptr, q_stride_t, q_stride_h, k_stride_h, k_stride_s, scale, window, D, H,
-                         SPLITS: tl.constexpr, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                         starts_ptr, q_stride_t, q_stride_h, k_stride_h, k_stride_s, scale, k_scale, v_scale, window, D,
+                         H, SPLITS: tl.constexpr, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          IEEE: tl.constexpr):
     """The query heads of one KV head, one row, over one part of its context -> a partial
@@ -136,11 +144,12 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, part_ptr, lse_ptr, r2t_ptr, r2t_st
     positions = tl.zeros([BLOCK_G], tl.int64) + q_pos
     k_head = k_ptr + kv_head.to(tl.int64) * k_stride_h
     v_head = v_ptr + kv_head.to(tl.int64) * k_stride_h
+    qk_scale = scale * k_scale
     for start in range(lo, hi, BLOCK_N):
         m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_head, v_head, r2t_row, k_stride_s, start, hi, positions,
-                                      offs_d, d_valid, scale, window, HAS_WINDOW, BLOCK_N, IEEE)
+                                      offs_d, d_valid, qk_scale, window, HAS_WINDOW, BLOCK_N, IEEE)
     lse = tl.where(l_i > 0, tl.where(m_i == NEG_INF, 0.0, m_i) + log(tl.where(l_i > 0, l_i, 1.0)), NEG_INF)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
     part = ((row * H + heads).to(tl.int64) * SPLITS + split)
     tl.store(part_ptr + part[:, None] * D + offs_d[None, :], out, mask=g_valid[:, None] & d_valid[None, :])
     tl.store(lse_ptr + part, lse, mask=g_valid)
@@ -173,15 +182,15 @@ def _vec(x: torch.Tensor) -> torch.Tensor:
 def _dims(q: torch.Tensor, k_pool: torch.Tensor) -> tuple[int, int, int, bool]:
     heads, d = q.shape[1], q.shape[2]
     group = heads // k_pool.shape[0]
-    # float32 pools: IEEE products. The interpreter's bfloat16 tl.dot returns garbage (triton
+    # float32 queries: IEEE products. The interpreter's bfloat16 tl.dot returns garbage (triton
     # 3.9), so interpreted bfloat16 tiles are multiplied in float32 as well; compiled ones use
-    # the tensor cores (the gpu tests cover them).
-    ieee = k_pool.dtype == torch.float32 or (INTERPRET and k_pool.dtype == torch.bfloat16)
+    # the tensor cores (the gpu tests cover them). The pool's tiles are in q's dtype by then.
+    ieee = q.dtype == torch.float32 or (INTERPRET and q.dtype == torch.bfloat16)
     return heads, d, group, ieee
 
 
 def extend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
-           window: int | None) -> torch.Tensor:
+           window: int | None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     heads, d, group, ieee = _dims(q, k_pool)
     b = batch.req_slots.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -195,7 +204,7 @@ def extend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: P
     _extend_kernel[grid](
         q, k_pool, v_pool, out, batch.req_to_token, batch.req_to_token.stride(0), _vec(batch.req_slots),
         _vec(batch.prefix_lens), _vec(batch.extend_lens), _vec(batch.extend_starts), q.stride(0), q.stride(1),
-        k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1), scale, window or 0, d,
+        k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1), scale, k_scale, v_scale, window or 0, d,
         GROUP=group, HAS_WINDOW=window is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=ieee, **NO_FMA,
     )
@@ -208,7 +217,7 @@ def default_splits(max_seq_len: int) -> int:
 
 
 def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
-           window: int | None, splits: int | None) -> torch.Tensor:
+           window: int | None, splits: int | None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     heads, d, group, ieee = _dims(q, k_pool)
     b = batch.req_slots.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -225,7 +234,7 @@ def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: P
     _decode_split_kernel[(b, k_pool.shape[0], splits)](
         q, k_pool, v_pool, parts, lse, batch.req_to_token, batch.req_to_token.stride(0), _vec(batch.req_slots),
         _vec(batch.prefix_lens), _vec(batch.extend_starts), q.stride(0), q.stride(1), k_pool.stride(0),
-        k_pool.stride(1), scale, window or 0, d, heads, SPLITS=splits, GROUP=group, HAS_WINDOW=window is not None,
+        k_pool.stride(1), scale, k_scale, v_scale, window or 0, d, heads, SPLITS=splits, GROUP=group, HAS_WINDOW=window is not None,
         BLOCK_G=block_g, BLOCK_N=64 if INTERPRET else 32, BLOCK_D=block_d, IEEE=ieee, **NO_FMA,
     )
     _decode_merge_kernel[(b, heads)](

@@ -98,8 +98,8 @@ class PaddedDecodeAttention(AttentionBackend):
         kvh, d = self.num_kv_heads, self.head_dim
         b = q.shape[0]
         s = kv_index.shape[0] // b
-        keys = self.kv_pool.k[layer].index_select(1, kv_index).view(kvh, b, s, d)
-        values = self.kv_pool.v[layer].index_select(1, kv_index).view(kvh, b, s, d)
+        keys, values = self.kv_pool.gather(layer, kv_index)  # dequantized from an FP8 pool, scales baked in
+        keys, values = keys.view(kvh, b, s, d), values.view(kvh, b, s, d)
         queries = q.view(b, kvh, -1, d).transpose(0, 1)  # [kvh, B, group, d]
         # Spelled out, not SDPA: inductor fuses the scale, mask and softmax into one kernel,
         # where the CPU flash-attention kernel costs ~15 us a call at these sizes.

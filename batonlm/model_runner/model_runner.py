@@ -10,7 +10,7 @@ from batonlm.distributed.group import TPGroup
 from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.host_to_device import to_device
-from batonlm.model_runner.kv_pool import KVPool
+from batonlm.model_runner.kv_pool import KVPool, kv_cache_dtype
 from batonlm.model_runner.lora import LoRAWeights, read_adapter
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model
@@ -42,6 +42,7 @@ class ModelRunner:
         sampler: str,
         tp: TPGroup | None = None,
         mlp_group: TPGroup | None = None,
+        kv_cache: str = "auto",
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
@@ -50,7 +51,7 @@ class ModelRunner:
         self.model, self.load_stats = load_model(cfg, dtype, self.device, self.tp, mlp_group=mlp_group)
         # This rank's heads (all of them without tensor parallelism).
         self.num_heads, self.num_kv_heads = self.model.shard.heads, self.model.shard.kv_heads
-        self.kv_pool = KVPool(kv_capacity + 1, cfg.num_layers, self.num_kv_heads, cfg.head_dim, dtype, self.device)
+        self.kv_pool = self._kv_pool(kv_capacity + 1, kv_cache)
         self.req_to_token = ReqToTokenPool(num_req_slots, context_length, self.device)
         self.attn = ATTENTION_BACKENDS[attention_backend](
             self.kv_pool, self.req_to_token, self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.sliding_windows
@@ -62,6 +63,20 @@ class ModelRunner:
         # Set by use_decode_graphs: runs the all-decode batches that fit it.
         self.decode_graphs: DecodeGraphs | None = None
         self.graph_steps = 0  # decode batches run through them
+
+    def _kv_pool(self, num_slots: int, kv_cache: str) -> KVPool:
+        """The KV pool stored as `--kv-cache-dtype` says: the model's dtype (auto), or FP8 with
+        the checkpoint's per-layer scales (1.0 where it has none, said once by rank 0)."""
+        cfg, cache_dtype = self.cfg, kv_cache_dtype(kv_cache, self.dtype)
+        if cache_dtype == self.dtype:
+            return KVPool(num_slots, cfg.num_layers, self.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+        from batonlm.model_runner.kv_scales import read_kv_scales, warn_missing
+
+        scales = read_kv_scales(cfg.path, cfg.num_layers)
+        if self.tp.rank == 0:
+            warn_missing(scales, kv_cache, torch.finfo(cache_dtype).max)
+        return KVPool(num_slots, cfg.num_layers, self.num_kv_heads, cfg.head_dim, self.dtype, self.device,
+                      cache_dtype, scales.k, scales.v)
 
     def use_lora(self, slots: int, rank: int, adapters: tuple[tuple[str, str], ...]) -> None:
         """Room for `slots` LoRA adapters of rank up to `rank` (slot 0: the base model), and the

@@ -25,8 +25,10 @@ logger = logging.getLogger(__name__)
 
 # Checkpoints above this size get a progress bar.
 PROGRESS_BAR_BYTES = 64 * 1024 * 1024
-# Buffers some exporters save that carry no weights.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The FP8 KV cache's per-layer scales: not weights; kv_scales.py reads them for the KV pool.
+KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale", "self_attn.kv_scale")
+# Buffers some exporters save that carry no weights, and the tensors read elsewhere.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", *KV_SCALE_SUFFIXES)
 
 
 class WeightLoadError(ValueError):

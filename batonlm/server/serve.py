@@ -152,7 +152,8 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
                      f", {args.nnodes} nodes" if args.nnodes > 1 else "",
                      f", dp {args.dp_size}" if args.dp_size > 1 else "",
                      " with DP attention" if args.enable_dp_attention else "",
-                     f", speculative {args.speculative_algorithm}" if args.speculative_algorithm != "none" else ""))
+                     f", speculative {args.speculative_algorithm}" if args.speculative_algorithm != "none" else "",
+                     f", {args.kv_cache_dtype} KV cache" if args.kv_cache_dtype != "auto" else ""))
     logger.info(
         "batonlm ready on http://%s:%d (model %s, %s, %s, %d KV slots%s, %s loop%s)",
         shown, port, args.model_name + (" on transformers' modeling code" if info.model_impl == "transformers" else ""),

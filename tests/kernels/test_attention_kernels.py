@@ -1,6 +1,7 @@
 """The paged attention kernels against the float64 reference, and the Triton attention backend
 against the torch one: random ragged batches on cached prefixes, GQA, sliding windows, head
-dims 8 / 48 / 64 / 128, float32 / bfloat16 / float16, decode split counts."""
+dims 8 / 24 / 48 / 64 / 128, float32 / bfloat16 / float16, decode split counts, FP8 pools
+(e4m3, e5m2) with their per-layer scales."""
 
 from __future__ import annotations
 
@@ -67,11 +68,14 @@ def bound(q, k, v, batch, scale, dtype) -> torch.Tensor:
     return vmax * (score_err + sum_err + half)
 
 
-def check(got, q, k, v, batch, scale, window, dtype):
-    exact = paged_attention_reference(q.double(), k.double(), v.double(), batch, scale, window)
+def check(got, q, k, v, batch, scale, window, dtype, k_scale=1.0, v_scale=1.0):
+    """An FP8 pool is exact in float64: the reference reads it as stored * scale, and the bound
+    is that of a pool holding those values (the kernels convert FP8 tiles exactly; the scales
+    add one rounding to the scores' factor and one to the output's, within the bound's slack)."""
+    exact = paged_attention_reference(q.double(), k.double(), v.double(), batch, scale, window, k_scale, v_scale)
     assert got.dtype == dtype and got.shape == q.shape
     err = (got.double() - exact).abs()
-    tol = bound(q, k, v, batch, scale, dtype)
+    tol = bound(q, k.double() * k_scale, v.double() * v_scale, batch, scale, dtype)
     assert bool((err <= tol).all()), f"error {err.max():.3g}, bound {tol.min():.3g}"
 
 
@@ -116,6 +120,47 @@ def test_half_precision_pools(dtype):
     check(decode_attention_triton(q, k, v, batch, scale, None, 4), q, k, v, batch, scale, None, dtype)
 
 
+def fp8_pools(k, v, cache_dtype, k_scale, v_scale):
+    """k / k_scale and v / v_scale rounded to FP8 (clamped), as the KV pool stores them."""
+    top = torch.finfo(cache_dtype).max
+    return (k / k_scale).clamp(-top, top).to(cache_dtype), (v / v_scale).clamp(-top, top).to(cache_dtype)
+
+
+# Not powers of two: a scale left out, or the two swapped, changes every product's rounding too.
+K_SCALE, V_SCALE = 0.37, 2.5
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_pools_are_read_with_their_scales(cache_dtype, dtype):
+    """Odd shapes: 6 query heads on 3 KV heads, head dim 24 (a padded tile of 32), ragged rows on
+    prefixes, a window of 5 on the decode rows, 3 splits."""
+    rng = random.Random(17)
+    scale = 24**-0.5
+    q, k, v, batch = make_case(random_rows(rng, 5, decode=False), 6, 3, 24, torch.float32, seed=21)
+    k8, v8 = fp8_pools(k * 3, v, cache_dtype, K_SCALE, V_SCALE)
+    q = q.to(dtype)
+    got = extend_attention_triton(q, k8, v8, batch, scale, None, K_SCALE, V_SCALE)
+    check(got, q, k8, v8, batch, scale, None, dtype, K_SCALE, V_SCALE)
+    q, k, v, batch = make_case(random_rows(rng, 7, decode=True) + [(0, 1)], 6, 3, 24, torch.float32, seed=22)
+    k8, v8 = fp8_pools(k * 3, v, cache_dtype, K_SCALE, V_SCALE)
+    q = q.to(dtype)
+    got = decode_attention_triton(q, k8, v8, batch, scale, 5, 3, K_SCALE, V_SCALE)
+    check(got, q, k8, v8, batch, scale, 5, dtype, K_SCALE, V_SCALE)
+
+
+def test_the_bound_sees_a_scale_left_out():
+    """Reading an FP8 pool without its k or v scale is far outside the float32 bound."""
+    q, k, v, batch = make_case([(40, 3)], 4, 2, 16, torch.float32, seed=5)
+    k8, v8 = fp8_pools(k, v, torch.float8_e4m3fn, K_SCALE, V_SCALE)
+    scale = 16**-0.5
+    exact = paged_attention_reference(q.double(), k8.double(), v8.double(), batch, scale, None, K_SCALE, V_SCALE)
+    tol = bound(q, k8.double() * K_SCALE, v8.double() * V_SCALE, batch, scale, torch.float32)
+    for ks, vs in ((1.0, V_SCALE), (K_SCALE, 1.0), (V_SCALE, K_SCALE)):
+        wrong = paged_attention_reference(q.double(), k8.double(), v8.double(), batch, scale, None, ks, vs)
+        assert bool(((wrong - exact).abs() > tol).any())
+
+
 def test_the_bound_sees_a_missing_key():
     """The tolerance is tight enough to catch attention that skips one key of 200."""
     q, k, v, batch = make_case([(199, 1)], 4, 4, 64, torch.float32, seed=3)
@@ -129,9 +174,10 @@ def test_the_bound_sees_a_missing_key():
     assert math.isfinite(float(exact.abs().max()))
 
 
-@pytest.mark.parametrize("window", [None, 24])
-def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window):
-    """Both backends through ForwardBatch: extend rows on cached prefixes and decode rows."""
+@pytest.mark.parametrize("window, cache_dtype", [(None, None), (24, None), (24, torch.float8_e4m3fn)])
+def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window, cache_dtype):
+    """Both backends through ForwardBatch: extend rows on cached prefixes and decode rows; with
+    an FP8 pool, the torch backend's dequantizing gather against the kernels' scaled reads."""
     from batonlm.model_runner.attention.torch_backend import TorchAttentionBackend
     from batonlm.model_runner.attention.triton_backend import TritonAttentionBackend
     from batonlm.model_runner.forward_batch import ForwardBatch
@@ -141,7 +187,8 @@ def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window):
     heads, kv_heads, d, layers = 8, 2, 16, 2
     rows = [(2, (0, 30)), (5, (40, 9)), (3, (60, 1)), (7, (12, 1)), (1, (0, 1))]  # (req slot, (prefix, new))
     g = torch.Generator().manual_seed(9)
-    pool = KVPool(400, layers, kv_heads, d, torch.float32, "cpu")
+    scales = ([K_SCALE, 0.5], [V_SCALE, 2.0]) if cache_dtype is not None else (None, None)
+    pool = KVPool(400, layers, kv_heads, d, torch.float32, "cpu", cache_dtype, *scales)
     r2t = ReqToTokenPool(8, 128, "cpu")
     next_slot, out_loc = 1, []
     for slot, (p, n) in rows:

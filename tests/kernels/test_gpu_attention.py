@@ -43,3 +43,20 @@ def test_compiled_kernels_equal_the_reference(dtype, d, heads, kv_heads, window,
     err = (got.double() - exact).abs()
     tol = bound(q, k, v, batch, scale, dtype)
     assert bool((err <= tol).all()), f"error {err.max():.3g}, bound {tol.min():.3g}"
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("decode", [False, True])
+def test_compiled_kernels_read_fp8_pools_with_their_scales(cache_dtype, decode):
+    """bfloat16 queries over FP8 pools (the GPU case of --kv-cache-dtype): tiles converted to
+    bfloat16 (exact) on the tensor cores, the scales applied in the kernel."""
+    from test_attention_kernels import K_SCALE, V_SCALE, check, fp8_pools
+
+    rng = random.Random(3)
+    q, k, v, batch = make_case(random_rows(rng, 12, decode), 32, 8, 128, torch.float32, seed=4)
+    k8, v8 = fp8_pools(k * 3, v, cache_dtype, K_SCALE, V_SCALE)
+    q = q.to(torch.bfloat16)
+    kernel = decode_attention_triton if decode else extend_attention_triton
+    scale = 128**-0.5
+    got = kernel(q.cuda(), k8.cuda(), v8.cuda(), _cuda(batch), scale, 64, k_scale=K_SCALE, v_scale=V_SCALE).cpu()
+    check(got, q, k8, v8, batch, scale, 64, torch.bfloat16, K_SCALE, V_SCALE)

@@ -1,7 +1,8 @@
 """The graph-backed decode steps, short of compiling or capturing: their buckets, and the padded
 static batches they run (CompiledDecode's masked gather, CudaGraphDecode's static buffers) give
 the eager step's logits — in float64, where a wrong key in or out of a mask would show at 1e-2
-and rounding stays below 1e-9 — and padding rows write nowhere but the padding slot."""
+and rounding stays below 1e-9 — and padding rows write nowhere but the padding slot; with an FP8
+KV pool too (both read the same stored values through the pool's scales)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,14 @@ def test_buckets():
         smallest_bucket(9, (1, 2, 4, 8))
 
 
-def _runner(path: str, dtype: torch.dtype, backend: str) -> ModelRunner:
+def _runner(path: str, dtype: torch.dtype, backend: str, kv_cache: str = "auto") -> ModelRunner:
     cfg = ModelConfig.from_hf(path)
     runner = ModelRunner(cfg, dtype=dtype, device="cpu", kv_capacity=1024, num_req_slots=8,
-                         context_length=CONTEXT, attention_backend=backend, sampler="torch")
+                         context_length=CONTEXT, attention_backend=backend, sampler="torch", kv_cache=kv_cache)
+    if kv_cache != "auto":  # the tiny models have no KV scales: give each layer its own
+        pool = runner.kv_pool
+        pool.k_scale = [0.37 + 0.1 * i for i in range(cfg.num_layers)]
+        pool.v_scale = [2.5 - 0.3 * i for i in range(cfg.num_layers)]
     runner.model.to(dtype)
     return runner
 
@@ -62,17 +67,23 @@ def _pool_copy(runner: ModelRunner) -> list[torch.Tensor]:
     return [t.clone() for t in runner.kv_pool.k + runner.kv_pool.v]
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """An FP8 pool compared by its bytes."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
 def _assert_only_written(before, runner, slots: torch.Tensor) -> None:
     keep = torch.ones(before[0].shape[1], dtype=torch.bool)
     keep[0] = False  # the padding slot
     keep[slots] = False
     for old, new in zip(before, runner.kv_pool.k + runner.kv_pool.v):
-        assert torch.equal(old[:, keep], new[:, keep]), "a padding row wrote past the padding slot"
+        assert torch.equal(_bits(old)[:, keep], _bits(new)[:, keep]), "a padding row wrote past the padding slot"
 
 
-@pytest.mark.parametrize("family", [family_with("sliding_window"), "qwen3"])  # GQA + a sliding window; q/k norms
-def test_compiled_decode_graph_function_gives_the_eager_logits(tiny_models, family):
-    runner = _runner(tiny_models[family], torch.float64, "torch")
+@pytest.mark.parametrize("family, kv_cache", [(family_with("sliding_window"), "auto"), ("qwen3", "auto"),
+                                              (family_with("sliding_window"), "fp8_e4m3")])  # GQA + a window; q/k norms
+def test_compiled_decode_graph_function_gives_the_eager_logits(tiny_models, family, kv_cache):
+    runner = _runner(tiny_models[family], torch.float64, "torch", kv_cache)
     batch = _decode_batch(runner, [5, 40, 130])  # width 160 (131 keys padded); 3 rows in bucket 4
     eager = runner.forward(batch)
     before = _pool_copy(runner)
@@ -87,13 +98,13 @@ def test_compiled_decode_graph_function_gives_the_eager_logits(tiny_models, fami
     _assert_only_written(before, runner, batch.out_cache_loc)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_cuda_graph_static_batch_gives_the_eager_logits(tiny_models, backend):
+@pytest.mark.parametrize("backend, kv_cache", [("torch", "auto"), ("triton", "auto"), ("triton", "fp8_e5m2")])
+def test_cuda_graph_static_batch_gives_the_eager_logits(tiny_models, backend, kv_cache):
     """What a CUDA graph replays — the bucket's static batch over the staged buffers — run
     eagerly on the CPU (the Triton kernels interpreted, float32: IEEE products, so the same
     bound as the kernel tests, far below a missing key's effect)."""
     dtype = torch.float64 if backend == "torch" else torch.float32
-    runner = _runner(tiny_models[family_with("sliding_window")], dtype, backend)
+    runner = _runner(tiny_models[family_with("sliding_window")], dtype, backend, kv_cache)
     batch = _decode_batch(runner, [7, 60, 33])
     eager = runner.forward(batch)
     before = _pool_copy(runner)

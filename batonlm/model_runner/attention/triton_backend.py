@@ -42,11 +42,17 @@ class TritonAttentionBackend(AttentionBackend):
         if self.softcap is not None:
             raise ValueError("attention logit soft-capping runs on the torch attention backend")
         self.kv_pool.write(layer, batch.out_cache_loc, k, v)
-        k_pool, v_pool = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        pool = self.kv_pool
+        k_pool, v_pool = pool.k[layer], pool.v[layer]
+        # An FP8 pool is read as is: the kernels take the layer's scales (1.0 otherwise).
+        k_scale, v_scale = pool.k_scale[layer], pool.v_scale[layer]
         window = self.sliding_windows[layer]
         groups: list[_Group] = batch.attn_metadata
         out = q.new_empty(q.shape)
         for g in groups:
-            attend = decode_attention_triton if g.decode else extend_attention_triton
-            out[g.group.tokens] = attend(q[g.group.tokens], k_pool, v_pool, g.paged, self.scale, window)
+            t = g.group.tokens
+            if g.decode:
+                out[t] = decode_attention_triton(q[t], k_pool, v_pool, g.paged, self.scale, window, None, k_scale, v_scale)
+            else:
+                out[t] = extend_attention_triton(q[t], k_pool, v_pool, g.paged, self.scale, window, k_scale, v_scale)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
