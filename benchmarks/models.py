@@ -98,20 +98,25 @@ def family_decode(families: list[str], batches: list[int], new_tokens: int, roun
             engine = Engine(path, compile="off", max_running_requests=max(batches), device=device, dtype=dtype)
             try:
                 for b in batches:
-                    ids = [[1] + [3 + (7 * i + j) % 500 for j in range(31)] for i in range(b)]
-                    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
-                    engine.generate(input_ids=ids[:1], sampling_params=params)  # warm
-                    times = []
-                    for _ in range(rounds):
-                        t0 = time.perf_counter()
-                        out = engine.generate(input_ids=ids, sampling_params=params)
-                        times.append(time.perf_counter() - t0)
-                        assert all(o["completion_tokens"] == new_tokens for o in out)
-                    rows.append({"family": family, "streams": b,
-                                 "tok/s": round(b * new_tokens / statistics.median(times), 1)})
+                    rows.append({"family": family, "streams": b, "tok/s": stream_tok_s(engine, b, new_tokens, rounds)})
             finally:
                 engine.shutdown()
     return rows
+
+
+def stream_tok_s(engine, streams: int, new_tokens: int, rounds: int) -> float:
+    """Output tok/s of `streams` greedy streams of `new_tokens` each (EOS ignored, prefill
+    included), median of `rounds` after a warm-up request."""
+    ids = [[1] + [3 + (7 * i + j) % 500 for j in range(31)] for i in range(streams)]
+    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+    engine.generate(input_ids=ids[:1], sampling_params=params)  # warm
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        out = engine.generate(input_ids=ids, sampling_params=params)
+        times.append(time.perf_counter() - t0)
+        assert all(o["completion_tokens"] == new_tokens for o in out)
+    return round(streams * new_tokens / statistics.median(times), 1)
 
 
 def table(rows: list[dict]) -> str:

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests check against the tools
+from models import stream_tok_s, table  # noqa: E402
 from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
 
@@ -114,27 +115,11 @@ def served(models: dict[str, tuple[str, dict]], batches: list[int], new_tokens: 
         try:
             row: dict = {"weights": name, "start s": round(start, 1), "checkpoint MB": round(size, 1)}
             for b in batches:
-                ids = [[1] + [3 + (7 * i + j) % 500 for j in range(31)] for i in range(b)]
-                params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
-                engine.generate(input_ids=ids[:1], sampling_params=params)  # warm
-                times = []
-                for _ in range(rounds):
-                    t0 = time.perf_counter()
-                    out = engine.generate(input_ids=ids, sampling_params=params)
-                    times.append(time.perf_counter() - t0)
-                    assert all(o["completion_tokens"] == new_tokens for o in out)
-                row[f"{b} streams tok/s"] = round(b * new_tokens / statistics.median(times), 1)
+                row[f"{b} streams tok/s"] = stream_tok_s(engine, b, new_tokens, rounds)
             rows.append(row)
         finally:
             engine.shutdown()
     return rows
-
-
-def table(rows: list[dict]) -> str:
-    keys = list(rows[0])
-    lines = [" | ".join(keys), " | ".join("---" for _ in keys)]
-    lines += [" | ".join(str(r[k]) for k in keys) for r in rows]
-    return "\n".join(lines)
 
 
 def main() -> None:

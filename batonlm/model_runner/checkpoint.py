@@ -45,9 +45,6 @@ class Checkpoint:
     def names(self) -> list[str]:
         return list(self._where)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._where
-
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._where[name].get_slice(name).get_shape())
 

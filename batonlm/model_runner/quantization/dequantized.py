@@ -61,9 +61,6 @@ class DequantizedCheckpoint(Checkpoint):
     def names(self) -> list[str]:
         return [n for _, names in self.names_by_file() for n in names]
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.linears or (name not in self._consumed and super().__contains__(name))
-
     def shape(self, name: str) -> tuple[int, ...]:
         lin = self.linears.get(name)
         return lin.shape if lin is not None else super().shape(name)
