@@ -25,7 +25,7 @@ EMBEDDED_MODEL_NAME = "stories260K"
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPE_CHOICES = ("auto", "fp8_e4m3", "fp8_e5m2")  # batonlm.model_runner.kv_pool.KV_CACHE_DTYPES
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "null")  # null: batonlm.device.null
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # "auto" picks per device; the rest are the registries' names.
 ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS.names())
@@ -49,7 +49,7 @@ HOST_ENV, PORT_ENV, API_KEY_ENV = "BATONLM_HOST", "BATONLM_PORT", "BATONLM_API_K
 # SGLang's default; on the CPU a balance between the stalls of running streams and a long
 # prompt's TTFT (benchmarks/memory_scheduling.py, chunked-prefill: behind a 4K-token prompt,
 # 128 cut the worst stall 19x against whole prompts and the prompt's TTFT by 40%).
-DEFAULT_CHUNK = {"cuda": 8192, "cpu": 128}
+DEFAULT_CHUNK = {"cuda": 8192, "cpu": 128, "null": 8192}  # the null device models a GPU
 # Decode batches above this run eagerly on the CPU: a batch that large amortises its dispatch
 # over its rows, and every bucket is one more graph to compile at start-up.
 CPU_COMPILE_MAX_BS = 64
@@ -97,7 +97,14 @@ class ServerArgs:
         help="/v1/embeddings: a prompt's vector is its last hidden states' last token (last) or mean; auto: as "
              "the model's sentence-transformers pooling config says (1_Pooling/config.json), else last")
     # ------------------------------------------------------------------ device and decode step
-    device: str = setting("auto", group=_DEVICE, choices=DEVICE_CHOICES, help="auto: cuda when there is a GPU")
+    device: str = setting(
+        "auto", group=_DEVICE, choices=DEVICE_CHOICES,
+        help="auto: cuda when there is a GPU, else cpu; null: no model runs (every token a fixed function of the "
+             "one before and its position), to measure and test the host side alone (benchmarks/host_overhead.py)")
+    null_step_ms: float = setting(
+        0.0, group=_DEVICE, ge=0.0, le=10_000.0, metavar="MS",
+        help="--device null: the modelled time of one device step (e.g. 3.4: a Llama-3-8B bfloat16 decode step on "
+             "an H200); the host side runs ahead of it as on a real device")
     dtype: str = setting("auto", group=_DEVICE, choices=DTYPE_CHOICES,
                          help="auto: float32 on the CPU; on a GPU the checkpoint's half type (bfloat16 for fp32 ones)")
     kv_cache_dtype: str = setting(

@@ -31,6 +31,41 @@ class Kept:
         self.prompt, self.pooled = prompt, pooled
 
 
+def resolve_input_ids(launch: BatchLaunch, batch: ForwardBatch, future_map: FutureMap) -> torch.Tensor:
+    """A launch's input ids: decode rows' from the FutureMap (stashed by the batch before),
+    the others' from the launch. Token offsets are computed on the host: nothing waits."""
+    device = batch.positions.device
+    future_rows = [i for i, f in enumerate(launch.from_future) if f]
+    if not future_rows:
+        return to_device(launch.input_ids, torch.int64, device)
+    if len(future_rows) == len(launch.from_future):
+        return future_map.resolve_forward_inputs(batch.req_slots, batch.positions)
+    future_at: list[int] = []  # a mixed batch
+    host_at: list[int] = []
+    offset = 0
+    for n, fut in zip(launch.extend_lens, launch.from_future):
+        (future_at if fut else host_at).extend(range(offset, offset + n))
+        offset += n
+    rows, starts = (to_device(x, torch.int64, device) for x in (future_rows, future_at))
+    ids = torch.empty(batch.num_tokens, dtype=torch.int64, device=device)
+    ids[starts] = future_map.resolve_forward_inputs(batch.req_slots[rows], batch.positions[starts])
+    ids[to_device(host_at, torch.int64, device)] = to_device(launch.input_ids, torch.int64, device)
+    return ids
+
+
+def relay_outputs(future_map: FutureMap, batch: ForwardBatch, launch: BatchLaunch, token_ids: torch.Tensor,
+                  verified: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Stash each row's sampled token for the next launch; a verifying request's next input is
+    the token after its accepted drafts (`verified`: accepted [G], that token [G])."""
+    future_map.stash(batch.req_slots, token_ids)
+    future_map.publish(batch.req_slots, batch.seq_lens)
+    if verified is not None:
+        accepted, bonus = verified
+        firsts = to_device([f for f, _ in launch.verify_groups], torch.int64, batch.positions.device)
+        future_map.stash(batch.req_slots[firsts], bonus)
+        future_map.publish(batch.req_slots[firsts], batch.seq_lens[firsts] + accepted)
+
+
 class BatchExecutor:
     def __init__(self, runner: ModelRunner, future_map: FutureMap, draft: ModelRunner | None = None) -> None:
         self.runner = runner
@@ -47,25 +82,6 @@ class BatchExecutor:
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return to_device(values, torch.int64, self.device)
 
-    def _input_ids(self, launch: BatchLaunch, batch: ForwardBatch) -> torch.Tensor:
-        future_rows = [i for i, f in enumerate(launch.from_future) if f]
-        if not future_rows:
-            return self._tensor(launch.input_ids)
-        if len(future_rows) == len(launch.from_future):
-            return self.future_map.resolve_forward_inputs(batch.req_slots, batch.positions)
-        # A mixed batch. Token offsets are computed on the host, so nothing waits on the device.
-        future_at: list[int] = []
-        host_at: list[int] = []
-        offset = 0
-        for n, fut in zip(launch.extend_lens, launch.from_future):
-            (future_at if fut else host_at).extend(range(offset, offset + n))
-            offset += n
-        rows, starts = self._tensor(future_rows), self._tensor(future_at)
-        ids = torch.empty(batch.num_tokens, dtype=torch.int64, device=self.device)
-        ids[starts] = self.future_map.resolve_forward_inputs(batch.req_slots[rows], batch.positions[starts])
-        ids[self._tensor(host_at)] = self._tensor(launch.input_ids)
-        return ids
-
     def run(self, launch: BatchLaunch) -> SampleOutput | None:
         """Execute one launch; returns the sampled ids, or None when sampling is delayed."""
         for rec in launch.new_slots:
@@ -80,7 +96,7 @@ class BatchExecutor:
             launch.extend_lens,
             self.device,
         )
-        batch.input_ids = self._input_ids(launch, batch)  # decode inputs depend on positions
+        batch.input_ids = resolve_input_ids(launch, batch, self.future_map)  # decode inputs depend on positions
         batch.dp_tokens = launch.dp_tokens
         if launch.lora_slots and self.runner.lora is not None:
             batch.lora = self.runner.lora.batch(launch.lora_slots, launch.extend_lens, self.device)
@@ -155,19 +171,16 @@ class BatchExecutor:
             logits, batch, all_greedy=launch.all_greedy, any_penalties=launch.any_penalties,
             top_logprobs=launch.top_logprobs, output_rows=rows,
         )
-        self.future_map.stash(batch.req_slots, out.token_ids)
-        self.future_map.publish(batch.req_slots, batch.seq_lens)
+        verified = None
         if launch.verify_groups:  # each verifying request's next input: the token after its accepted drafts
-            firsts = self._tensor([f for f, _ in launch.verify_groups])
             assert batch.input_ids is not None  # set by run() before the forward
             if draft_q is None:  # each verify row's input: its one token (rows, not tokens, index groups)
-                accepted, bonus = spec_verify.accept_drafts(out.token_ids, batch.input_ids[batch.last_token_index],
-                                                            launch.verify_groups)
+                verified = spec_verify.accept_drafts(out.token_ids, batch.input_ids[batch.last_token_index],
+                                                     launch.verify_groups)
             else:
-                accepted, bonus = self._reject(logits, batch, launch, out, draft_q)
-            self.future_map.stash(batch.req_slots[firsts], bonus)
-            self.future_map.publish(batch.req_slots[firsts], batch.seq_lens[firsts] + accepted)
-            out.accepted = accepted
+                verified = self._reject(logits, batch, launch, out, draft_q)
+            out.accepted = verified[0]
+        relay_outputs(self.future_map, batch, launch, out.token_ids, verified)
         if kept.prompt is not None:
             out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = kept.prompt
         out.pooled = kept.pooled

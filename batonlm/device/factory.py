@@ -69,12 +69,16 @@ def build_executor(
 
 
 def create_device(spec: DeviceSpec) -> DeviceStream:
-    """The device that runs launches: a CUDA stream, a CPU worker process, or (debugging) the
-    caller's own process."""
+    """The device that runs launches: a CUDA stream, a CPU worker process, (debugging) the
+    caller's own process, or (host measurements, `--device null`) nothing at all."""
     if spec.tp_size > 1 or spec.dp_size > 1:  # a worker process per rank, on the CPU or a GPU each
         from batonlm.device.cpu_worker import CpuWorkerDevice
 
         return CpuWorkerDevice(spec)
+    if spec.device == "null":
+        from batonlm.device.null import NullDevice
+
+        return NullDevice(spec)
     if spec.device.startswith("cuda"):
         from batonlm.device.cuda_stream import CudaDevice
 

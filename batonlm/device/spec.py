@@ -37,6 +37,7 @@ class DeviceSpec:
     model_impl: str = "native"  # or transformers (resolved by ModelConfig.from_hf)
     quantization: str = "auto"  # --quantization (ModelConfig.from_hf resolves it)
     cpu_threads: int = 1  # intra-op threads of the CPU device worker
+    null_step_ms: float = 0.0  # --device null: the modelled time of a device step
     cpu_device_worker: str = "process"  # CPU only: "process" (a worker process) or "inline" (debugging)
     # The decode step (decode_graphs.py): CPU, compiled for batches up to compile_max_bs (0: eager);
     # CUDA, captured as graphs for batches up to cuda_graph_max_bs (0: eager).
@@ -213,16 +214,18 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
     device = args.resolved_device
     if device == "cuda" and not torch.cuda.is_available():
         raise DeviceConfigError("device 'cuda' was asked for but no CUDA device is available")
-    dtype = resolve_dtype(args.dtype, cfg, device)
+    dtype = resolve_dtype(args.dtype, cfg, "cpu" if device == "null" else device)  # null: as a CPU's
     if device == "cpu" and dtype == torch.float16:
         logger.warning("float16 on the CPU is slow and may be inaccurate; float32 is the CPU default")
     if device == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise DeviceConfigError("this GPU does not support bfloat16; use --dtype float16")
     ctx = context_length(args, cfg)
+    if device == "null":
+        _check_null_device(args)
     attention = args.attention_backend if args.attention_backend != "auto" else default_attention_backend(device)
     sampler = args.sampler if args.sampler != "auto" else default_sampler(device)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
-    compile_max_bs, cuda_graph_max_bs = decode_step(args, device, cfg, attention)
+    compile_max_bs, cuda_graph_max_bs = decode_step(args, device, cfg, attention) if device != "null" else (0, 0)
     if cfg.impl == "transformers":
         _check_transformers_fallback(args, cfg, attention)
         compile_max_bs = cuda_graph_max_bs = 0
@@ -274,6 +277,16 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         dp_rank=dp_rank if dp_attention else 0,
         dp_init_method=f"file://{dp_dir}/dp-device" if dp_attention else "",
     )
+
+
+def _check_null_device(args: ServerArgs) -> None:
+    """The null device stands in for one device in the scheduler's process: no model to split,
+    compile or draft with."""
+    for bad, flag in ((args.tp_size > 1, "--tp"), (args.enable_dp_attention, "--enable-dp-attention"),
+                      (args.speculative_algorithm == "draft", "--speculative-algorithm draft"),
+                      (args.compile == "on", "--compile on")):
+        if bad:
+            raise DeviceConfigError(f"{flag} needs a model that runs: --device null computes nothing (--dp works)")
 
 
 def _check_lora(args: ServerArgs, cfg: ModelConfig) -> int:

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 def chunked_prefill_size(flag: int | None, device: str) -> int | None:
     """The chunk size: the flag's, the device's default, or None (off) for a flag <= 0."""
     if flag is None:
-        return DEFAULT_CHUNK["cuda" if device.startswith("cuda") else "cpu"]
+        return DEFAULT_CHUNK["cuda" if device.startswith("cuda") else device]
     return flag if flag > 0 else None
 
 
