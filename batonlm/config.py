@@ -101,10 +101,8 @@ class ServerArgs:
         "auto", group=_DEVICE, choices=DEVICE_CHOICES,
         help="auto: cuda when there is a GPU, else cpu; null: no model runs (every token a fixed function of the "
              "one before and its position), to measure and test the host side alone (benchmarks/host_overhead.py)")
-    null_step_ms: float = setting(
-        0.0, group=_DEVICE, ge=0.0, le=10_000.0, metavar="MS",
-        help="--device null: the modelled time of one device step (e.g. 3.4: a Llama-3-8B bfloat16 decode step on "
-             "an H200); the host side runs ahead of it as on a real device")
+    null_step_ms: float = setting(0.0, group=_DEVICE, ge=0.0, le=10_000.0, metavar="MS", help="--device null: the "
+                                  "modelled time of a device step (3.4: a Llama-3-8B bf16 decode step on an H200)")
     dtype: str = setting("auto", group=_DEVICE, choices=DTYPE_CHOICES,
                          help="auto: float32 on the CPU; on a GPU the checkpoint's half type (bfloat16 for fp32 ones)")
     kv_cache_dtype: str = setting(

@@ -129,6 +129,9 @@ def run_scheduler_process(
     _started.set()
     ready.send_bytes(codec.encode(info))
     ready.close()
+    from batonlm.gc_tuning import tune_for_serving
+
+    tune_for_serving()
     try:
         if args.disable_overlap:
             sched.event_loop_normal()

@@ -251,8 +251,7 @@ class Route(Generic[R]):
             async for i, chunk in stream_choices(state, job):
                 if chunk.error is not None:  # the scheduler refused it (a grammar that cannot compile, ...)
                     raise RequestRejected(chunk.error)
-                for payload in stream.events(i, chunk):
-                    yield stream.frame(payload)
+                yield b"".join([stream.frame(payload) for payload in stream.events(i, chunk)])  # one write
         except Exception as e:
             yield stream.frame(self.error_event(e))
             if stream.end is not None:

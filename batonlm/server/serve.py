@@ -14,6 +14,7 @@ from typing import Any
 import uvicorn
 
 from batonlm.config import ConfigError, ServerArgs
+from batonlm.gc_tuning import tune_for_serving
 from batonlm.launcher import SchedulerStartError, start_scheduler
 from batonlm.logging_setup import configure_logging
 from batonlm.server.http_protocol import guarded_protocol
@@ -164,6 +165,7 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
     # before it started: make those no-ops so a requested shutdown exits with code 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
+    tune_for_serving()
     await server.serve(sockets=[sock])
     code = 1 if sched_died() else 0
     logger.info("batonlm stopped (exit code %d)", code)

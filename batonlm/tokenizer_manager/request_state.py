@@ -91,6 +91,22 @@ class RequestObserver(Protocol):
     def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, finish_reason: str) -> None: ...
 
 
+def merge_outputs(outs: list[TokenOutput]) -> TokenOutput:
+    """Consecutive outputs of one request as one: tokens and their logprobs in order; what comes
+    with the first output (cached tokens, queue time, prompt logprobs) from the first, what comes
+    with the last (finish, error, speculative counts, preemptions, embedding) from the last."""
+    first, last = outs[0], outs[-1]
+    with_lp = all(o.logprobs is not None for o in outs)
+    with_top = all(o.top_logprobs is not None for o in outs)
+    return TokenOutput(
+        first.rid, [t for o in outs for t in o.token_ids], last.finish_reason, last.error,
+        [lp for o in outs for lp in o.logprobs] if with_lp else None,  # type: ignore[union-attr]
+        [tl for o in outs for tl in o.top_logprobs] if with_top else None,  # type: ignore[union-attr]
+        first.cached_tokens, first.queued_s, first.prompt_logprobs, first.prompt_top_logprobs,
+        last.spec, last.preemptions, last.embedding,
+    )
+
+
 @dataclass
 class RequestState:
     rid: str
@@ -119,13 +135,20 @@ class RequestState:
         self.put(error)
 
     async def next(self) -> TokenOutput:
+        """The next output; several waiting (the consumer fell behind the scheduler's
+        iterations) come as one: one chunk, one detokenization, one event for all of them."""
         while not self.pending:
             self.ready.clear()
             await self.ready.wait()
         item = self.pending.popleft()
         if isinstance(item, Exception):
             raise item
-        return item
+        if not self.pending or isinstance(self.pending[0], Exception):
+            return item
+        outs = [item]
+        while self.pending and not isinstance(self.pending[0], Exception):
+            outs.append(self.pending.popleft())  # type: ignore[arg-type]  # not an Exception: checked
+        return merge_outputs(outs)
 
     def apply(self, out: TokenOutput, observer: RequestObserver | None) -> tuple[GenerationChunk, bool]:
         """Turn one output into the consumer's chunk; also says whether a stop string ended the
