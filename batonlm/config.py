@@ -2,7 +2,7 @@
 
 A field's `setting(...)` (batonlm/settings.py) is its flag, its YAML key, its check and its row
 in docs/flags.md; `__post_init__` checks every field from those declarations, then the rules
-that relate fields to each other (`_check_relations`).
+that relate fields to each other (`batonlm/config_relations.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batonlm.config_relations import check_relations
 from batonlm.model_runner.quantization.config import QUANTIZATION_CHOICES
 from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS, TOOL_CALL_PARSERS
 from batonlm.sampling_params import MAX_TOP_LOGPROBS
@@ -267,6 +268,10 @@ class ServerArgs:
         help="requests waiting for admission beyond --max-running-requests; 429 with Retry-After beyond")
     request_timeout: float | None = setting(
         None, group=_HTTP, gt=0, unit="seconds", unset="no limit", help="time a request may run (408 beyond)")
+    stream_interval: int = setting(
+        1, group=_HTTP, ge=1, le=1024, unit="tokens",
+        help="a request's new tokens go out every this many (its first at once; more when the frontend falls "
+             "behind): fewer, larger stream events for less host work per token (SGLang's --stream-interval)")
     max_stream_backlog: int = setting(
         4096, group=_HTTP, ge=1, unit="outputs", help="outputs a stream may fall behind its client before it is aborted")
     responses_store_size: int = setting(
@@ -286,7 +291,7 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        self._check_relations()
+        check_relations(self)
 
     @property
     def lora_adapters(self) -> tuple[tuple[str, str], ...]:
@@ -308,46 +313,6 @@ class ServerArgs:
     def lora_slots(self) -> int:
         """How many LoRA adapters the server can hold (0: LoRA is off)."""
         return self.max_loaded_loras or len(self.lora_adapters)
-
-    def _check_relations(self) -> None:
-        if self.max_loaded_loras is not None and self.max_loaded_loras < len(self.lora_adapters):
-            raise ConfigError("max_loaded_loras", f"must hold the {len(self.lora_adapters)} adapters of --lora-paths")
-        if self.lora_slots and self.tp_size > 1:
-            raise ConfigError("lora_paths", "LoRA adapters run on one rank (give --tp 1)")
-        if self.lora_slots and self.enable_dp_attention:
-            raise ConfigError("lora_paths", "LoRA adapters do not combine with DP attention")
-        """The rules between fields (each field alone is checked from its declaration)."""
-        if (self.speculative_algorithm == "draft") != (self.speculative_draft_model is not None):
-            raise ConfigError("speculative_draft_model", "give a draft model with --speculative-algorithm draft, "
-                              "and only then")
-        if self.speculative_ngram_max < self.speculative_ngram_min:
-            raise ConfigError("speculative_ngram_max", f"must be at least speculative_ngram_min "
-                              f"({self.speculative_ngram_min}), got {self.speculative_ngram_max!r}")
-        if self.api_key is not None and self.api_key_file is not None:
-            raise ConfigError("api_key_file", "give the API key or a file holding it, not both")
-        if self.dp_size > 1 and self.nnodes > 1:
-            raise ConfigError("dp_size", "data parallelism runs on one node (give nnodes 1, or dp_size 1)")
-        if self.dp_size > 1 and self.dist_init_addr is not None:
-            raise ConfigError("dist_init_addr", "is for several nodes; with --dp each replica's ranks meet at a "
-                              "free local port of their own")
-        if self.enable_dp_attention and self.dp_size < 2:
-            raise ConfigError("enable_dp_attention", "needs at least two data-parallel replicas (--dp 2 or more)")
-        if self.enable_dp_attention and self.tp_size > 1:
-            raise ConfigError("enable_dp_attention", "runs one rank per replica: give --tp 1 (the MLP is split "
-                              "over the replicas instead)")
-        if self.enable_dp_attention and self.speculative_algorithm != "none":
-            raise ConfigError("enable_dp_attention", "does not combine with speculative decoding")
-        if self.node_rank >= self.nnodes:
-            raise ConfigError("node_rank", f"must be in 0..{self.nnodes - 1} (nnodes {self.nnodes}), got {self.node_rank!r}")
-        if self.tp_size % self.nnodes:
-            raise ConfigError("nnodes", f"the tensor parallel size ({self.tp_size}) must be a multiple of the node "
-                              f"count ({self.nnodes}): every node runs the same number of ranks")
-        if self.nnodes > 1 and self.dist_init_addr is None:
-            raise ConfigError("dist_init_addr", "give node 0's host:port (every node the same) when nnodes > 1")
-        if self.dist_init_addr is not None:
-            host, _, port = self.dist_init_addr.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError("dist_init_addr", f"must be host:port, got {self.dist_init_addr!r}")
 
     @property
     def local_tp_ranks(self) -> range:

@@ -92,6 +92,22 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     embedding: list[float] | None = None
 
 
+def merge_outputs(outs: list[TokenOutput]) -> TokenOutput:
+    """Consecutive outputs of one request as one: tokens and their logprobs in order; what comes
+    with the first output (cached tokens, queue time, prompt logprobs) from the first, what comes
+    with the last (finish, error, speculative counts, preemptions, embedding) from the last."""
+    first, last = outs[0], outs[-1]
+    with_lp = all(o.logprobs is not None for o in outs)
+    with_top = all(o.top_logprobs is not None for o in outs)
+    return TokenOutput(
+        first.rid, [t for o in outs for t in o.token_ids], last.finish_reason, last.error,
+        [lp for o in outs for lp in o.logprobs] if with_lp else None,  # type: ignore[union-attr]
+        [tl for o in outs for tl in o.top_logprobs] if with_top else None,  # type: ignore[union-attr]
+        first.cached_tokens, first.queued_s, first.prompt_logprobs, first.prompt_top_logprobs,
+        last.spec, last.preemptions, last.embedding,
+    )
+
+
 class BatchOutput(msgspec.Struct, tag=True, frozen=True):
     """Everything that advanced in one scheduler iteration (none: a heartbeat, the scheduler is
     busy and making progress: a long prefill emits no token for a while)."""

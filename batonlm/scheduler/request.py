@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from batonlm.ipc.device_messages import SlotSampling
+from batonlm.ipc.messages import TokenOutput
 from batonlm.request_checks import kv_slots_needed
 from batonlm.sampling_params import SamplingParams
 
@@ -68,6 +69,7 @@ class Request:
         "pool_sum",
         "lora",
         "lora_key",
+        "held",
     )
 
     def __init__(
@@ -83,6 +85,7 @@ class Request:
         self.pool_sum: list[float] | None = None
         self.priority = priority  # lower values first (--schedule-policy priority)
         self.preemptions = 0  # retracted for a request of higher priority
+        self.held: list[TokenOutput] = []  # outputs not sent yet (--stream-interval)
         self.prompt_ids = prompt_ids
         self.params = params
         self.seed = seed

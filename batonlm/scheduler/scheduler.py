@@ -21,6 +21,7 @@ from batonlm.ipc.messages import (
     BatchOutput,
     SchedulerStats,
     TokenOutput,
+    merge_outputs,
 )
 from batonlm.scheduler.agreement import Agreement
 from batonlm.scheduler.batch import ScheduleBatch
@@ -66,6 +67,7 @@ class SchedulerConfig:
     enable_priority_preemption: bool = False
     max_loras_per_batch: int | None = None  # distinct LoRA adapters running at once (None: any)
     random_seed: int = 0
+    stream_interval: int = 1  # a request's tokens go out every this many (its first and last at once)
     tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
     grammar_whitespace: str = "bounded"
     grammar_compile_timeout: float = 60.0
@@ -238,9 +240,21 @@ class Scheduler(RequestIntake):
             self.generated_tokens += len(tokens)
             if req.finished:
                 self._finish(req)
-            self._outputs.append(token_output(req, tokens, lp, at))
+            self._emit(req, token_output(req, tokens, lp, at))
         self.timing.wait_s += t1 - t0
         self.timing.process_s += time.perf_counter() - t1
+
+    def _emit(self, req: Request, out: TokenOutput) -> None:
+        """Send `out` with this iteration's outputs, or hold it until `req` has
+        `stream_interval` tokens waiting; its first output and its last go at once."""
+        if self.config.stream_interval == 1:
+            self._outputs.append(out)
+            return
+        req.held.append(out)
+        first = len(req.output_ids) == len(out.token_ids)
+        if first or req.finished or sum(len(o.token_ids) for o in req.held) >= self.config.stream_interval:
+            self._outputs.append(merge_outputs(req.held) if len(req.held) > 1 else out)
+            req.held = []
 
     def _release_req_slot_if_idle(self, req: Request) -> None:
         if req.inflight == 0 and not req.admitted:

@@ -42,7 +42,7 @@ class ServerMetrics:
                                "launching, processing results)", labels, registry=r)
         self.device_wait = Gauge("batonlm_scheduler_device_wait_seconds", "Scheduler time blocked on device results",
                                  labels, registry=r)
-        self.device_compute = Gauge("batonlm_device_compute_seconds", "Device compute so far (CPU device only)",
+        self.device_compute = Gauge("batonlm_device_compute_seconds", "Device compute so far (the CPU and null devices)",
                                     labels, registry=r)
         self.batches = Gauge("batonlm_scheduler_batches", "Forward passes run so far", labels, registry=r)
         self.prompt_tokens = Counter("batonlm_prompt_tokens", "Prompt tokens of finished requests (aborted "
@@ -64,13 +64,19 @@ class ServerMetrics:
         self.generation_len = Histogram("batonlm_request_generation_tokens", "Tokens generated per finished "
                                         "request", labels, buckets=_LENGTH_BUCKETS, registry=r)
         self.device_idle = Gauge("batonlm_device_idle_ratio", "Share of the time since start the device computed "
-                                 "nothing (CPU device only)", labels, registry=r)
+                                 "nothing (the CPU and null devices)", labels, registry=r)
         self.hidden_cpu = Gauge("batonlm_overlap_hidden_cpu_ratio", "Share of the scheduler's CPU work done while "
                                 "the device computed (the overlap loop's aim: near 1; the normal loop: near 0)",
                                 labels, registry=r)
+        self.sched_cpu_per_iter = Gauge("batonlm_host_scheduler_cpu_per_iteration_seconds", "Scheduler CPU work per "
+                                        "iteration since start (benchmarks/host_overhead.py)", labels, registry=r)
+        self.main_cpu_per_token = Gauge("batonlm_host_main_cpu_per_token_seconds", "Main-process CPU time (HTTP, "
+                                        "tokenizer, detokenization, streaming) per generated token since start",
+                                        labels, registry=r)
         self._spec_metrics()
         self.label = {"model_name": model_name}
         self.started = time.monotonic()
+        self.main_cpu_at_start = time.process_time()
 
     def on_first_token(self, ttft_s: float, queued_s: float | None) -> None:
         self.ttft.labels(**self.label).observe(ttft_s)
@@ -131,6 +137,11 @@ class ServerMetrics:
         self.device_wait.labels(**self.label).set(stats.device_wait_s)
         self.device_compute.labels(**self.label).set(stats.device_compute_s)
         self.batches.labels(**self.label).set(stats.batches)
+        if stats.batches:
+            self.sched_cpu_per_iter.labels(**self.label).set(stats.scheduler_cpu_s / stats.batches)
+        if stats.generated_tokens:
+            main_cpu = time.process_time() - self.main_cpu_at_start
+            self.main_cpu_per_token.labels(**self.label).set(main_cpu / stats.generated_tokens)
         uptime = max(1e-9, time.monotonic() - self.started)
         if stats.device_compute_s:
             self.device_idle.labels(**self.label).set(max(0.0, 1.0 - stats.device_compute_s / uptime))

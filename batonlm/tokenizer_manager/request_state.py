@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from batonlm.ipc.messages import TokenOutput
+from batonlm.ipc.messages import TokenOutput, merge_outputs
 from batonlm.tokenizer_manager.detokenizer import IncrementalDetokenizer
 from batonlm.tokenizer_manager.stop_strings import StopStringMatcher
 
@@ -91,22 +91,6 @@ class RequestObserver(Protocol):
     def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, finish_reason: str) -> None: ...
 
 
-def merge_outputs(outs: list[TokenOutput]) -> TokenOutput:
-    """Consecutive outputs of one request as one: tokens and their logprobs in order; what comes
-    with the first output (cached tokens, queue time, prompt logprobs) from the first, what comes
-    with the last (finish, error, speculative counts, preemptions, embedding) from the last."""
-    first, last = outs[0], outs[-1]
-    with_lp = all(o.logprobs is not None for o in outs)
-    with_top = all(o.top_logprobs is not None for o in outs)
-    return TokenOutput(
-        first.rid, [t for o in outs for t in o.token_ids], last.finish_reason, last.error,
-        [lp for o in outs for lp in o.logprobs] if with_lp else None,  # type: ignore[union-attr]
-        [tl for o in outs for tl in o.top_logprobs] if with_top else None,  # type: ignore[union-attr]
-        first.cached_tokens, first.queued_s, first.prompt_logprobs, first.prompt_top_logprobs,
-        last.spec, last.preemptions, last.embedding,
-    )
-
-
 @dataclass
 class RequestState:
     rid: str
@@ -155,11 +139,15 @@ class RequestState:
         request before the scheduler did (it must then be told to stop)."""
         now = time.perf_counter()
         if out.token_ids:
-            if observer is not None:
+            if observer is not None:  # one gap per token after the first: tokens that came together share theirs
+                gaps = len(out.token_ids)
                 if self.last_token is None:
                     observer.on_first_token(now - self.created, out.queued_s)
+                    gaps, gap = gaps - 1, 0.0
                 else:
-                    observer.on_token(now - self.last_token)
+                    gap = (now - self.last_token) / gaps
+                for _ in range(gaps):
+                    observer.on_token(gap)
             self.last_token = now
         self.completion_tokens += len(out.token_ids)
         armed = self.completion_tokens >= self.min_tokens  # stop strings count from the min_tokens-th token on

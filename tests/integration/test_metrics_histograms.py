@@ -67,6 +67,9 @@ def test_histograms_count_every_request(workload):
     assert counted["batonlm_requests_finished_total{finish_reason=length}"] == n
     for ratio in ("batonlm_overlap_hidden_cpu_ratio{}", "batonlm_device_idle_ratio{}", "batonlm_kv_cache_usage_ratio{}"):
         assert 0.0 <= samples[ratio] <= 1.0, ratio
+    # The host side's cost: some CPU per iteration and per token, far below a second.
+    for cost in ("batonlm_host_scheduler_cpu_per_iteration_seconds{}", "batonlm_host_main_cpu_per_token_seconds{}"):
+        assert 0.0 < samples[cost] < 1.0, cost
 
 
 def test_the_dashboard_queries_only_metrics_that_exist(workload):

@@ -88,3 +88,28 @@ def test_never_chosen_implicitly(stories_path):
     for bad in (dict(tp_size=2), dict(compile="on")):
         with pytest.raises(DeviceConfigError, match="--device null computes nothing"):
             device_spec(ServerArgs(model=stories_path, device="null", **bad), cfg)
+
+
+def test_stream_interval_sends_tokens_in_groups_and_changes_nothing_else(stories_path):
+    h = SchedulerHarness(stories_path, device="null", max_running_requests=8, max_total_tokens=4096)
+    try:
+        sizes: dict[str, list[int]] = {}
+        h.io.on_output = lambda msg: [sizes.setdefault(o.rid, []).append(len(o.token_ids)) for o in msg.outputs]
+        params = {"max_new_tokens": 11, "logprobs": 2}
+        reference = {}
+        for interval in (1, 4):
+            h.reconfigure(stream_interval=interval)
+            sizes.clear()
+            h.submit("a", [1, 403, 55], params)
+            h.submit("b", [1, 9], {**params, "max_new_tokens": 3})
+            records = h.run(overlap=True)
+            h.assert_all_free()
+            got = {rid: (r.token_ids, r.logprobs, r.finish_reason) for rid, r in records.items()}
+            reference = reference or got
+            assert got == reference  # the same tokens, logprobs and ends
+            if interval == 4:  # the first at once, then every 4, the last when it ends
+                assert sizes == {"a": [1, 4, 4, 2], "b": [1, 2]}
+            else:
+                assert sizes == {"a": [1] * 11, "b": [1] * 3}
+    finally:
+        h.close()
