@@ -14,6 +14,7 @@ the modelled device's busy time from /metrics. Reported per scenario:
     sched us/iter   scheduler CPU per iteration;   sched us/tok: per token (a running request's row)
     sched busy      scheduler CPU / wall (1.0: the loop never waits)
     client us/tok   this benchmark's own CPU per token (it shares the machine's cores)
+    iter ms         wall time per scheduler iteration (on a real device: the step the host must hide under)
     device idle     1 - modelled device busy / wall (with --null-step-ms; the overlap loop's aim: 0)
 
     python benchmarks/host_overhead.py [--streams 1 64 256 1024] [--duration 8] [--json out.json]
@@ -178,7 +179,8 @@ def measure(server: ServerProcess, sc: Scenario, model: str, max_tokens: int, du
         "wall_s": round(wall, 2), "tok_s": round(load.tokens / wall),
         "main_us_per_tok": round(main / tok * 1e6, 1),
         "sched_us_per_iter": round(sched / iters * 1e6, 1), "sched_us_per_tok": round(sched / tok * 1e6, 1),
-        "tok_per_iter": round(load.tokens / iters, 1), "sched_busy": round(sched / wall, 2),
+        "tok_per_iter": round(load.tokens / iters, 1), "iter_ms": round(wall / iters * 1e3, 3),
+        "sched_busy": round(sched / wall, 2),
         "main_busy": round(main / wall, 2), "client_us_per_tok": round(client / tok * 1e6, 1),
         "device_idle": round(1 - busy / wall, 3) if busy else None,
     }
@@ -186,7 +188,8 @@ def measure(server: ServerProcess, sc: Scenario, model: str, max_tokens: int, du
 
 COLUMNS = [("scenario", "scenario", 26), ("step ms", "step_ms", 7), ("tok/s", "tok_s", 8),
            ("main us/tok", "main_us_per_tok", 11), ("sched us/iter", "sched_us_per_iter", 13),
-           ("sched us/tok", "sched_us_per_tok", 12), ("tok/iter", "tok_per_iter", 8), ("sched busy", "sched_busy", 10),
+           ("sched us/tok", "sched_us_per_tok", 12), ("tok/iter", "tok_per_iter", 8), ("iter ms", "iter_ms", 7),
+           ("sched busy", "sched_busy", 10),
            ("main busy", "main_busy", 9), ("client us/tok", "client_us_per_tok", 13), ("device idle", "device_idle", 11)]
 
 
@@ -205,7 +208,7 @@ def main() -> int:
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 64, 256, 1024])
     ap.add_argument("--step-ms", type=float, nargs="+", default=[0.0, 3.4],
                     help="--null-step-ms values; scenarios run at the first, the concurrency sweep at each")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=256, help="each request's output tokens (EOS ignored)")
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--quick", action="store_true", help="chat, completions and n=4 only, 4 s runs")
     ap.add_argument("--server-arg", action="append", default=[], help="an extra `batonlm serve` argument")

@@ -16,6 +16,7 @@ sits idle is the host side's cost a GPU would see (`compute_s`, `/metrics`
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -31,25 +32,33 @@ from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.sampler import SampleOutput
 
-_A, _B, _C = 40503, 2654435761, 12345  # any odd multipliers spread ids over the range
+_A, _B, _C = 40503, 2654435761, 12345  # any odd multipliers spread ids over the table
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
-def token_range(cfg: ModelConfig) -> tuple[int, int]:
-    """[lo, hi): the ids the null device emits, clear of the model's special tokens (BOS, EOS,
-    padding): those at the bottom of the vocabulary (Llama 2: 0-2) and at its top (Llama 3,
-    Qwen: from 128000 / 151643 on)."""
+def token_table(cfg: ModelConfig) -> torch.Tensor:
+    """The ids the null device emits: ordinary tokens that decode to text, as a model's mostly do
+    (the detokenizer's cost is then a real model's): none of the model's special tokens (BOS,
+    EOS, padding, and the tokenizer's), no byte-fallback piece (<0x41>: alone, most are not
+    UTF-8), no id past the tokenizer's vocabulary. Every id below the vocabulary size but the
+    specials when the tokenizer cannot be read."""
     raw = cfg.raw
     special = {*cfg.eos_token_ids, *(raw.get(k) for k in ("bos_token_id", "pad_token_id"))}
-    ids = [int(i) for i in special if isinstance(i, int) and 0 <= i < cfg.vocab_size]
-    half = cfg.vocab_size // 2
-    lo = max((i + 1 for i in ids if i < half), default=0)
-    hi = min((i for i in ids if i >= half), default=cfg.vocab_size)
-    return lo, hi
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.path)
+        special |= set(tok.all_special_ids)
+        pieces = tok.convert_ids_to_tokens(list(range(min(len(tok), cfg.vocab_size))))
+    except Exception:  # no tokenizer files with the model: ids alone
+        pieces = [""] * cfg.vocab_size
+    ids = [i for i, p in enumerate(pieces) if i not in special and not _BYTE_PIECE.fullmatch(p or "")]
+    return torch.tensor(ids, dtype=torch.int64)
 
 
-def null_tokens(inputs: torch.Tensor, positions: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+def null_tokens(inputs: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """The token after `inputs` at `positions` (the input's position): the null device's model."""
-    return lo + (inputs * _A + positions * _B + _C) % (hi - lo)
+    return table[(inputs * _A + positions * _B + _C) % len(table)]
 
 
 def next_allowed(tokens: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -79,7 +88,7 @@ class NullDevice(DeviceStream):
         self.spec = spec
         cfg = ModelConfig.from_hf(spec.model_path, spec.model_impl, "none")
         self.vocab, self.hidden = cfg.vocab_size, cfg.hidden_size
-        self.lo, self.hi = token_range(cfg)
+        self.table = token_table(cfg)
         self.step_s = spec.null_step_ms / 1000
         self.future_map = FutureMap(spec.num_req_slots, "cpu", debug=spec.debug_future_map)
         self._free_at = 0.0  # when the modelled device finishes the work launched so far
@@ -97,7 +106,7 @@ class NullDevice(DeviceStream):
                                    launch.req_slots, launch.prefix_lens, launch.extend_lens, "cpu")
         batch.input_ids = resolve_input_ids(launch, batch, self.future_map)
         last = batch.input_ids[batch.last_token_index]
-        tokens = null_tokens(last, batch.seq_lens - 1, self.lo, self.hi)
+        tokens = null_tokens(last, batch.seq_lens - 1, self.table)
         pending = _NullPending(launch.batch_id, self._occupy())
         if launch.sample:
             pending.result = self._finish(batch, launch, tokens)

@@ -14,21 +14,21 @@ from test_memory_scheduling import CONFIGS, _run, workload
 from transformers import AutoTokenizer
 
 from batonlm.config import ServerArgs
-from batonlm.device.null import next_allowed, null_tokens, token_range
+from batonlm.device.null import next_allowed, null_tokens, token_table
 from batonlm.device.spec import DeviceConfigError, device_spec
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.scheduler.planner import NewTokenRatio
 
 
-def follows_rule(prompt: list[int], out: list[int], lo: int, hi: int) -> bool:
+def follows_rule(prompt: list[int], out: list[int], table: torch.Tensor) -> bool:
     seq = prompt + out
     pos = torch.arange(len(prompt) - 1, len(seq) - 1)
-    return null_tokens(torch.tensor(seq[len(prompt) - 1 : -1]), pos, lo, hi).tolist() == out
+    return null_tokens(torch.tensor(seq[len(prompt) - 1 : -1]), pos, table).tolist() == out
 
 
 def test_tokens_follow_the_rule_under_every_memory_scheme_and_loop(stories_path):
-    lo, hi = token_range(ModelConfig.from_hf(stories_path))
-    assert (lo, hi) == (3, 512)  # clear of <unk>, <s>, </s>
+    table = token_table(ModelConfig.from_hf(stories_path))
+    assert table.tolist() == list(range(259, 512))  # clear of <unk>, <s>, </s> and the byte pieces <0x00>..<0xFF>
     reqs = workload(7, long_prompt=False)
     h = SchedulerHarness(stories_path, device="null", max_running_requests=16, max_total_tokens=4096,
                          debug_future_map=True)
@@ -37,7 +37,7 @@ def test_tokens_follow_the_rule_under_every_memory_scheme_and_loop(stories_path)
         expected = _run(h, reqs, overlap=False)
         prompts = {rid: ids for rid, ids, _, _ in reqs}
         for rid, (out, reason) in expected.items():
-            assert reason == "length" and follows_rule(prompts[rid], out, lo, hi), rid
+            assert reason == "length" and follows_rule(prompts[rid], out, table), rid
         retracted = 0
         for label, changes, capacity, overlap in CONFIGS:
             h.reconfigure(kv_capacity=capacity, **changes)
@@ -65,8 +65,7 @@ def test_constraints_and_speculative_verification(stories_path):
             h.assert_all_free()
             text = tok.decode(records["regex"].token_ids, skip_special_tokens=True)
             assert re.fullmatch("(yes|no)( maybe)*", text), text
-            lo, hi = token_range(ModelConfig.from_hf(stories_path))
-            assert follows_rule(prompt, records["spec"].token_ids, lo, hi)
+            assert follows_rule(prompt, records["spec"].token_ids, token_table(ModelConfig.from_hf(stories_path)))
         assert h.sched.speculator is not None and h.sched.speculator.stats.steps > 0
     finally:
         h.close()
