@@ -129,9 +129,9 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
         for t in threads:
             t.start()
         while _in_server(url) < len(threads):  # every stream admitted (running or queued), none still connecting
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or not any(t.is_alive() for t in threads):
                 proc.kill()
-                raise RuntimeError(f"the streams never all reached the server:\n{log()}")
+                raise RuntimeError(f"the streams never all reached the server (they ended: {streams}):\n{log()}")
             time.sleep(0.05)
     if phase == "draining":
         proc.send_signal(signal.SIGTERM)

@@ -147,6 +147,10 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
     except BaseException:  # stopped before serving: the scheduler goes too
         await manager.shutdown()
         raise
+    tune_for_serving()  # start-up is done
+    # Listening from the ready line on (refused while loading): a client that connects before
+    # uvicorn's loop runs waits in the backlog.
+    sock.listen(2048)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     scale = "".join((f", tp {args.tp_size}" if args.tp_size > 1 else "",
@@ -165,7 +169,6 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
     # before it started: make those no-ops so a requested shutdown exits with code 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    tune_for_serving()
     await server.serve(sockets=[sock])
     code = 1 if sched_died() else 0
     logger.info("batonlm stopped (exit code %d)", code)
