@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import bisect
 
+# Runs a first-fit search looks at. A pool full of cached prefixes evicted leaf by leaf splits
+# into thousands of short runs; scanning them all cost the scheduler a third of its time
+# (benchmarks/host_overhead.py, n=4 at 1024 streams).
+FIRST_FIT_RUNS = 32
+# Dead entries before the lowest live run that make the run lists be compacted (half of them at least).
+COMPACT_AT = 1024
+
 
 class OutOfSlots(RuntimeError):
     """More slots were asked for than are free."""
@@ -31,15 +38,21 @@ class KVSlotAllocator:
     """Token-granular KV slots `1..size` (slot 0 is the KV pool's padding target).
 
     Free slots are kept as sorted runs, and a request's slots come first-fit from one run
-    when any is long enough: the KV of a request is then contiguous in the pool, which makes
-    gathering it for attention a streaming read. When memory is fragmented a request gets
-    slots from several runs; any slot can hold any token, so nothing else changes.
+    when one of the lowest `FIRST_FIT_RUNS` is long enough: the KV of a request is then
+    contiguous in the pool, which makes gathering it for attention a streaming read. When
+    memory is fragmented a request gets slots from several runs, the lowest first (which
+    also mends the fragmentation); any slot can hold any token, so nothing else changes.
     """
 
     def __init__(self, size: int) -> None:
         self.capacity = size
-        self._starts: list[int] = [1]  # run i is [starts[i], ends[i]); runs are disjoint, sorted,
-        self._ends: list[int] = [size + 1]  # and never adjacent (freeing coalesces them)
+        # Runs head.. are live: run i is [starts[i], ends[i]); runs are disjoint, sorted and never
+        # adjacent (freeing coalesces them). Entries before head are dead: taking or adding the
+        # lowest run moves head (O(1)) instead of shifting the whole list, which a decode row's
+        # one slot from a pool split into thousands of runs did every token.
+        self._starts: list[int] = [1]
+        self._ends: list[int] = [size + 1]
+        self._head = 0
         self._num_free = size
         self._in_use = _InUse(size + 1, "KV slot")
 
@@ -53,7 +66,12 @@ class KVSlotAllocator:
 
     @property
     def num_runs(self) -> int:
-        return len(self._starts)
+        return len(self._starts) - self._head
+
+    def runs(self) -> list[tuple[int, int]]:
+        """The free runs [start, end), lowest first."""
+        h = self._head
+        return list(zip(self._starts[h:], self._ends[h:]))
 
     def alloc(self, n: int) -> list[int]:
         if n > self._num_free:
@@ -61,25 +79,33 @@ class KVSlotAllocator:
         if n == 0:
             return []
         self._num_free -= n
-        for i, (s, e) in enumerate(zip(self._starts, self._ends)):
-            if e - s >= n:
+        starts, ends, h = self._starts, self._ends, self._head
+        for i in range(h, min(h + FIRST_FIT_RUNS, len(starts))):
+            s = starts[i]
+            if ends[i] - s >= n:
                 self._take(i, n)
                 return list(range(s, s + n))
         out: list[int] = []
         while len(out) < n:  # fragmented: whole runs from the lowest up
-            s, e = self._starts[0], self._ends[0]
+            i = self._head
+            s, e = starts[i], ends[i]
             k = min(e - s, n - len(out))
-            self._take(0, k)
+            self._take(i, k)
             out.extend(range(s, s + k))
         return out
 
     def _take(self, i: int, k: int) -> None:
         s = self._starts[i]
         self._in_use.take(s, s + k)
-        if s + k == self._ends[i]:
-            del self._starts[i], self._ends[i]
-        else:
+        if s + k < self._ends[i]:
             self._starts[i] = s + k
+        elif i == self._head:
+            self._head += 1
+            if self._head >= COMPACT_AT and 2 * self._head >= len(self._starts):  # compact now and then
+                del self._starts[: self._head], self._ends[: self._head]
+                self._head = 0
+        else:
+            del self._starts[i], self._ends[i]
 
     def free(self, slots: list[int]) -> None:
         if not slots:
@@ -96,16 +122,20 @@ class KVSlotAllocator:
         self._insert(start, prev + 1)
 
     def _insert(self, s: int, e: int) -> None:
-        i = bisect.bisect_left(self._starts, s)
-        if i > 0 and self._ends[i - 1] == s:  # joins the run before
+        starts, ends, h = self._starts, self._ends, self._head
+        i = bisect.bisect_left(starts, s, lo=h)
+        if i > h and ends[i - 1] == s:  # joins the run before
             i -= 1
-            self._ends[i] = e
+            ends[i] = e
+        elif i == h and h > 0:  # a new lowest run: into the dead entry before head
+            i = self._head = h - 1
+            starts[i], ends[i] = s, e
         else:
-            self._starts.insert(i, s)
-            self._ends.insert(i, e)
-        if i + 1 < len(self._starts) and self._starts[i + 1] == e:  # and the run after
-            self._ends[i] = self._ends[i + 1]
-            del self._starts[i + 1], self._ends[i + 1]
+            starts.insert(i, s)
+            ends.insert(i, e)
+        if i + 1 < len(starts) and starts[i + 1] == e:  # and the run after
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
 
 
 class ReqSlotAllocator:

@@ -94,10 +94,16 @@ class KVMemory:
             self.admitted_tokens += len(tokens)
             self.cached_tokens += req.cached_len
 
-    def alloc(self, req: Request, n: int) -> list[int]:
-        """n more slots for `req` (evicting cached entries if need be); raises OutOfSlots."""
+    def free_up(self, n: int) -> None:
+        """Evict cached entries until `n` slots are free (or nothing is left to evict): one walk
+        of the cache for a whole batch's allocations. A walk per decode row cost O(cache nodes)
+        per token once the pool was full of cached prefixes."""
         if n > self.kv.num_free and self.cache is not None:
             self.cache.evict(n - self.kv.num_free)
+
+    def alloc(self, req: Request, n: int) -> list[int]:
+        """n more slots for `req` (evicting cached entries if need be); raises OutOfSlots."""
+        self.free_up(n)
         slots = self.kv.alloc(n)
         req.kv_slots.extend(slots)
         self.held += n

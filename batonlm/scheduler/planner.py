@@ -138,11 +138,15 @@ class BatchPlanner:
         for req in decode:
             req.num_outputs_launched += 1
         all_drafts = spec.plan(decode) if spec is not None else None
-        drafted: list[tuple[Request, list[int]]] = []
-        plain: list[Request] = []
-        for i, req in enumerate(decode):
+        row_drafts: list[list[int]] = []
+        for i in range(len(decode)):
             drafts = all_drafts[i][: max(0, spare)] if all_drafts is not None else []
             spare -= len(drafts)
+            row_drafts.append(drafts)
+        self.memory.free_up(len(decode) + sum(map(len, row_drafts)))
+        drafted: list[tuple[Request, list[int]]] = []
+        plain: list[Request] = []
+        for req, drafts in zip(decode, row_drafts):
             self.memory.alloc(req, 1 + len(drafts))
             req.kv_len += 1 + len(drafts)
             if drafts:

@@ -32,21 +32,27 @@ def test_fragmented_memory_still_serves_a_request():
     assert a.num_free == 0
 
 
-def test_random_alloc_and_free_keep_every_invariant():
-    rng = random.Random(0)
+@pytest.mark.parametrize("most", [50, 1])  # requests' prompts; decode rows' one slot (the runs' head moves)
+def test_random_alloc_and_free_keep_every_invariant(most, monkeypatch):
+    import batonlm.scheduler.kv_allocator as kv_allocator
+
+    monkeypatch.setattr(kv_allocator, "COMPACT_AT", 4)  # the dead head entries compacted often
+    monkeypatch.setattr(kv_allocator, "FIRST_FIT_RUNS", 3)  # and the fragmented path taken often
+    rng = random.Random(most)
     a = KVSlotAllocator(500)
     held: list[list[int]] = []
     for _ in range(3000):
         if held and (rng.random() < 0.5 or a.num_free < 50):
             a.free(held.pop(rng.randrange(len(held))))
         else:
-            held.append(a.alloc(rng.randint(0, 50)))
+            held.append(a.alloc(rng.randint(0, most)))
         owned = [s for h in held for s in h]
         assert len(owned) == len(set(owned)) and all(1 <= s <= 500 for s in owned)
         assert a.num_used == len(owned)
-        runs = list(zip(a._starts, a._ends))
+        runs = a.runs()
         assert all(s < e for s, e in runs) and all(e1 < s2 for (_, e1), (s2, _) in zip(runs, runs[1:]))
         assert sum(e - s for s, e in runs) == a.num_free
+        assert not set(owned) & {s for r in runs for s in range(*r)}  # a slot is free or held, never both
     for h in held:
         a.free(h)
     assert a.num_runs == 1 and a.num_free == 500

@@ -163,3 +163,43 @@ def test_embeddings_mean_pooling_skips_the_cache_and_a_retraction_starts_the_sum
     mem.release(last)
     mem.release_req_slot(last)
     mem.check_invariant()
+
+
+def test_a_decode_batch_over_a_full_pool_walks_the_cache_once():
+    """Eight decode rows, the pool's free slots all taken by cached entries: one eviction frees
+    the batch's eight slots (a walk of the whole cache per row cost O(cached entries) a token),
+    least recently used first, and every row gets its slot."""
+    from collections import deque
+
+    from batonlm.scheduler.planner import BatchPlanner, PlannerConfig
+
+    mem = KVMemory(8 * 4 + 10 * 3, 8)
+    for k in range(10):  # ten cached entries of 3 tokens (2 prompt + 1 output), oldest first
+        run_to_end(mem, request([100 + 2 * k, 101 + 2 * k]), [7, 8])
+    running = []
+    for k in range(8):
+        r = request([k + 1, k + 1, k + 1])
+        mem.match(r)
+        mem.alloc(r, 3)
+        r.kv_len = 3
+        r.output_ids.append(5)
+        r.num_outputs_launched = 1
+        running.append(r)
+    mem.check_invariant()
+    assert mem.kv.num_free == 8 * 4 - 8 * 3 == 8  # room for every row: nothing evicted yet
+    for r in running:  # fill the free slots with one more token each: the next step must evict
+        mem.alloc(r, 1)
+        r.kv_len += 1
+        r.output_ids.append(5)
+        r.num_outputs_launched += 1
+    assert mem.kv.num_free == 0 and mem.evictable == 30
+    walks = []
+    evict = mem.cache.evict
+    mem.cache.evict = lambda n: walks.append(n) or evict(n)
+    planner = BatchPlanner(PlannerConfig(max_running_requests=8, max_prefill_tokens=64, chunked_prefill_size=8,
+                                         mixed=False), mem)
+    batch = planner.plan(1, deque(), running)
+    assert len(batch.decode) == 8 and walks == [8]
+    assert mem.evictable == 30 - 9  # three 3-token entries, the oldest (8 slots needed)
+    assert mem.cache.match_len([100, 101]) == 0 and mem.cache.match_len([106, 107]) == 2
+    mem.check_invariant()
