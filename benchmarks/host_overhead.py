@@ -211,6 +211,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=256, help="each request's output tokens (EOS ignored)")
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--quick", action="store_true", help="chat, completions and n=4 only, 4 s runs")
+    ap.add_argument("--only", default=None, help="run only the scenarios whose name contains this (e.g. regex)")
     ap.add_argument("--server-arg", action="append", default=[], help="an extra `batonlm serve` argument")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -230,6 +231,7 @@ def main() -> int:
             run_load(server.port, Scenario("warm-up", streams=8), model, 8, 0.5)  # first requests: imports, caches
             todo = scenarios(args.streams, args.quick) if k == 0 else [Scenario(f"chat {c}", streams=c)
                                                                          for c in args.streams if c > 1]
+            todo = [sc for sc in todo if args.only is None or args.only in sc.name]
             for sc in todo:
                 row = measure(server, sc, model, args.max_tokens, duration)
                 row["step_ms"] = step if step is not None else "real"
