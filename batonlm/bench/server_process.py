@@ -44,9 +44,11 @@ class ServerProcess:
             [*(command or [sys.executable, "-m", "batonlm", "serve"]), "--port", str(self.port), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session,
         )
+        self._final_log: str | None = None  # the log's text once stopped (its file is removed then)
         deadline = time.monotonic() + startup_timeout
         while True:
             if self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"server exited during start-up ({self.proc.returncode}):\n{self.log()}")
             try:
                 if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
@@ -59,6 +61,8 @@ class ServerProcess:
             time.sleep(0.1)
 
     def log(self) -> str:
+        if self._final_log is not None:
+            return self._final_log
         if not self._log.closed:
             self._log.flush()
         return self.log_path.read_text()
@@ -79,5 +83,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        self._log.close()
+        if self._final_log is None:  # kept in memory: a start per test left hundreds of files in /tmp
+            self._log.close()
+            self._final_log = self.log_path.read_text()
+            self.log_path.unlink(missing_ok=True)
         return self.proc.returncode

@@ -16,6 +16,8 @@ def server():
     yield s
     code = s.stop()
     assert code == 0, f"server exited with {code}:\n{s.log()}"
+    # Its log is kept in memory and its file removed: a start per test left hundreds in /tmp.
+    assert not s.log_path.exists() and "batonlm stopped (exit code 0)" in s.log()
 
 
 @pytest.fixture(scope="session")
