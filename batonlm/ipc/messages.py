@@ -63,11 +63,18 @@ class FlushCacheResult(msgspec.Struct, tag=True, frozen=True):
     dp_rank: int = 0  # the replica that answered
 
 
+# TokenOutput.error_about of an error about the request's constraint (response_format, regex,
+# ebnf, a forced tool call's schema): it did not compile, admits no text, or reached a dead end.
+ABOUT_CONSTRAINT = "constraint"
+
+
 class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     """New tokens of one request in one iteration; `finish_reason` set on its last one.
 
     `finish_reason` is "stop", "length" or "abort"; `error` explains an abort the scheduler
-    decided (a request it rejected), and is None for a client's own abort.
+    decided (a request it rejected), and is None for a client's own abort; `error_about` says
+    which part of the request the error is about, where the scheduler knows ("constraint": the
+    frontend names the field the constraint came from).
     """
 
     rid: str
@@ -90,12 +97,13 @@ class TokenOutput(msgspec.Struct, array_like=True, frozen=True):
     preemptions: int = 0  # with its last output: the times it was retracted for a request of higher priority
     # An embedding request's pooled last hidden states (not normalised), with its output.
     embedding: list[float] | None = None
+    error_about: str | None = None
 
 
 def merge_outputs(outs: list[TokenOutput]) -> TokenOutput:
     """Consecutive outputs of one request as one: tokens and their logprobs in order; what comes
     with the first output (cached tokens, queue time, prompt logprobs) from the first, what comes
-    with the last (finish, error, speculative counts, preemptions, embedding) from the last."""
+    with the last (finish, error and what it is about, speculative counts, preemptions, embedding) from the last."""
     first, last = outs[0], outs[-1]
     with_lp = all(o.logprobs is not None for o in outs)
     with_top = all(o.top_logprobs is not None for o in outs)
@@ -104,7 +112,7 @@ def merge_outputs(outs: list[TokenOutput]) -> TokenOutput:
         [lp for o in outs for lp in o.logprobs] if with_lp else None,  # type: ignore[union-attr]
         [tl for o in outs for tl in o.top_logprobs] if with_top else None,  # type: ignore[union-attr]
         first.cached_tokens, first.queued_s, first.prompt_logprobs, first.prompt_top_logprobs,
-        last.spec, last.preemptions, last.embedding,
+        last.spec, last.preemptions, last.embedding, last.error_about,
     )
 
 

@@ -147,14 +147,17 @@ class GrammarQueue:
         return {"mask_rows": mask_rows, "mask_words": bitmask.shape[1], "bitmask": bitmask.numpy().tobytes()}
 
     @staticmethod
-    def advance(req: Request, token: int) -> None:
-        """Follow a token the request produced; a completed grammar finishes the request."""
+    def advance(req: Request, token: int) -> bool:
+        """Follow a token the request produced (False: it does not fit the grammar); a completed
+        grammar finishes the request."""
         matcher = req.matcher
         assert matcher is not None  # the caller follows only constrained requests
         if not matcher.accept(token):
-            logger.error("request %s: token %d does not fit its grammar", req.rid, token)
+            logger.info("request %s: token %d does not fit its grammar (a dead end)", req.rid, token)
+            return False
         if matcher.terminated and not req.finished:
             req.finish_reason = FINISH_STOP
+        return True
 
     def close(self) -> None:
         self.cache.close()

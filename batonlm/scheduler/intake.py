@@ -96,9 +96,9 @@ class RequestIntake:
         else:
             logger.error("scheduler got an unexpected message %s", type(msg).__name__)
 
-    def _reject(self, rid: str, error: str) -> None:
+    def _reject(self, rid: str, error: str, about: str | None = None) -> None:
         logger.info("request %s rejected: %s", rid, error)
-        self._outputs.append(TokenOutput(rid, [], FINISH_ABORT, error))
+        self._outputs.append(TokenOutput(rid, [], FINISH_ABORT, error, error_about=about))
 
     def load_lora(self, msg: LoadLoRARequest) -> LoadLoRAResult:
         """An adapter into a slot (the frontend checked it, and that no request uses the slot):

@@ -5,10 +5,10 @@ a finish, and a request's `TokenOutput` for its new tokens."""
 from __future__ import annotations
 
 from batonlm.ipc.device_messages import SampledLogprobs
-from batonlm.ipc.messages import TokenOutput
+from batonlm.ipc.messages import ABOUT_CONSTRAINT, TokenOutput
 from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.grammar_queue import GrammarQueue
-from batonlm.scheduler.request import Request
+from batonlm.scheduler.request import FINISH_ABORT, Request
 
 
 def take_prompt_logprobs(batch: ScheduleBatch, scored: SampledLogprobs | None) -> None:
@@ -56,10 +56,15 @@ def emit(req: Request, tokens: list[int]) -> list[int]:
     inside an accepted run of drafts ends the request there)."""
     emitted = []
     for tok in tokens:
+        if req.matcher is not None and not GrammarQueue.advance(req, tok):
+            # Its grammar allowed no token here (a dead end: every token was masked), so the
+            # sampler's pick does not fit; the request ends with an error, not ungrammatical text.
+            req.finish_reason, req.error_about = FINISH_ABORT, ABOUT_CONSTRAINT
+            req.error = (f"the output's constraint admits no token after the {len(req.output_ids)} generated "
+                         "(its grammar has a dead end there)")
+            break
         req.output_ids.append(tok)
         emitted.append(tok)
-        if req.matcher is not None:
-            GrammarQueue.advance(req, tok)
         req.check_finished()
         if req.finished:
             break
@@ -85,5 +90,6 @@ def token_output(req: Request, tokens: list[int], lp: SampledLogprobs | None, lp
         prompt_top = [[]] * lead + req.prompt_top
         assert len(prompt_lp) == req.prompt_len - req.params.logprob_start_len, (req, len(prompt_lp))
     spec = (req.spec.steps, req.spec.accepted) if req.finished and req.spec is not None and req.spec.steps else None
-    return TokenOutput(req.rid, tokens, req.finish_reason, None, logprobs, top, cached, queued, prompt_lp, prompt_top,
-                       spec, req.preemptions if req.finished else 0, req.embedding if first else None)
+    return TokenOutput(req.rid, tokens, req.finish_reason, req.error, logprobs, top, cached, queued, prompt_lp, prompt_top,
+                       spec, req.preemptions if req.finished else 0, req.embedding if first else None,
+                       req.error_about)

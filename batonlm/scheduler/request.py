@@ -52,6 +52,8 @@ class Request:
         "num_outputs_launched",
         "inflight",
         "finish_reason",
+        "error",
+        "error_about",
         "epoch",
         "first_cached_len",
         "waited",
@@ -107,6 +109,8 @@ class Request:
         self.num_outputs_launched = 0
         self.inflight = 0
         self.finish_reason: str | None = None
+        self.error: str | None = None  # why an aborted request ended (sent with its last output)
+        self.error_about: str | None = None  # TokenOutput.error_about
         # Bumped by a retraction: results of launches from an earlier epoch are dropped.
         self.epoch = 0
         self.first_cached_len: int | None = None  # prompt tokens the cache served at first admission

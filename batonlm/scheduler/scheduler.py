@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from batonlm.device.base import DeviceStream, PendingResult
 from batonlm.ipc.device_messages import SampleLaunch
 from batonlm.ipc.messages import (
+    ABOUT_CONSTRAINT,
     BatchOutput,
     SchedulerStats,
     TokenOutput,
@@ -164,7 +165,7 @@ class Scheduler(RequestIntake):
             self.waiting.extend(ready)
             for req, error in failed:
                 self.requests.pop(req.rid, None)
-                self._reject(req.rid, error)
+                self._reject(req.rid, error, about=ABOUT_CONSTRAINT)
         batch = self.planner.plan(self._next_batch_id, self.waiting, self.running)
         if not batch:
             return None

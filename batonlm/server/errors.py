@@ -96,11 +96,18 @@ def renamed_params(renames: tuple[tuple[str, str], ...]) -> Iterator[None]:
     try:
         yield
     except APIError as e:
-        for pattern, name in renames:
-            if e.param is not None and (renamed := re.sub(pattern, name, e.param)) != e.param:
-                e.message, e.param = e.message.replace(e.param, renamed), renamed
-                break
+        renamed = rename_param(e.param, renames)
+        if e.param is not None and renamed is not None and renamed != e.param:
+            e.message, e.param = e.message.replace(e.param, renamed), renamed
         raise
+
+
+def rename_param(param: str | None, renames: tuple[tuple[str, str], ...]) -> str | None:
+    """A chat request's field as the dialect's request names it (the first rename that applies)."""
+    for pattern, name in renames:
+        if param is not None and (renamed := re.sub(pattern, name, param)) != param:
+            return renamed
+    return param
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:

@@ -97,6 +97,8 @@ class ChatRoute(OpenAIRoute[ChatCompletionRequest]):
         await super().constrain(state, job)
         job.plan = await chat_tools.plan_tools(state, job.req)
         job.constraint = job.plan.constraint or job.constraint  # forced tool calls: their schema
+        if job.plan.constraint:
+            job.constraint_param = "tool_choice"
         job.make_stop = job.plan.make_stop
         job.skip_special_tokens = job.plan.skip_special_tokens
 

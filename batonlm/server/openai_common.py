@@ -136,6 +136,12 @@ async def request_constraint(req: SamplingFields, max_bytes: int) -> dict[str, s
     return {kind: text}
 
 
+def constraint_field(req: SamplingFields) -> str | None:
+    """The request field its constraint comes from (response_format, regex or ebnf), if any."""
+    given = _constraints(req)
+    return given[0][2] if given else None
+
+
 def _constraints(req: SamplingFields) -> list[tuple[str, str, str]]:
     given: list[tuple[str, str, str]] = []  # (kind, text, request field)
     rf = req.response_format
@@ -161,6 +167,7 @@ class OpenAIRoute(Route[F]):
 
     async def constrain(self, state: ServerState, job: Job[F]) -> None:
         job.constraint = await request_constraint(job.req, state.args.max_constraint_bytes)
+        job.constraint_param = constraint_field(job.req)
 
     def sampling_params(self, state: ServerState, job: Job[F], prompt_ids: list[int]) -> list[SamplingParams]:
         return sampling_params(state, job.req, len(prompt_ids), self.prompt_param, job.constraint)

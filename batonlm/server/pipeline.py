@@ -30,7 +30,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from batonlm.ipc.messages import Pooling
+from batonlm.ipc.messages import ABOUT_CONSTRAINT, Pooling
 from batonlm.request_checks import RequestRejected
 from batonlm.sampling_params import SamplingParams
 from batonlm.server.errors import bad_request, to_api_error
@@ -60,6 +60,7 @@ class Job(Generic[R]):
     choices: list[tuple[list[int], SamplingParams]] = field(default_factory=list)  # (prompt ids, params)
     stop: list[str] = field(default_factory=list)  # stop strings, for every choice
     constraint: dict[str, str] = field(default_factory=dict)  # a SamplingParams constraint field
+    constraint_param: str | None = None  # the request field the constraint came from (its errors name it)
     prompt_tokens: int = 0  # of the distinct prompts
     n: int = 1  # choices per prompt
     started: float = field(default_factory=time.perf_counter)
@@ -76,6 +77,10 @@ class Job(Generic[R]):
 
     def stop_for(self, params: SamplingParams) -> list[str] | StopStringMatcher:
         return self.make_stop(self.stop, params) if self.make_stop is not None else self.stop
+
+    def rejected(self, error: str, about: str | None) -> RequestRejected:
+        """The scheduler's refusal as a 400, naming the field it is about."""
+        return RequestRejected(error, self.constraint_param if about == ABOUT_CONSTRAINT else None)
 
     @property
     def stream(self) -> bool:
@@ -94,6 +99,7 @@ class ChoiceResult:
     finish_reason: str | None = None
     completion_tokens: int = 0
     error: str | None = None
+    error_about: str | None = None
     cached_tokens: int = 0
     stop_string: str | None = None  # the stop string that ended the text
     preemptions: int = 0  # retractions for requests of higher priority
@@ -250,7 +256,7 @@ class Route(Generic[R]):
         try:
             async for i, chunk in stream_choices(state, job):
                 if chunk.error is not None:  # the scheduler refused it (a grammar that cannot compile, ...)
-                    raise RequestRejected(chunk.error)
+                    raise job.rejected(chunk.error, chunk.error_about)
                 yield b"".join([stream.frame(payload) for payload in stream.events(i, chunk)])  # one write
         except Exception as e:
             yield stream.frame(self.error_event(e))
@@ -351,7 +357,7 @@ async def collect_choices(state: ServerState, job: Job, size_param: str = "max_t
             _add(results[i], chunk, job.choices[i])
     for r in results:
         if r.error:
-            raise RequestRejected(r.error)
+            raise job.rejected(r.error, r.error_about)
     return results
 
 
@@ -371,7 +377,7 @@ def _add(r: ChoiceResult, chunk: GenerationChunk, choice: tuple[list[int], Sampl
         r.embedding = chunk.embedding
     if chunk.finish_reason is not None:
         r.finish_reason = chunk.finish_reason
-        r.error = chunk.error
+        r.error, r.error_about = chunk.error, chunk.error_about
         r.stop_string = chunk.stop_string
         r.preemptions = chunk.preemptions
 

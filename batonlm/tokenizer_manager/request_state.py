@@ -79,6 +79,7 @@ class GenerationChunk:
     stop_string: str | None = None  # with the last chunk: the stop string that ended the text, if one did
     preemptions: int = 0  # with the last chunk: retractions for requests of higher priority
     embedding: list[float] | None = None  # an embedding request's pooled hidden states (TokenOutput's)
+    error_about: str | None = None  # TokenOutput's: which part of the request `error` is about
 
 
 class RequestObserver(Protocol):
@@ -177,6 +178,7 @@ class RequestState:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             error=out.error,
+            error_about=out.error_about,
             logprobs=logprobs,
             cached_tokens=out.cached_tokens,
             prompt_logprobs=None if out.prompt_logprobs is None else [

@@ -172,9 +172,35 @@ def test_a_constraint_whose_language_is_empty_is_an_error_not_unk_tokens(server,
     body = {"prompt": "Once", "max_tokens": 4, kind: text}
     r = httpx.post(server.base_url + COMP, json=body, timeout=60)
     assert r.status_code == 400 and "admits no text" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == kind, r.text  # the scheduler's refusal names the field (was null)
     r = httpx.post(server.base_url + COMP, json={**body, "stream": True}, timeout=60)  # an error event, not "abort"
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
-    assert "admits no text" in events[-1]["error"]["message"], r.text
+    assert "admits no text" in events[-1]["error"]["message"] and events[-1]["error"]["param"] == kind, r.text
+
+
+# After "a" the grammar needs an x, and every x needs an x before it: no token can follow "a".
+DEAD_END = 'root ::= "a" x\nx ::= x "b"'
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_that_dead_ends_mid_output_ends_the_request_with_an_error(server, temperature):
+    """Its first token fits, then every token is masked: the sampler's pick (token 0, <unk>) went
+    out as output until max_tokens, an ERROR log line each, and the answer said finish "length".
+    Now the request ends there with a 400 (streamed: an error event after the "a") naming the
+    field, in each API dialect, and the server goes on serving."""
+    body = {"prompt": "Once", "max_tokens": 6, "ebnf": DEAD_END, "temperature": temperature}
+    r = httpx.post(server.base_url + COMP, json=body, timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and "dead end" in err["message"] and err["param"] == "ebnf", r.text
+    r = httpx.post(server.base_url + COMP, json={**body, "stream": True}, timeout=60)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "a", r.text
+    assert "dead end" in events[-1]["error"]["message"] and events[-1]["error"]["param"] == "ebnf", r.text
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "ebnf": DEAD_END}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=chat, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ebnf", r.text
+    r = httpx.post(server.base_url + COMP, json={"prompt": "Once", "max_tokens": 4, "regex": "(yes|no)!"}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("yes!", "no!"), r.text
 
 
 # ---------------------------------------------------------------- 5. liveness that means progress
