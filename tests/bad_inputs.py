@@ -64,6 +64,9 @@ CORPUS: list[tuple[str, dict | bytes, int, str | None, str | None]] = [
     (CHAT, _schema({"enum": [f"value {i}" for i in range(8000)]}), 400, "response_format.json_schema.schema",
      "--max-constraint-bytes"),  # 50,000-value enums blocked every constrained request for minutes
     (COMP, {"prompt": "Once", "regex": "a" * 70_000}, 400, "regex", "--max-constraint-bytes"),
+    # refused by the scheduler, naming the field (was param null): an empty language, a dead end after "a"
+    (COMP, {"prompt": "Once", "max_tokens": 4, "regex": "[^\\s\\S]"}, 400, "regex", "admits no text"),
+    (CHAT, _chat(max_tokens=4, ebnf='root ::= "a" x\nx ::= x "b"'), 400, "ebnf", "dead end"),
     (CHAT, _chat(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]), 400, "tools",
      "at most 128"),
     (CHAT, _chat(user=5), 400, "user", None),
