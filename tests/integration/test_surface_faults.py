@@ -206,11 +206,13 @@ def test_a_grammar_that_dead_ends_mid_output_ends_the_request_with_an_error(serv
 # ---------------------------------------------------------------- 5. liveness that means progress
 
 
-@pytest.mark.parametrize("target", ["scheduler", "device worker"])  # a stopped TP rank: test_tp_server.py
+@pytest.mark.parametrize("target", ["scheduler", "device worker", "DP replica"])  # a stopped TP rank: test_tp_server.py
 def test_a_stopped_process_is_seen_and_the_server_exits(target):
     """SIGSTOP of the scheduler or its device worker while a stream runs: /health said 200 and
     the client waited for ever. Now the watchdog (--watchdog-timeout 2) ends the stream with an
-    error event, and the server exits 1, leaving no process behind."""
+    error event, and the server exits 1, leaving no process behind. With --dp 2, one replica's
+    scheduler stopped: its stream ends with the watchdog's error, the other replica's finishes
+    (or ends with the server's going down), and nothing of either replica is left."""
     import os
     import signal
     import threading
@@ -220,25 +222,33 @@ def test_a_stopped_process_is_seen_and_the_server_exits(target):
 
     from batonlm.bench.server_process import ServerProcess, children
 
-    s = ServerProcess("--compile", "off", "--watchdog-timeout", "2")
+    dp = target == "DP replica"
+    s = ServerProcess("--compile", "off", "--watchdog-timeout", "2", *(("--dp", "2") if dp else ()))
     try:
-        scheduler = next(p for p in children(s.proc.pid) if "resource_tracker" not in open(f"/proc/{p}/cmdline").read())
-        victim = scheduler if target == "scheduler" else children(scheduler)[0]
+        schedulers = [p for p in children(s.proc.pid) if "resource_tracker" not in open(f"/proc/{p}/cmdline").read()]
+        assert len(schedulers) == (2 if dp else 1), schedulers
+        victim = schedulers[0] if target != "device worker" else children(schedulers[0])[0]
         everyone = s.descendants()
-        events: list[dict] = []
+        streams: list[list[dict]] = [[] for _ in range(2 if dp else 1)]  # one per replica (the router balances)
 
-        def stream() -> None:
+        def stream(events: list[dict]) -> None:
             body = {"prompt": "Once", "max_tokens": 480, "ignore_eos": True, "stream": True}
             with httpx.stream("POST", s.base_url + COMP, json=body, timeout=60) as r:
                 events.extend(json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {"))
 
-        t = threading.Thread(target=stream, daemon=True)
-        t.start()
-        wait_until(lambda: len(events) > 2, what="the stream started")
+        threads = [threading.Thread(target=stream, args=(events,), daemon=True) for events in streams]
+        for t in threads:
+            t.start()
+        wait_until(lambda: all(len(events) > 2 for events in streams), what="the streams started")
         os.kill(victim, signal.SIGSTOP)
         t0 = time.monotonic()
-        t.join(30)
-        assert "error" in events[-1] and "stuck" in events[-1]["error"]["message"], events[-1]
+        for t in threads:
+            t.join(30)
+        # Each ended with an error event, or (the other replica's, 480 tokens in about a second)
+        # had finished before the watchdog's 2 s were up.
+        assert all("error" in events[-1] or events[-1]["choices"][0]["finish_reason"] == "length"
+                   for events in streams), [events[-1] for events in streams]
+        assert any("stuck" in events[-1]["error"]["message"] for events in streams), [e[-1] for e in streams]
         s.proc.wait(15)
         assert s.proc.returncode == 1 and time.monotonic() - t0 < 12, s.log()
         assert "finished no iteration" in s.log()
