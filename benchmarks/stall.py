@@ -3,9 +3,12 @@ kind of heavy input the hostile-input probe found (a 4 MB body that ends in a 40
 4 MB of text, many prompts, many stop strings), against /health latency at rest.
 
     python benchmarks/stall.py [--repeats 5] [--output-json PATH]
+    python benchmarks/stall.py --corpus [--repeats 3]     # every case of tests/bad_inputs.py
 
 Each case sends its request `--repeats` times while a second client polls /health every 10 ms;
-the table shows the slowest /health answer (the stall) and the heavy request's own time.
+the table shows the slowest /health answer (the stall) and the heavy request's own time. With
+`--corpus` the cases are the bad-input corpus (every route, ~180 requests that must get a 4xx):
+the table lists the ten longest stalls and the slowest /health over all of them.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def measure(url: str, path: str | None, body: bytes | None, repeats: int) -> dic
 
     poller = threading.Thread(target=poll)
     poller.start()
+    while not latencies:  # polling before the request goes out, and after it
+        time.sleep(0.001)
     times, statuses = [], []
     try:
         with httpx.Client(timeout=120) as c:
@@ -60,6 +65,9 @@ def measure(url: str, path: str | None, body: bytes | None, repeats: int) -> dic
                 times.append(time.perf_counter() - t0)
                 statuses.append(r.status_code)
     finally:
+        n = len(latencies)
+        while len(latencies) <= n:
+            time.sleep(0.001)
         stop.set()
         poller.join()
     latencies.sort()
@@ -72,21 +80,46 @@ def measure(url: str, path: str | None, body: bytes | None, repeats: int) -> dic
     }
 
 
+def measure_corpus(url: str, repeats: int) -> dict[str, dict]:
+    """Each bad input of tests/bad_inputs.py, `repeats` times, /health polled meanwhile."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from bad_inputs import CORPUS
+
+    rows = {}
+    for i, (path, body, status, _, _) in enumerate(CORPUS):
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = measure(url, path, raw, repeats)
+        r["as_expected"] = r["statuses"] == [status]
+        rows[f"{i:3d} {path} {raw[:40]!r}"[:42]] = r
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--corpus", action="store_true", help="the bad-input corpus instead of the heavy inputs")
     ap.add_argument("--output-json", default=str(RESULTS / "local" / "stall.json"))
     args = ap.parse_args()
     server = ServerProcess()
     rows = {}
     try:
-        for name, case in CASES.items():
+        if args.corpus:
+            rows = measure_corpus(server.base_url, args.repeats)
+        for name, case in ({} if args.corpus else CASES).items():
             path, make = case if case else (None, None)
             rows[name] = measure(server.base_url, path, make() if make else None, args.repeats)
     finally:
         server.stop()
+    if args.corpus:
+        worst = sorted(rows.items(), key=lambda kv: -kv[1]["health_max_ms"])
+        print(f"{len(rows)} cases; slowest /health over all of them: {worst[0][1]['health_max_ms']:.1f} ms; "
+              f"cases not answered as expected: {[n for n, r in rows.items() if not r['as_expected']]}")
+        rows = dict(worst[:10]) | {"all": {"cases": len(worst), "health_max_ms": worst[0][1]["health_max_ms"],
+                                           "unexpected": [n for n, r in worst if not r["as_expected"]]}}
     print(f"{'case':42s} {'/health max ms':>15s} {'p99 ms':>8s} {'median ms':>10s} {'request s':>10s}  status")
     for name, r in rows.items():
+        if name == "all":
+            continue
         print(f"{name:42s} {r['health_max_ms']:15.1f} {r['health_p99_ms']:8.1f} {r['health_median_ms']:10.1f} "
               f"{r['request_s']:10.2f}  {r['statuses']}")
     Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
