@@ -19,6 +19,7 @@ the modelled device's busy time from /metrics. Reported per scenario:
 
     python benchmarks/host_overhead.py [--streams 1 64 256 1024] [--duration 8] [--json out.json]
     python benchmarks/host_overhead.py --quick          # fewer scenarios, shorter runs
+    python benchmarks/host_overhead.py --only regex --streams 256 --step-ms 0   # one scenario
     python benchmarks/host_overhead.py --device cuda --model DIR   # the same figures on a real device
 """
 
