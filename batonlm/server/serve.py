@@ -142,15 +142,31 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
         if isinstance(e, SchedulerStartError):
             raise StartupError(f"the model could not be started: {e}") from None
         raise
-    try:
+    try:  # stopped before serving (a signal, an error): the scheduler goes too
         server, sched_died = _http_server(args, manager)
-    except BaseException:  # stopped before serving: the scheduler goes too
+        tune_for_serving()  # start-up is done
+        # Listening from the ready line on (refused while loading): a client that connects before
+        # uvicorn's loop runs waits in the backlog.
+        sock.listen(2048)
+        _log_ready(args, info, sock)
+        # From here uvicorn's handlers take SIGINT/SIGTERM (from the start of server.serve), and
+        # re-raise them after its graceful shutdown into the handlers it found: those only
+        # record, so a requested shutdown exits 0. A signal that lands before uvicorn's handlers
+        # are in place is recorded too, and handed to uvicorn as soon as they are.
+        requested: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: requested.append(signum))
+    except BaseException:
         await manager.shutdown()
         raise
-    tune_for_serving()  # start-up is done
-    # Listening from the ready line on (refused while loading): a client that connects before
-    # uvicorn's loop runs waits in the backlog.
-    sock.listen(2048)
+    asyncio.get_running_loop().call_soon(lambda: requested and server.handle_exit(requested[0], None))
+    await server.serve(sockets=[sock])
+    code = 1 if sched_died() else 0
+    logger.info("batonlm stopped (exit code %d)", code)
+    return code
+
+
+def _log_ready(args: ServerArgs, info: Any, sock: socket.socket) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     scale = "".join((f", tp {args.tp_size}" if args.tp_size > 1 else "",
@@ -165,14 +181,6 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
         info.device, info.dtype + (f", {info.quantization} weights" if info.quantization else ""), info.kv_capacity,
         " per replica" if args.dp_size > 1 else "", "overlap" if info.overlap else "normal", scale,
     )
-    # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, with the handlers found
-    # before it started: make those no-ops so a requested shutdown exits with code 0.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    await server.serve(sockets=[sock])
-    code = 1 if sched_died() else 0
-    logger.info("batonlm stopped (exit code %d)", code)
-    return code
 
 
 def _http_server(args: ServerArgs, manager: TokenizerManager):
@@ -216,9 +224,12 @@ def serve(args: ServerArgs) -> int:
             return 2
         except KeyboardInterrupt:
             return 130
-    # Until the HTTP server handles the signals: SIGTERM stops the start as Ctrl-C does (the
-    # scheduler and its workers are stopped with it), and a requested stop exits 0.
-    signal.signal(signal.SIGTERM, _stop_requested)
+    # Until the HTTP server handles the signals: SIGINT and SIGTERM stop the start (the scheduler
+    # and its workers are stopped with it), and a requested stop exits 0. (SIGINT had asyncio's
+    # handler, which cancels the main task: a cancel that landed in uvicorn's start-up left the
+    # process hanging in its shutdown, seen once in the signal matrix's --tp 2 loading cell.)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop_requested)
     try:
         logger.info("batonlm %s starting: model %s, %s device", __version__, args.model, args.device)
         check_device(args)
