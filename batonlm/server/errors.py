@@ -96,16 +96,15 @@ def renamed_params(renames: tuple[tuple[str, str], ...]) -> Iterator[None]:
     try:
         yield
     except APIError as e:
-        renamed = rename_param(e.param, renames)
-        if e.param is not None and renamed is not None and renamed != e.param:
+        if e.param is not None and (renamed := rename_param(e.param, renames)) != e.param:
             e.message, e.param = e.message.replace(e.param, renamed), renamed
         raise
 
 
-def rename_param(param: str | None, renames: tuple[tuple[str, str], ...]) -> str | None:
+def rename_param(param: str, renames: tuple[tuple[str, str], ...]) -> str:
     """A chat request's field as the dialect's request names it (the first rename that applies)."""
     for pattern, name in renames:
-        if param is not None and (renamed := re.sub(pattern, name, param)) != param:
+        if (renamed := re.sub(pattern, name, param)) != param:
             return renamed
     return param
 

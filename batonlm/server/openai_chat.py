@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 
 from batonlm.server import chat_tools, logprobs
-from batonlm.server.openai_common import OpenAIRoute, OpenAIStream, render_chat
+from batonlm.server.openai_common import OpenAIRoute, OpenAIStream, constraint_field, render_chat
 from batonlm.server.pipeline import ChoiceResult, Job
 from batonlm.server.protocol import ChatCompletionRequest
 from batonlm.server.reasoning import ReasoningStream, split_reasoning
@@ -97,8 +97,7 @@ class ChatRoute(OpenAIRoute[ChatCompletionRequest]):
         await super().constrain(state, job)
         job.plan = await chat_tools.plan_tools(state, job.req)
         job.constraint = job.plan.constraint or job.constraint  # forced tool calls: their schema
-        if job.plan.constraint:
-            job.constraint_param = "tool_choice"
+        job.constraint_param = constraint_field(job.req, bool(job.plan.constraint))
         job.make_stop = job.plan.make_stop
         job.skip_special_tokens = job.plan.skip_special_tokens
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, TypeVar
 
 from batonlm.constrained.grammar import JSON_OBJECT_SCHEMA, InvalidConstraint, check_constraint
 from batonlm.sampling_params import SamplingParams
-from batonlm.server.errors import bad_request
+from batonlm.server.errors import bad_request, rename_param
 from batonlm.server.pipeline import ChoiceResult, Job, Route, Stream, usage
 from batonlm.server.protocol import SamplingFields
 from batonlm.server.state import ServerState
@@ -136,10 +136,14 @@ async def request_constraint(req: SamplingFields, max_bytes: int) -> dict[str, s
     return {kind: text}
 
 
-def constraint_field(req: SamplingFields) -> str | None:
-    """The request field its constraint comes from (response_format, regex or ebnf), if any."""
+def constraint_field(req: SamplingFields, forced_tools: bool = False,
+                     renames: tuple[tuple[str, str], ...] = ()) -> str | None:
+    """The request field its constraint comes from, if any: tool_choice when it forces tool calls,
+    else response_format, regex or ebnf (as a dialect read as chat names it: `renames`)."""
+    if forced_tools:
+        return "tool_choice"
     given = _constraints(req)
-    return given[0][2] if given else None
+    return rename_param(given[0][2], renames) if given else None
 
 
 def _constraints(req: SamplingFields) -> list[tuple[str, str, str]]:

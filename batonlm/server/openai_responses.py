@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 
 from batonlm.sampling_params import SamplingParams
 from batonlm.server import chat_tools
-from batonlm.server.errors import APIError, bad_request, rename_param, renamed_params, to_api_error
+from batonlm.server.errors import APIError, bad_request, renamed_params, to_api_error
 from batonlm.server.openai_common import constraint_field, render_chat, request_constraint, sampling_params
 from batonlm.server.pipeline import ChoiceResult, Route, collect_choices
 from batonlm.server.protocol import ChatCompletionRequest
@@ -109,7 +109,7 @@ class ResponsesRoute(Route[ResponsesRequest]):
             job.constraint = await request_constraint(job.chat, state.args.max_constraint_bytes)
             job.plan = await chat_tools.plan_tools(state, job.chat)
         job.constraint = job.plan.constraint or job.constraint
-        job.constraint_param = "tool_choice" if job.plan.constraint else rename_param(constraint_field(job.chat), _RENAMES)
+        job.constraint_param = constraint_field(job.chat, bool(job.plan.constraint), _RENAMES)
         job.make_stop = job.plan.make_stop
         job.skip_special_tokens = job.plan.skip_special_tokens
 

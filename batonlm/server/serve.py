@@ -135,14 +135,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 async def _serve(args: ServerArgs, sock: socket.socket) -> int:
     manager = TokenizerManager(args, None, start_scheduler)
-    try:
+    try:  # stopped before serving (a signal, an error): the scheduler(s) go too
         info = await manager.start_with_tokenizer()
-    except BaseException as e:  # the scheduler(s) go too
-        await manager.shutdown()
-        if isinstance(e, SchedulerStartError):
-            raise StartupError(f"the model could not be started: {e}") from None
-        raise
-    try:  # stopped before serving (a signal, an error): the scheduler goes too
         server, sched_died = _http_server(args, manager)
         tune_for_serving()  # start-up is done
         # Listening from the ready line on (refused while loading): a client that connects before
@@ -156,8 +150,10 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
         requested: list[int] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, _frame: requested.append(signum))
-    except BaseException:
+    except BaseException as e:
         await manager.shutdown()
+        if isinstance(e, SchedulerStartError):
+            raise StartupError(f"the model could not be started: {e}") from None
         raise
     asyncio.get_running_loop().call_soon(lambda: requested and server.handle_exit(requested[0], None))
     await server.serve(sockets=[sock])
@@ -226,8 +222,8 @@ def serve(args: ServerArgs) -> int:
             return 130
     # Until the HTTP server handles the signals: SIGINT and SIGTERM stop the start (the scheduler
     # and its workers are stopped with it), and a requested stop exits 0. (SIGINT had asyncio's
-    # handler, which cancels the main task: a cancel that landed in uvicorn's start-up left the
-    # process hanging in its shutdown, seen once in the signal matrix's --tp 2 loading cell.)
+    # handler, which cancels the main task: a cancel landing in uvicorn's start-up is the likely
+    # cause of a --tp 2 start that ignored its SIGINT once in the signal matrix.)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stop_requested)
     try:

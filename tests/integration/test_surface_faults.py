@@ -187,7 +187,7 @@ def test_a_grammar_that_dead_ends_mid_output_ends_the_request_with_an_error(serv
     """Its first token fits, then every token is masked: the sampler's pick (token 0, <unk>) went
     out as output until max_tokens, an ERROR log line each, and the answer said finish "length".
     Now the request ends there with a 400 (streamed: an error event after the "a") naming the
-    field, in each API dialect, and the server goes on serving."""
+    field, on completions and chat, and the server goes on serving."""
     body = {"prompt": "Once", "max_tokens": 6, "ebnf": DEAD_END, "temperature": temperature}
     r = httpx.post(server.base_url + COMP, json=body, timeout=60)
     err = r.json()["error"]
