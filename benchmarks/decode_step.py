@@ -12,7 +12,12 @@ Intra-op threads are what the CPU device worker would use for the model (1 below
 256, else every core), for all three. Compile time is measured in fresh processes: cold (an
 empty inductor cache) and cached (a second process on the cache the first one filled).
 
-    python benchmarks/decode_step.py [--models stories260K llama-30m] [--batch 1 16 64]
+The bandwidth limit: a one-row step reads every weight once, so it cannot take less than the
+weights' bytes over the memory bandwidth. The probe copies a weight-sized buffer (twice the
+model, so no cache holds it) with the worker's threads, read plus write bytes over the time,
+best of 20; each model's row shows that limit and limit / step (1.0: at the limit).
+
+    python benchmarks/decode_step.py [--models stories260K llama-25m llama-100m] [--batch 1 16 64]
 """
 
 from __future__ import annotations
@@ -100,6 +105,29 @@ def hf_step(model, b: int, context: int):
     return step
 
 
+def bandwidth_gbs(nbytes: int, threads: int) -> float:
+    """Memory bandwidth (GB/s) with `threads` threads: a copy of `nbytes`, best of 20."""
+    torch.set_num_threads(threads)
+    src = torch.ones(max(nbytes, 64 << 20) // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(20):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def weight_bytes(runner: ModelRunner) -> int:
+    """What a one-row step reads: every parameter but the embedding (one row of it is read),
+    plus the LM head again when it is the tied embedding."""
+    model = runner.model
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.model.embed_tokens.weight
+    return total - (0 if model.lm_head is None else embed.numel() * embed.element_size())
+
+
 def time_ms(fn, steps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -143,13 +171,17 @@ def bench_model(name: str, path: str, batches: list[int], context: int, steps: i
             samples["compiled"].append(time_ms(compiled, steps))
             samples["transformers"].append(time_ms(hf_fn, steps))
         rows[b] = {k: statistics.median(v) for k, v in samples.items()}
+    nbytes = weight_bytes(runner)
+    gbs = bandwidth_gbs(2 * nbytes, threads)
     return {"model": name, "threads": threads, "compile_s": {"cold": cold, "cached": cached,
-            "buckets": list(graphs.batch_buckets)}, "step_ms": rows}
+            "buckets": list(graphs.batch_buckets)}, "step_ms": rows,
+            "weights_mb": nbytes / 1e6, "bandwidth_gbs": gbs, "limit_ms": nbytes / gbs / 1e6}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["stories260K", "llama-30m"], choices=["stories260K", "llama-30m"])
+    ap.add_argument("--models", nargs="+", default=["stories260K", "llama-25m", "llama-100m"],
+                    choices=["stories260K", "llama-25m", "llama-30m", "llama-100m"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
@@ -174,6 +206,13 @@ def main() -> None:
         for b, t in r["step_ms"].items():
             print(f"{r['model']:<12} | {b:>5} | {t['transformers']:>15.3f} | {t['eager']:>8.3f} | {t['compiled']:>11.3f} | "
                   f"{t['compiled'] / t['eager']:>14.2f} | {t['compiled'] / t['transformers']:>21.2f}")
+    print()
+    for r in results:
+        one = r["step_ms"].get(1)
+        at = f"; batch 1 compiled at {r['limit_ms'] / one['compiled']:.2f} of it, eager {r['limit_ms'] / one['eager']:.2f}" \
+            if one else ""
+        print(f"{r['model']}: {r['weights_mb']:.1f} MB of weights a step, {r['bandwidth_gbs']:.1f} GB/s copy bandwidth with "
+              f"{r['threads']} thread(s): limit {r['limit_ms']:.3f} ms{at}")
     print()
     for r in results:
         c = r["compile_s"]

@@ -167,15 +167,6 @@ def cxx_compiler() -> str | None:
     return None
 
 
-def compile_pays(cfg: ModelConfig) -> bool:
-    """Where `--compile auto` compiles the CPU decode step: models whose step is op dispatch
-    (below MULTITHREAD_MIN_HIDDEN). Measured (benchmarks/decode_step.py): stories260K's step at
-    0.43x / 0.59x / 0.71x of eager at batch 1 / 16 / 64; a 32M model (hidden 512) at 0.80x at
-    batch 1 but 1.3x at 16 and 64, where matmuls and the KV gather dominate and inductor's
-    gather is slower than eager's."""
-    return cfg.hidden_size < MULTITHREAD_MIN_HIDDEN
-
-
 def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig, attention: str) -> None:
     """transformers' layers are whole and run eagerly: one rank per replica, no graphs."""
     if args.tp_size > 1 or args.enable_dp_attention:
@@ -204,7 +195,10 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
         if args.disable_cuda_graph or attention != "triton":
             return 0, 0
         return 0, args.cuda_graph_max_bs or min(args.max_running_requests, CUDA_GRAPH_MAX_BS)
-    compile_on = args.compile == "on" or (args.compile == "auto" and compile_pays(cfg) and cxx_compiler() is not None)
+    # auto compiles every native model where a C++ compiler is found: the compiled step is the
+    # faster one at every size measured (benchmarks/decode_step.py; docs/benchmarks.md): op
+    # dispatch on small models, the weights read at memory bandwidth on larger ones (linear.py).
+    compile_on = args.compile == "on" or (args.compile == "auto" and cxx_compiler() is not None)
     return (min(args.max_running_requests, CPU_COMPILE_MAX_BS) if compile_on else 0), 0
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from batonlm.distributed.group import TPGroup
+from batonlm.model_runner.linear import Linear
 from batonlm.model_runner.model_config import RopeConfig
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 
@@ -103,7 +104,7 @@ class GatedMLP(nn.Module):
         the weight loader reads (None: all of them, unsplit)."""
         super().__init__()
         self.checkpoint_rows = checkpoint_rows or (0, intermediate)
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias, tp or TPGroup.single())
         self.intermediate = intermediate
         self.act = activation(act)

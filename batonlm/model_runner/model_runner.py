@@ -7,6 +7,7 @@ import logging
 import torch
 
 from batonlm.distributed.group import TPGroup
+from batonlm.model_runner import linear
 from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.host_to_device import to_device
@@ -49,6 +50,8 @@ class ModelRunner:
         self.dtype = dtype
         self.tp = tp or TPGroup.single()
         self.model, self.load_stats = load_model(cfg, dtype, self.device, self.tp, mlp_group=mlp_group)
+        # CPU: the projections' weights reordered once for oneDNN (linear.py); 0 where they are not.
+        self.packed_bytes = linear.pack(self.model.projection_weights()) if self.device.type == "cpu" else 0
         # This rank's heads (all of them without tensor parallelism).
         self.num_heads, self.num_kv_heads = self.model.shard.heads, self.model.shard.kv_heads
         self.kv_pool = self._kv_pool(kv_capacity + 1, kv_cache)

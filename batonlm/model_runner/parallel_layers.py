@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from batonlm.distributed.group import TPGroup
+from batonlm.model_runner.linear import linear
 
 
 class RowParallelLinear(nn.Module):
@@ -34,8 +35,8 @@ class RowParallelLinear(nn.Module):
             y = y if self.tp.size == 1 else self.tp.all_reduce(y)
             return y if self.bias is None else y + self.bias
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+            return linear(x, self.weight, self.bias)
+        y = self.tp.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -59,7 +60,7 @@ class VocabParallelEmbedding(nn.Module):
 
 def vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, tp: TPGroup) -> torch.Tensor:
     """float32 logits over the model's vocabulary from each rank's rows of the LM head."""
-    local = F.linear(hidden, weight).float()
+    local = linear(hidden, weight).float()
     if tp.size == 1:
         return local
     return tp.all_gather_last_dim(local)[..., :vocab_size]

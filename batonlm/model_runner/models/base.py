@@ -75,6 +75,11 @@ class CausalLM(nn.Module, ABC):
         """float32 logits over the whole vocabulary ([N, vocab_size], gathered over the ranks)
         of the hidden states `forward` returned for N selected tokens."""
 
+    def projection_weights(self) -> list[torch.Tensor]:
+        """The weights batonlm's own `linear` multiplies by, for linear.pack (none: a model
+        whose code is not batonlm's)."""
+        return []
+
     @abstractmethod
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's last hidden states (transformers' `last_hidden_state`: after the final

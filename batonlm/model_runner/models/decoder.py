@@ -22,6 +22,7 @@ from batonlm.distributed.layout import TPLayout
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from batonlm.model_runner.linear import Linear
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.moe import MoEOptions, SparseMoE
@@ -52,7 +53,7 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = shard.heads, shard.kv_heads, cfg.head_dim
         self.q_size = self.heads * self.head_dim
         self.kv_size = self.kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
         self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, opts.o_bias, tp)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
@@ -160,7 +161,7 @@ class DecoderLM(CausalLM):
         opts = self.options(cfg.raw)
         self.model = DecoderBody(cfg, opts, self.shard, self.tp, self.mlp_rows, self.mlp_group)
         vocab_rows = self.shard.vocab_rows()[1]
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, meta=True)
 
     def init_buffers(self, device: torch.device | str) -> None:
@@ -192,5 +193,15 @@ class DecoderLM(CausalLM):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.final_norm(hidden)
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return vocab_logits(hidden, weight, self.config.vocab_size, self.tp)
+        return vocab_logits(hidden, self._head_weight(), self.config.vocab_size, self.tp)
+
+    def _head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def projection_weights(self) -> list[torch.Tensor]:
+        """The float weights `linear` multiplies by (linear.pack): every projection's (not those a
+        quantized layer replaced) and the LM head's."""
+        found = [m.weight for m in self.modules()
+                 if isinstance(m, Linear) or (isinstance(m, RowParallelLinear) and m.local is None)]
+        head = self._head_weight()
+        return found if any(w is head for w in found) else [*found, head]

@@ -1,0 +1,114 @@
+"""The float projections' matmul, y = x W^T (+ b), and the form it takes in the compiled CPU
+decode step.
+
+A decode step at a few rows is a chain of matrix-vector products: it reads every weight once
+and does two flops per weight read, so it runs at memory bandwidth or not at all. The BLAS
+behind `F.linear` on the CPU does not get there at these shapes: on a 2-core AVX-512 machine
+the 25M model's projections (110 MB of fp32 weights) take ~10 ms a step at 1 row through MKL,
+~11 GB/s against ~45 GB/s that a plain read reaches (benchmarks/decode_step.py measures both).
+Written as a broadcast product summed over the input features, with the rows innermost
+([N, B] then transposed: each weight row is read once and used for every batch row while it is
+in L1), inductor generates a vectorised, threaded reduction that streams the weights at
+~35 GB/s: ~3 ms. Past GEMV_MAX_ROWS rows the product is compute-bound and the BLAS wins again.
+
+Only inside `torch.compile` on the CPU (the compiled decode step): eager, the broadcast product
+would be materialised.
+
+Everywhere else on the CPU, a weight that `pack` has seen goes through oneDNN with the weight
+reordered once into its blocked layout (`batonlm::packed_linear`, an opaque op inside the
+compiled step): on the 25M shape 7.2 vs 13.9 ms a step's projections at 16 rows, 19 vs 31 ms at
+64, 5.1 vs 9.8 ms at one row eager. The packed copy is a second copy of the weights, so
+`pack` is for models whose weights fit PACK_MAX_BYTES; the rest, and every other device, use
+`F.linear`.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Rows up to which the compiled CPU step uses the reduction (measured on the 25M shape, per
+# step's projections: 1 row 3.0 vs 9.8 ms through MKL, 8 rows 5.1 vs 11.4 ms, 16 rows 8.4 vs
+# 13.9 ms, but oneDNN's packed GEMM does 16 rows in 7.2 ms).
+GEMV_MAX_ROWS = 8
+
+# Weights packed for oneDNN at most (their packed copy doubles them): a model larger than this
+# (a 1B-parameter model in fp32 is 4 GB) keeps one copy and the BLAS.
+PACK_MAX_BYTES = 2 << 30
+
+# Packed weights by the plain weight's (data pointer, shape): the op receives the plain weight
+# (its shape and identity) and multiplies by its packed twin.
+_packed: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
+# Set by the first `pack`: from then on CPU projections go through the op, which finds the
+# packed twin at run time (a weight's address is not known while torch.compile traces).
+_packing = False
+
+
+def _key(weight: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    return weight.data_ptr(), tuple(weight.shape)
+
+
+def packable(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2 and torch.backends.mkldnn.is_available()
+
+
+def pack(weights: list[torch.Tensor], batch_hint: int = 64) -> int:
+    """Reorder `weights` (CPU, float32) for oneDNN's GEMM; returns the bytes packed (0 when they
+    exceed PACK_MAX_BYTES or oneDNN is missing: `linear` then stays on F.linear)."""
+    weights = [w for w in weights if packable(w)]
+    total = sum(w.numel() * w.element_size() for w in weights)
+    if not weights or total > PACK_MAX_BYTES:
+        return 0
+    global _packing
+    _packing = True
+    with torch.no_grad():
+        for w in weights:
+            key = _key(w)
+            _packed[key] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
+            # Gone with the weight: a later tensor at the same address is not mistaken for it.
+            weakref.finalize(w, _packed.pop, key, None)
+    return total
+
+
+def unpack(weights: list[torch.Tensor]) -> None:
+    """Forget `weights`' packed twins (they go through F.linear again)."""
+    for w in weights:
+        _packed.pop(_key(w), None)
+
+
+@torch.library.custom_op("batonlm::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T (+ b) through oneDNN with `weight`'s packed twin (F.linear for a weight never packed)."""
+    packed = _packed.get(_key(weight))
+    if packed is None:
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    y = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, as a bandwidth-bound reduction when compiled for the CPU at a few rows."""
+    if torch.compiler.is_compiling() and x.device.type == "cpu" and x.numel() <= GEMV_MAX_ROWS * x.shape[-1]:
+        rows = x.reshape(-1, x.shape[-1])
+        y = (weight.unsqueeze(1) * rows.unsqueeze(0)).sum(-1).t()  # [N, B, K] -> [N, B] -> [B, N]
+        y = y.reshape(*x.shape[:-1], weight.shape[0])
+        return y if bias is None else y + bias
+    if _packing and x.device.type == "cpu":
+        return torch.ops.batonlm.packed_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same checkpoint names) through `linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
