@@ -124,8 +124,8 @@ class ServerArgs:
         help="intra-op threads of the CPU device worker")
     compile: str = setting(
         "auto", group=_DEVICE, choices=COMPILE_CHOICES, env=COMPILE_ENV,
-        help=f"CPU: torch.compile the decode step per batch bucket (auto: on where a C++ compiler is "
-             f"found; a failed compile falls back to eager; the default is ${COMPILE_ENV} when set)")
+        help=f"CPU: torch.compile the decode step per batch bucket (auto: on for dense models where a C++ "
+             f"compiler is found; a failed compile falls back to eager; the default is ${COMPILE_ENV} when set)")
     compile_cache_dir: str | None = setting(
         None, group=_DEVICE, metavar="DIR", unset="~/.cache/batonlm/inductor",
         help="where compiled artefacts are kept, so that a restart is fast")

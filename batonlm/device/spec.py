@@ -167,6 +167,10 @@ def cxx_compiler() -> str | None:
     return None
 
 
+def is_moe(cfg: ModelConfig) -> bool:
+    return any(cfg.raw.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
 def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig, attention: str) -> None:
     """transformers' layers are whole and run eagerly: one rank per replica, no graphs."""
     if args.tp_size > 1 or args.enable_dp_attention:
@@ -195,10 +199,11 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
         if args.disable_cuda_graph or attention != "triton":
             return 0, 0
         return 0, args.cuda_graph_max_bs or min(args.max_running_requests, CUDA_GRAPH_MAX_BS)
-    # auto compiles every native model where a C++ compiler is found: the compiled step is the
-    # faster one at every size measured (benchmarks/decode_step.py; docs/benchmarks.md): op
+    # auto compiles every dense native model where a C++ compiler is found: the compiled step is
+    # the faster one at every size measured (benchmarks/decode_step.py; docs/benchmarks.md): op
     # dispatch on small models, the weights read at memory bandwidth on larger ones (linear.py).
-    compile_on = args.compile == "on" or (args.compile == "auto" and cxx_compiler() is not None)
+    # Not mixture-of-experts: its compiled step runs every expert over every token (models.md).
+    compile_on = args.compile == "on" or (args.compile == "auto" and not is_moe(cfg) and cxx_compiler() is not None)
     return (min(args.max_running_requests, CPU_COMPILE_MAX_BS) if compile_on else 0), 0
 
 
