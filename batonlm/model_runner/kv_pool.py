@@ -3,8 +3,10 @@ the model's dtype or in FP8 (`--kv-cache-dtype`) with a scale per layer."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 # --kv-cache-dtype's FP8 formats (auto: the model's dtype). e4m3: 3 mantissa bits, finite up to
@@ -20,6 +22,16 @@ def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     if name not in KV_CACHE_DTYPES:
         raise ValueError(f"KV cache dtype {name!r} is not supported (supported: auto, {', '.join(KV_CACHE_DTYPES)})")
     return KV_CACHE_DTYPES[name]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zeros; on the CPU from calloc (numpy's zeros), whose large blocks are fresh zero pages the
+    OS commits only when written: the pool's memory counts as the slots used so far, not the
+    whole budget (a 25M model's 2 GiB pool is ~0 MB of an idle server's RSS)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 class KVPool:
@@ -59,8 +71,8 @@ class KVPool:
         self._max = torch.finfo(self.cache_dtype).max if self.quantized else 0.0
         shape = (num_kv_heads, num_slots, head_dim)
         self.num_slots = num_slots
-        self.k = [torch.zeros(shape, dtype=self.cache_dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=self.cache_dtype, device=device) for _ in range(num_layers)]
+        self.k = [_zeros(shape, self.cache_dtype, device) for _ in range(num_layers)]
+        self.v = [_zeros(shape, self.cache_dtype, device) for _ in range(num_layers)]
 
     def _store(self, x: torch.Tensor, scale: float) -> torch.Tensor:
         if not self.quantized:

@@ -18,8 +18,9 @@ Everywhere else on the CPU, a weight that `pack` has seen goes through oneDNN wi
 reordered once into its blocked layout (`batonlm::packed_linear`, an opaque op inside the
 compiled step): on the 25M shape 7.2 vs 13.9 ms a step's projections at 16 rows, 19 vs 31 ms at
 64, 5.1 vs 9.8 ms at one row eager. The packed copy is a second copy of the weights, so
-`pack` is for models whose weights fit PACK_MAX_BYTES; the rest, and every other device, use
-`F.linear`.
+`pack` is for models whose weights fit PACK_MAX_BYTES, and for matrices of PACK_MIN_ELEMENTS
+or more (below, oneDNN's fixed cost per call outweighs it); the rest, and every other device,
+use `F.linear`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ GEMV_MAX_ROWS = 8
 # Weights packed for oneDNN at most (their packed copy doubles them): a model larger than this
 # (a 1B-parameter model in fp32 is 4 GB) keeps one copy and the BLAS.
 PACK_MAX_BYTES = 2 << 30
+# A weight smaller than this stays with the BLAS: oneDNN's call costs ~13 us more, which only a
+# matrix this large earns back (1 thread, 1 / 16 / 64 rows: [512, 512] 23 / 114 / 367 us through
+# MKL vs 31 / 93 / 331 us; [1536, 512] 86 / 375 / 1197 vs 61 / 260 / 1098 us; [64, 64] 2 vs 15 us).
+PACK_MIN_ELEMENTS = 1 << 19
 
 # Packed weights by the plain weight's (data pointer, shape): the op receives the plain weight
 # (its shape and identity) and multiplies by its packed twin.
@@ -55,10 +60,11 @@ def packable(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2 and torch.backends.mkldnn.is_available()
 
 
-def pack(weights: list[torch.Tensor], batch_hint: int = 64) -> int:
-    """Reorder `weights` (CPU, float32) for oneDNN's GEMM; returns the bytes packed (0 when they
-    exceed PACK_MAX_BYTES or oneDNN is missing: `linear` then stays on F.linear)."""
-    weights = [w for w in weights if packable(w)]
+def pack(weights: list[torch.Tensor], batch_hint: int = 64, min_elements: int = PACK_MIN_ELEMENTS) -> int:
+    """Reorder `weights` (CPU, float32, at least `min_elements`) for oneDNN's GEMM; returns the
+    bytes packed (0 when they exceed PACK_MAX_BYTES or oneDNN is missing: `linear` then stays
+    on F.linear)."""
+    weights = [w for w in weights if packable(w) and w.numel() >= min_elements]
     total = sum(w.numel() * w.element_size() for w in weights)
     if not weights or total > PACK_MAX_BYTES:
         return 0
@@ -83,11 +89,12 @@ def unpack(weights: list[torch.Tensor]) -> None:
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x W^T (+ b) through oneDNN with `weight`'s packed twin (F.linear for a weight never packed)."""
     packed = _packed.get(_key(weight))
-    if packed is None:
-        return F.linear(x, weight, bias)
-    rows = x.reshape(-1, x.shape[-1])
-    y = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias) if packed is None else _onednn(x, packed, bias, weight.shape[0])
+
+
+def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return y.reshape(*x.shape[:-1], n)
 
 
 @packed_linear.register_fake
@@ -103,7 +110,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         y = y.reshape(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
     if _packing and x.device.type == "cpu":
-        return torch.ops.batonlm.packed_linear(x, weight, bias)
+        if torch.compiler.is_compiling():  # the twin is looked up when the graph runs
+            return torch.ops.batonlm.packed_linear(x, weight, bias)
+        packed = _packed.get(_key(weight))  # eager: straight to oneDNN (the op's dispatch costs ~40 us)
+        if packed is not None:
+            return _onednn(x, packed, bias, weight.shape[0])
     return F.linear(x, weight, bias)
 
 

@@ -5,6 +5,7 @@ and the capacity the same memory holds."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -185,3 +186,25 @@ def test_the_flag_takes_its_choices_only(capsys):
     with pytest.raises(SystemExit):
         parse_serve_args(["--kv-cache-dtype", "int8"])
     assert "invalid choice: 'int8'" in capsys.readouterr().err
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="resident memory read from /proc")
+@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn])
+def test_a_cpu_pool_is_zeros_committed_only_where_written(cache_dtype):
+    """512 MiB of pool (fp32; 128 MiB in FP8) adds next to nothing to the process's resident memory
+    until slots are written: an idle server does not hold its whole KV budget."""
+    before = _resident_bytes()
+    pool = KVPool(1 << 16, 8, 4, 64, torch.float32, "cpu", cache_dtype)
+    size = sum(t.numel() * t.element_size() for t in pool.k + pool.v)
+    assert size >= 128 << 20
+    assert _resident_bytes() - before < size // 8
+    assert all(not t.view(torch.uint8).any() for t in pool.k + pool.v)  # zeros (read through the zero page)
+    k, v = torch.randn(3, 4, 64), torch.randn(3, 4, 64)
+    pool.write(0, torch.tensor([5, 6, 7]), k, v)
+    keys, _ = pool.gather(0, torch.tensor([5, 6, 7, 8]))
+    assert keys[:, 3].abs().sum() == 0 and keys[:, :3].abs().sum() > 0

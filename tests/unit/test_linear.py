@@ -49,7 +49,7 @@ def test_compiled_reduction_is_the_product(weights, rows: int) -> None:
 
 def test_packed_weights_eager_and_compiled(weights) -> None:
     w, b = weights
-    assert pack([w]) == w.numel() * 4
+    assert pack([w], min_elements=0) == w.numel() * 4
     for rows in (1, 16, 33):
         x = torch.randn(rows, K)
         y = linear(x, w, b)
@@ -63,12 +63,12 @@ def test_packed_weights_eager_and_compiled(weights) -> None:
 
 def test_an_unpacked_weight_takes_f_linear_and_a_freed_one_leaves_no_twin(weights) -> None:
     w, _ = weights
-    pack([w])
+    pack([w], min_elements=0)
     other = torch.randn(N, K)  # never packed: the op falls back
     x = torch.randn(16, K)
     assert torch.equal(torch.ops.batonlm.packed_linear(x, other, None), F.linear(x, other))
     gone = torch.randn(N, K)
-    pack([gone])
+    pack([gone], min_elements=0)
     key = lin._key(gone)
     del gone
     gc.collect()
@@ -77,10 +77,12 @@ def test_an_unpacked_weight_takes_f_linear_and_a_freed_one_leaves_no_twin(weight
 
 def test_pack_refuses_what_it_cannot_hold(monkeypatch) -> None:
     half = torch.randn(N, K, dtype=torch.bfloat16)
-    assert pack([half]) == 0  # float32 only
+    assert pack([half], min_elements=0) == 0  # float32 only
+    small = torch.randn(N, K)
+    assert pack([small]) == 0  # below PACK_MIN_ELEMENTS: the BLAS is faster
     monkeypatch.setattr(lin, "PACK_MAX_BYTES", 1000)
     big = torch.randn(N, K)
-    assert pack([big]) == 0 and lin._key(big) not in lin._packed
+    assert pack([big], min_elements=0) == 0 and lin._key(big) not in lin._packed
 
 
 def test_linear_module_keeps_nn_linear_parameters() -> None:
