@@ -56,7 +56,7 @@ def _key(weight: torch.Tensor) -> tuple[int, tuple[int, ...]]:
     return weight.data_ptr(), tuple(weight.shape)
 
 
-def packable(weight: torch.Tensor) -> bool:
+def _packable(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2 and torch.backends.mkldnn.is_available()
 
 
@@ -64,7 +64,7 @@ def pack(weights: list[torch.Tensor], batch_hint: int = 64, min_elements: int = 
     """Reorder `weights` (CPU, float32, at least `min_elements`) for oneDNN's GEMM; returns the
     bytes packed (0 when they exceed PACK_MAX_BYTES or oneDNN is missing: `linear` then stays
     on F.linear)."""
-    weights = [w for w in weights if packable(w) and w.numel() >= min_elements]
+    weights = [w for w in weights if _packable(w) and w.numel() >= min_elements]
     total = sum(w.numel() * w.element_size() for w in weights)
     if not weights or total > PACK_MAX_BYTES:
         return 0
@@ -85,16 +85,16 @@ def unpack(weights: list[torch.Tensor]) -> None:
         _packed.pop(_key(w), None)
 
 
+def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return y.reshape(*x.shape[:-1], n)
+
+
 @torch.library.custom_op("batonlm::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x W^T (+ b) through oneDNN with `weight`'s packed twin (F.linear for a weight never packed)."""
     packed = _packed.get(_key(weight))
     return F.linear(x, weight, bias) if packed is None else _onednn(x, packed, bias, weight.shape[0])
-
-
-def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
-    return y.reshape(*x.shape[:-1], n)
 
 
 @packed_linear.register_fake
@@ -103,19 +103,20 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, as a bandwidth-bound reduction when compiled for the CPU at a few rows."""
-    if torch.compiler.is_compiling() and x.device.type == "cpu" and x.numel() <= GEMV_MAX_ROWS * x.shape[-1]:
-        rows = x.reshape(-1, x.shape[-1])
-        y = (weight.unsqueeze(1) * rows.unsqueeze(0)).sum(-1).t()  # [N, B, K] -> [N, B] -> [B, N]
-        y = y.reshape(*x.shape[:-1], weight.shape[0])
-        return y if bias is None else y + bias
-    if _packing and x.device.type == "cpu":
-        if torch.compiler.is_compiling():  # the twin is looked up when the graph runs
-            return torch.ops.batonlm.packed_linear(x, weight, bias)
-        packed = _packed.get(_key(weight))  # eager: straight to oneDNN (the op's dispatch costs ~40 us)
-        if packed is not None:
-            return _onednn(x, packed, bias, weight.shape[0])
-    return F.linear(x, weight, bias)
+    """F.linear; on the CPU the reduction (compiled, a few rows) or oneDNN (a packed weight)."""
+    if x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    if torch.compiler.is_compiling():
+        if x.numel() <= GEMV_MAX_ROWS * x.shape[-1]:
+            rows = x.reshape(-1, x.shape[-1])
+            y = (weight.unsqueeze(1) * rows.unsqueeze(0)).sum(-1).t()  # [N, B, K] -> [N, B] -> [B, N]
+            y = y.reshape(*x.shape[:-1], weight.shape[0])
+            return y if bias is None else y + bias
+        # The packed twin is looked up when the graph runs (its address is unknown while tracing).
+        return torch.ops.batonlm.packed_linear(x, weight, bias) if _packing else F.linear(x, weight, bias)
+    # Eager: straight to oneDNN (the custom op's dispatch would add ~40 us a call).
+    packed = _packed.get(_key(weight)) if _packing else None
+    return F.linear(x, weight, bias) if packed is None else _onednn(x, packed, bias, weight.shape[0])
 
 
 class Linear(nn.Linear):

@@ -50,8 +50,8 @@ class ModelRunner:
         self.dtype = dtype
         self.tp = tp or TPGroup.single()
         self.model, self.load_stats = load_model(cfg, dtype, self.device, self.tp, mlp_group=mlp_group)
-        # CPU: the projections' weights reordered once for oneDNN (linear.py); 0 where they are not.
-        self.packed_bytes = linear.pack(self.model.projection_weights()) if self.device.type == "cpu" else 0
+        if self.device.type == "cpu":  # the large projections' weights reordered once for oneDNN (linear.py)
+            linear.pack(self.model.projection_weights())
         # This rank's heads (all of them without tensor parallelism).
         self.num_heads, self.num_kv_heads = self.model.shard.heads, self.model.shard.kv_heads
         self.kv_pool = self._kv_pool(kv_capacity + 1, kv_cache)
