@@ -88,7 +88,9 @@ def test_streaming_multibyte_characters_never_breaks_one(byte_cycle_server, endp
     assert "\ufffd" not in text and all("\ufffd" not in d for d in deltas)
     if endpoint == "completions":  # the prompt is BOS alone: the cycle from its start
         assert text == CYCLE * 4
-    assert sum(len(d.encode()) > len(d) for d in deltas if d) >= 10  # multi-byte characters did stream
+    # Multi-byte characters did stream, in more than one delta (how many tokens a delta carries
+    # depends on when the client reads).
+    assert sum(len(d.encode()) > len(d) for d in deltas if d) >= 2
 
 
 def _scheduler_pid(server: ServerProcess) -> int:
