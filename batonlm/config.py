@@ -51,9 +51,6 @@ HOST_ENV, PORT_ENV, API_KEY_ENV = "BATONLM_HOST", "BATONLM_PORT", "BATONLM_API_K
 # prompt's TTFT (benchmarks/memory_scheduling.py, chunked-prefill: behind a 4K-token prompt,
 # 128 cut the worst stall 19x against whole prompts and the prompt's TTFT by 40%).
 DEFAULT_CHUNK = {"cuda": 8192, "cpu": 128, "null": 8192}  # the null device models a GPU
-# Decode batches above this run eagerly on the CPU: a batch that large amortises its dispatch
-# over its rows, and every bucket is one more graph to compile at start-up.
-CPU_COMPILE_MAX_BS = 64
 CUDA_GRAPH_MAX_BS = 256
 
 _MODEL, _DEVICE, _SCHED = "model", "device", "memory and scheduling"
@@ -124,7 +121,7 @@ class ServerArgs:
         help="intra-op threads of the CPU device worker")
     compile: str = setting(
         "auto", group=_DEVICE, choices=COMPILE_CHOICES, env=COMPILE_ENV,
-        help=f"CPU: torch.compile the decode step per batch bucket (auto: on for dense models where a C++ "
+        help=f"CPU: torch.compile the decode step (two graphs: one row, and 2 to 64 rows) (auto: on for dense models where a C++ "
              f"compiler is found; a failed compile falls back to eager; the default is ${COMPILE_ENV} when set)")
     compile_cache_dir: str | None = setting(
         None, group=_DEVICE, metavar="DIR", unset="~/.cache/batonlm/inductor",

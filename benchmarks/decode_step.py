@@ -174,7 +174,7 @@ def bench_model(name: str, path: str, batches: list[int], context: int, steps: i
     nbytes = weight_bytes(runner)
     gbs = bandwidth_gbs(2 * nbytes, threads)
     return {"model": name, "threads": threads, "compile_s": {"cold": cold, "cached": cached,
-            "buckets": list(graphs.batch_buckets)}, "step_ms": rows,
+            "graphs": graphs.describe()}, "step_ms": rows,
             "weights_mb": nbytes / 1e6, "bandwidth_gbs": gbs, "limit_ms": nbytes / gbs / 1e6}
 
 
@@ -216,7 +216,7 @@ def main() -> None:
     print()
     for r in results:
         c = r["compile_s"]
-        print(f"{r['model']}: compiling {len(c['buckets'])} batch buckets {c['buckets']} took {c['cold']:.1f} s cold, "
+        print(f"{r['model']}: compiling the graphs for {c['graphs']} took {c['cold']:.1f} s cold, "
               f"{c['cached']:.1f} s from the cache ({r['threads']} intra-op thread(s))")
     out = Path(args.output_json)
     out.parent.mkdir(parents=True, exist_ok=True)

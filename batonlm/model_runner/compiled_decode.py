@@ -1,12 +1,14 @@
-"""The compiled decode step (CPU): one inductor graph per batch-size bucket.
+"""The compiled decode step (CPU): a few inductor graphs, each for a range of batch sizes.
 
 A decode step over a small model is a few hundred tiny torch ops, and dispatching them costs
 more than computing them (stories260K at batch 1: 0.92 ms eager, 0.39 ms compiled; the
 table is in docs/benchmarks.md).
 `torch.compile` turns the step — embedding, every layer, the final norm and the logits — into
-generated C++ for each batch-size bucket. Each row's context is gathered over the batch's
-longest context rounded up to CONTEXT_GRANULE keys, those past the row's length masked out; the
-context dimension is compiled dynamic, so one graph serves every width for a batch size.
+generated C++: one graph for one row, one for 2 to 64 rows with the batch size symbolic
+(BATCH_RANGES): two graphs serve every batch with no padding row, and the same two serve any
+--max-running-requests. Each row's context is gathered over the batch's longest
+context rounded up to CONTEXT_GRANULE keys, those past the row's length masked out; the context
+dimension, and the KV pool's and req-to-token table's sizes, are symbolic too.
 
 The attention inside the graph is the torch backend's decode math (gather through the
 req-to-token row, SDPA with a length mask per layer over [B, kv_heads, L, d]); the rest is
@@ -28,7 +30,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from batonlm.model_runner.attention.base import AttentionBackend
-from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress, batch_buckets, smallest_bucket
+from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.models.base import CausalLM
@@ -38,6 +40,20 @@ from batonlm.model_runner.req_to_token import ReqToTokenPool
 # batch's longest context rounded up to this (a power of two would double the attention work
 # of a 129-token context).
 CONTEXT_GRANULE = 32
+
+
+# Decode batches above this run eagerly: a batch that large amortises its dispatch over its rows.
+COMPILE_MAX_BS = 64
+# The batch sizes each graph serves: one row (dynamo specialises a size of 1; the projections are
+# reductions, linear.py), and the rest (symbolic; oneDNN's packed GEMM). Fixed ranges: a server
+# started with another --max-running-requests traces the same graphs and finds them in the
+# inductor cache.
+BATCH_RANGES = ((1, 1), (2, COMPILE_MAX_BS))
+
+
+def batch_ranges(max_bs: int) -> tuple[tuple[int, int], ...]:
+    """The BATCH_RANGES that batches of up to `max_bs` rows reach."""
+    return tuple((lo, hi) for lo, hi in BATCH_RANGES if lo <= max_bs)
 
 
 class CompileFailed(RuntimeError):
@@ -128,15 +144,27 @@ class CompiledDecode(DecodeGraphs):
         max_context: int,
         cache_dir: str,
     ) -> None:
+        if not 1 <= max_bs <= COMPILE_MAX_BS:
+            raise ValueError(f"the compiled decode step serves 1 to {COMPILE_MAX_BS} rows, not {max_bs}")
         self.model = model
         self.attn = PaddedDecodeAttention(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, sliding_windows)
-        self.batch_buckets = batch_buckets(max_bs)
+        self.max_bs = max_bs
+        self.batch_ranges = batch_ranges(max_bs)
         self.max_context = max_context
         self.cache_dir = cache_dir
         self._device = kv_pool.k[0].device
         self._key_pos: dict[int, torch.Tensor] = {}  # width -> arange(width), made once each
-
+        # The pool's and the table's sizes are compiled symbolic too (they follow --max-running-
+        # requests, the context length and the KV budget): the graphs do not depend on them.
+        for t in (*kv_pool.k, *kv_pool.v):
+            torch._dynamo.maybe_mark_dynamic(t, 1)
+        torch._dynamo.maybe_mark_dynamic(req_to_token.table, 0)
+        torch._dynamo.maybe_mark_dynamic(req_to_token.table, 1)
         self._step: Callable[..., torch.Tensor] | None = None
+
+    def describe(self) -> str:
+        return "batch sizes " + ", ".join(str(lo) if lo == hi else f"{lo}-{min(hi, self.max_bs)}"
+                                          for lo, hi in self.batch_ranges)
 
     def _key_positions(self, width: int) -> torch.Tensor:
         key_pos = self._key_pos.get(width)
@@ -152,10 +180,11 @@ class CompiledDecode(DecodeGraphs):
         return self.model.logits(self.model(input_ids, inputs, self.attn))
 
     def prepare(self, progress: Progress) -> float:
-        """Compile every batch bucket by running it once on padding rows. Raises CompileFailed."""
+        """Compile the graph of every batch range by running it once on padding rows. Raises
+        CompileFailed."""
         # Inductor reads its cache location when it compiles.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.cache_dir
-        n = len(self.batch_buckets)
+        n = len(self.batch_ranges)
         limits = torch._dynamo.config
         # Room for this step's graphs on top of any other model's in the process (a benchmark or
         # a test compiles several: all share `_forward`'s code object and dynamo's limits).
@@ -167,14 +196,17 @@ class CompiledDecode(DecodeGraphs):
         start = time.perf_counter()
         try:
             with _quiet_torch_logs():
-                for i, b in enumerate(self.batch_buckets):
-                    progress(f"compiling the decode step for batch size {b} ({i + 1}/{n})")
+                for i, (lo, hi) in enumerate(self.batch_ranges):
+                    sizes = str(lo) if lo == hi else f"{lo} to {min(hi, self.max_bs)}"
+                    progress(f"compiling the decode step for batch sizes {sizes} ({i + 1}/{n})")
                     # Made as run() makes its input: one fresh inference-mode tensor, whose
                     # rows do not alias each other. Any difference (aliased inputs, a tensor
                     # from outside inference mode) compiles a graph no real batch matches.
                     with torch.inference_mode():
-                        packed = torch.zeros((5, b), dtype=torch.int64, device=self._device)
+                        packed = torch.zeros((5, lo), dtype=torch.int64, device=self._device)
                         packed[3] = 1
+                        if lo < hi:
+                            torch._dynamo.mark_dynamic(packed, 1, min=lo, max=hi)
                         for width in {context_width(2, self.max_context), self.max_context}:
                             step(packed, self._key_positions(width))
         except Exception as exc:  # any compiler failure means: stay eager
@@ -186,12 +218,7 @@ class CompiledDecode(DecodeGraphs):
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         assert self._step is not None, "prepare() first"
         assert batch.input_ids is not None  # set before any forward
-        n = batch.batch_size
-        pad = smallest_bucket(n, self.batch_buckets) - n
         width = context_width(batch.max_seq_len, self.max_context)
         # One fresh tensor: the graph's input always has the layout it was compiled for.
         packed = torch.stack((batch.input_ids, batch.positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc))
-        if pad:
-            packed = F.pad(packed, (0, pad))
-            packed[3, n:] = 1  # padding rows attend to one key
-        return self._step(packed, self._key_positions(width))[:n]
+        return self._step(packed, self._key_positions(width))

@@ -38,8 +38,8 @@ class CudaGraphDecode(DecodeGraphs):
     def __init__(self, runner: ModelRunner, max_bs: int) -> None:
         self.runner = runner
         self.batch_buckets = batch_buckets(max_bs, step=BUCKET_STEP)
+        self.max_bs = n = self.batch_buckets[-1]
         self.max_context = runner.context_length
-        n = self.batch_buckets[-1]
 
         def buffer(fill: int = 0) -> torch.Tensor:
             return torch.full((n,), fill, dtype=torch.int64, device=runner.device)
@@ -50,6 +50,9 @@ class CudaGraphDecode(DecodeGraphs):
         self.arange = torch.arange(n, dtype=torch.int64, device=runner.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+
+    def describe(self) -> str:
+        return f"batch buckets {list(self.batch_buckets)}"
 
     def _batch(self, b: int) -> ForwardBatch:
         """The static ForwardBatch of bucket `b`: every row one decode token, its own last."""

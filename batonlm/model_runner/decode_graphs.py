@@ -1,10 +1,11 @@
-"""What the graph-backed decode steps share: batch-size buckets and the padding of a batch.
+"""What the graph-backed decode steps share: the interface, and batch-size buckets.
 
 A decode step is the same few hundred ops every iteration; only the batch size and the context
-lengths change. `CompiledDecode` (CPU, torch.compile) and `CudaGraphDecode` (CUDA graphs) run an
-all-decode batch of n rows as a graph built for the smallest bucket >= n. Padding rows are
-harmless: they write their K/V to the pool's padding slot 0, attend to one key, and their
-logits are dropped. Prefills and chunks stay eager: their shapes vary too much to pay.
+lengths change. `CudaGraphDecode` (CUDA graphs) runs an all-decode batch of n rows as a graph
+captured for the smallest bucket >= n. Padding rows are harmless: they write their K/V to the
+pool's padding slot 0, attend to one key, and their logits are dropped. `CompiledDecode` (CPU,
+torch.compile) compiles the batch size symbolic over a few ranges instead and pads nothing.
+Prefills and chunks stay eager: their shapes vary too much to pay.
 """
 
 from __future__ import annotations
@@ -41,17 +42,21 @@ def smallest_bucket(n: int, buckets: tuple[int, ...]) -> int:
 
 
 class DecodeGraphs(ABC):
-    """Runs all-decode batches of up to `batch_buckets[-1]` rows through prepared graphs."""
+    """Runs all-decode batches of up to `max_bs` rows through prepared graphs."""
 
-    batch_buckets: tuple[int, ...]
+    max_bs: int
     max_context: int
 
     def fits(self, batch: ForwardBatch) -> bool:
         return (
             batch.max_extend_len == 1
-            and 0 < batch.batch_size <= self.batch_buckets[-1]
+            and 0 < batch.batch_size <= self.max_bs
             and batch.max_seq_len <= self.max_context
         )
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The batch sizes the graphs were built for, for the start-up log."""
 
     @abstractmethod
     def prepare(self, progress: Progress) -> float:

@@ -6,10 +6,11 @@ and does two flops per weight read, so it runs at memory bandwidth or not at all
 behind `F.linear` on the CPU does not get there at these shapes: on a 2-core AVX-512 machine
 the 25M model's projections (110 MB of fp32 weights) take ~10 ms a step at 1 row through MKL,
 ~11 GB/s against ~45 GB/s that a plain read reaches (benchmarks/decode_step.py measures both).
-Written as a broadcast product summed over the input features, with the rows innermost
-([N, B] then transposed: each weight row is read once and used for every batch row while it is
-in L1), inductor generates a vectorised, threaded reduction that streams the weights at
-~35 GB/s: ~3 ms. Past GEMV_MAX_ROWS rows the product is compute-bound and the BLAS wins again.
+Written as a broadcast product summed over the input features, inductor generates a
+vectorised, threaded reduction that streams the weights at ~35 GB/s: ~3 ms. Only for one row:
+at 2 to 8 rows inductor vectorised the same product over the rows (a scalar loop over the
+features; 165-180 ms a step on the 25M shape, benchmarks/decode_step.py), so more rows take
+oneDNN's packed GEMM below (4.8-5.8 ms at 2-8 rows).
 
 Only inside `torch.compile` on the CPU (the compiled decode step): eager, the broadcast product
 would be materialised.
@@ -30,11 +31,6 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-# Rows up to which the compiled CPU step uses the reduction (measured on the 25M shape, per
-# step's projections: 1 row 3.0 vs 9.8 ms through MKL, 8 rows 5.1 vs 11.4 ms, 16 rows 8.4 vs
-# 13.9 ms, but oneDNN's packed GEMM does 16 rows in 7.2 ms).
-GEMV_MAX_ROWS = 8
 
 # Weights packed for oneDNN at most (their packed copy doubles them): a model larger than this
 # (a 1B-parameter model in fp32 is 4 GB) keeps one copy and the BLAS.
@@ -103,14 +99,12 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; on the CPU the reduction (compiled, a few rows) or oneDNN (a packed weight)."""
+    """F.linear; on the CPU the reduction (compiled, one row) or oneDNN (a packed weight)."""
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():
-        if x.numel() <= GEMV_MAX_ROWS * x.shape[-1]:
-            rows = x.reshape(-1, x.shape[-1])
-            y = (weight.unsqueeze(1) * rows.unsqueeze(0)).sum(-1).t()  # [N, B, K] -> [N, B] -> [B, N]
-            y = y.reshape(*x.shape[:-1], weight.shape[0])
+        if x.numel() == x.shape[-1]:  # one row (measured on the 25M shape: 3.0 vs 9.8 ms through MKL)
+            y = (weight * x.reshape(1, -1)).sum(-1).reshape(*x.shape[:-1], weight.shape[0])
             return y if bias is None else y + bias
         # The packed twin is looked up when the graph runs (its address is unknown while tracing).
         return torch.ops.batonlm.packed_linear(x, weight, bias) if _packing else F.linear(x, weight, bias)

@@ -104,7 +104,7 @@ class ModelRunner:
         except CompileFailed as e:
             logger.warning("the decode step could not be compiled, running it eagerly: %s", e)
             return
-        progress(f"decode step ready: {type(graphs).__name__}, batch buckets {list(graphs.batch_buckets)}, "
+        progress(f"decode step ready: {type(graphs).__name__}, {graphs.describe()}, "
                  f"{seconds:.1f} s")
         self.decode_graphs = graphs
 

@@ -1,6 +1,7 @@
 """The compiled CPU decode step gives the eager step's tokens: stories260K (a Llama) and every other test family,
-both loops, greedy and seeded sampling, batches padded to their bucket; it is really used; a
-compiler that fails leaves the engine eager with one warning, not a crash."""
+both loops, greedy and seeded sampling, batches of every size through the graphs of their
+ranges; it is really used, without recompiling; a compiler that fails leaves the engine eager
+with one warning, not a crash."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _model(request, family: str) -> str:
 def _prompts(seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     # Lengths past the mistral model's sliding window; staggered arrivals give decode batches
-    # of 1 to 4 rows, 3 of them padded to the bucket of 4.
+    # of 1 to 4 rows: the one-row graph and the symbolic one.
     return [[1] + [rng.randrange(3, 512) for _ in range(rng.randint(5, 60))] for _ in range(4)]
 
 
@@ -87,13 +88,13 @@ def test_compiled_decode_gives_the_eager_tokens(request, compile_cache, family):
 
 def test_decode_batches_run_through_the_graphs_without_recompiling(compiled_stories):
     """In-process (inline device): every decode batch takes a graph, and serving compiles
-    nothing new — each bucket was built before the first request."""
+    nothing new — each batch-size range was built before the first request."""
     from torch._dynamo.utils import counters
 
     h = compiled_stories
     runner = h.sched.device.executor.runner
     assert runner.decode_graphs is not None
-    assert runner.decode_graphs.batch_buckets == (1, 2, 4)
+    assert runner.decode_graphs.batch_ranges == ((1, 1), (2, 64))
     compiled_frames, graph_steps = counters["frames"]["ok"], runner.graph_steps
     for i, ids in enumerate(_prompts(5)):
         h.submit(f"r{i}", ids, PARAMS[0], at=i)

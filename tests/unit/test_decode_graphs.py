@@ -1,5 +1,5 @@
-"""The graph-backed decode steps, short of compiling or capturing: their buckets, and the padded
-static batches they run (CompiledDecode's masked gather, CudaGraphDecode's static buffers) give
+"""The graph-backed decode steps, short of compiling or capturing: their batch sizes, and the
+batches they run (CompiledDecode's masked gather, CudaGraphDecode's padded static buffers) give
 the eager step's logits — in float64, where a wrong key in or out of a mask would show at 1e-2
 and rounding stays below 1e-9 — and padding rows write nowhere but the padding slot; with an FP8
 KV pool too (both read the same stored values through the pool's scales)."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import family_with
 
-from batonlm.model_runner.compiled_decode import CompiledDecode, context_width
+from batonlm.model_runner.compiled_decode import COMPILE_MAX_BS, CompiledDecode, batch_ranges, context_width
 from batonlm.model_runner.cuda_graph_decode import CudaGraphDecode
 from batonlm.model_runner.decode_graphs import batch_buckets, smallest_bucket
 from batonlm.model_runner.forward_batch import ForwardBatch
@@ -32,6 +32,10 @@ def test_buckets():
     assert [smallest_bucket(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
     with pytest.raises(ValueError, match="exceeds"):
         smallest_bucket(9, (1, 2, 4, 8))
+    # The compiled step's graphs: the same ranges whatever the largest batch (a cache serves every
+    # --max-running-requests), only those it reaches.
+    assert batch_ranges(COMPILE_MAX_BS) == batch_ranges(2) == ((1, 1), (2, COMPILE_MAX_BS))
+    assert batch_ranges(1) == ((1, 1),)
 
 
 def _runner(path: str, dtype: torch.dtype, backend: str, kv_cache: str = "auto") -> ModelRunner:
@@ -84,12 +88,13 @@ def _assert_only_written(before, runner, slots: torch.Tensor) -> None:
                                               (family_with("sliding_window"), "fp8_e4m3")])  # GQA + a window; q/k norms
 def test_compiled_decode_graph_function_gives_the_eager_logits(tiny_models, family, kv_cache):
     runner = _runner(tiny_models[family], torch.float64, "torch", kv_cache)
-    batch = _decode_batch(runner, [5, 40, 130])  # width 160 (131 keys padded); 3 rows in bucket 4
+    batch = _decode_batch(runner, [5, 40, 130])  # width 160 (131 keys padded)
     eager = runner.forward(batch)
     before = _pool_copy(runner)
     cfg = runner.cfg
     graphs = CompiledDecode(runner.model, runner.kv_pool, runner.req_to_token, cfg.num_heads, cfg.num_kv_heads,
                             cfg.head_dim, cfg.sliding_windows, max_bs=4, max_context=CONTEXT, cache_dir="")
+    assert graphs.describe() == "batch sizes 1, 2-4"
     graphs._step = graphs._forward  # the function torch.compile would compile, run as is
     with torch.inference_mode():
         got = graphs.run(batch)
