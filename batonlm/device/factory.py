@@ -23,6 +23,10 @@ def build_executor(
     """The model runner and FutureMap that execute launches, wherever the device is (with
     `tp`, this rank's part of the model); the decode step compiled (CPU) or captured (CUDA) as
     the spec says, with `progress` told of each step of that (it takes a while)."""
+    if spec.compile_max_bs:
+        from batonlm.model_runner.compiled_decode import probe_vector_isa_early
+
+        probe_vector_isa_early()
     cfg = ModelConfig.from_hf(spec.model_path, spec.model_impl, spec.quantization)
     device = spec.rank_device(tp.rank if tp is not None else 0)
     runner = ModelRunner(

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from batonlm.config import CUDA_GRAPH_MAX_BS, ServerArgs
+from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS
 from batonlm.model_runner.kv_pool import KVPool, kv_cache_dtype
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import DTYPES, resolve_dtype
@@ -204,8 +205,6 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
     # dispatch on small models, the weights read at memory bandwidth on larger ones (linear.py).
     # Not mixture-of-experts: its compiled step runs every expert over every token (models.md).
     compile_on = args.compile == "on" or (args.compile == "auto" and not is_moe(cfg) and cxx_compiler() is not None)
-    from batonlm.model_runner.compiled_decode import COMPILE_MAX_BS  # torch._dynamo: only here
-
     return (min(args.max_running_requests, COMPILE_MAX_BS) if compile_on else 0), 0
 
 

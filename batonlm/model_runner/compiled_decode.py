@@ -30,7 +30,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from batonlm.model_runner.attention.base import AttentionBackend
-from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
+from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS, DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.models.base import CausalLM
@@ -42,13 +42,28 @@ from batonlm.model_runner.req_to_token import ReqToTokenPool
 CONTEXT_GRANULE = 32
 
 
-# Decode batches above this run eagerly: a batch that large amortises its dispatch over its rows.
-COMPILE_MAX_BS = 64
 # The batch sizes each graph serves: one row (dynamo specialises a size of 1; the projections are
 # reductions, linear.py), and the rest (symbolic; oneDNN's packed GEMM). Fixed ranges: a server
 # started with another --max-running-requests traces the same graphs and finds them in the
 # inductor cache.
 BATCH_RANGES = ((1, 1), (2, COMPILE_MAX_BS))
+
+
+def probe_vector_isa_early() -> None:
+    """Start inductor's check of the vector instruction sets in a thread. It builds and loads a
+    probe library per instruction set in child processes (~0.8 s at every start, cached
+    artefacts or not, measured with benchmarks/startup.py); begun before the model loads, it runs
+    while the first graph is traced and is done when inductor asks for its answer."""
+    import threading
+
+    from torch._inductor import cpu_vec_isa
+
+    def probe() -> None:
+        # A compiler that fails here fails the compile too, which reports it in one line.
+        with contextlib.suppress(Exception):
+            cpu_vec_isa.pick_vec_isa()
+
+    threading.Thread(target=probe, name="vector-isa-probe", daemon=True).start()
 
 
 def batch_ranges(max_bs: int) -> tuple[tuple[int, int], ...]:

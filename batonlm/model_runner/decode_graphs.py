@@ -19,6 +19,11 @@ from batonlm.model_runner.forward_batch import ForwardBatch
 
 Progress = Callable[[str], None]
 
+# CompiledDecode's largest batch; larger ones run eagerly (a batch that large amortises its
+# dispatch over its rows). Here, not in compiled_decode.py: the scheduler reads it, and
+# importing torch._dynamo there would delay the device worker's start by a second.
+COMPILE_MAX_BS = 64
+
 
 def batch_buckets(max_bs: int, step: int | None = None) -> tuple[int, ...]:
     """Powers of two up to `max_bs`; with `step`, powers of two up to it and then every `step`

@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers import family_with
 
-from batonlm.model_runner.compiled_decode import COMPILE_MAX_BS, CompiledDecode, batch_ranges, context_width
+from batonlm.model_runner.compiled_decode import CompiledDecode, batch_ranges, context_width
 from batonlm.model_runner.cuda_graph_decode import CudaGraphDecode
-from batonlm.model_runner.decode_graphs import batch_buckets, smallest_bucket
+from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS, batch_buckets, smallest_bucket
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_runner import ModelRunner
