@@ -14,21 +14,13 @@ from pathlib import Path
 
 import httpx
 
+from batonlm.process_tree import descendants
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 class ServerProcess:
@@ -68,12 +60,7 @@ class ServerProcess:
         return self.log_path.read_text()
 
     def descendants(self) -> list[int]:
-        out, todo = [], [self.proc.pid]
-        while todo:
-            kids = children(todo.pop())
-            out += kids
-            todo += kids
-        return out
+        return descendants(self.proc.pid)
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from batonlm.bench.server_process import children, free_port
+from batonlm.bench.server_process import free_port
+from batonlm.process_tree import descendants
 
 PHASES = ("loading", "compiling", "warm", "idle", "load", "draining")
 SETUPS = {"1 rank": (), "--tp 2": ("--tp", "2"), "--dp 2": ("--dp", "2")}
@@ -46,15 +47,6 @@ class Outcome:
     @property
     def traceback(self) -> bool:
         return "Traceback" in self.log
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        out += kids
-        todo += kids
-    return out
 
 
 def _alive(pid: int) -> bool:
@@ -112,7 +104,7 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
 
     deadline = time.monotonic() + MOMENT_TIMEOUT_S
     while True:  # wait for the moment
-        seen.update(_descendants(proc.pid))
+        seen.update(descendants(proc.pid))
         text = log()
         if phase == "loading" and any(_alive(p) for p in seen) and "ready on" not in text:
             break
@@ -137,7 +129,7 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
         proc.send_signal(signal.SIGTERM)
         while "shutting down" not in log():
             time.sleep(0.02)
-    seen.update(_descendants(proc.pid))
+    seen.update(descendants(proc.pid))
     t0 = time.monotonic()
     proc.send_signal(sig)
     try:

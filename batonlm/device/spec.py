@@ -119,6 +119,14 @@ def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device:
     return max(min(ceiling, CPU_KV_BUDGET_BYTES // per_token), ctx)
 
 
+def kv_pool_bytes(spec: DeviceSpec, cfg: ModelConfig) -> int:
+    """The KV pool's bytes on one device: every slot (the padding slot too) of its rank's KV
+    heads, in the cache's dtype."""
+    kv_dtype = kv_cache_dtype(spec.kv_cache_dtype, DTYPES[spec.dtype])
+    per_token = KVPool.bytes_per_token(cfg.num_layers, max(1, cfg.num_kv_heads // spec.tp_size), cfg.head_dim, kv_dtype)
+    return (spec.kv_capacity + 1) * per_token
+
+
 def _param_count(cfg: ModelConfig, tp: int = 1, mlp_split: int = 1) -> list[int]:
     """Parameters one rank holds: (embedding, layers, LM head), with `tp` ranks splitting heads
     and vocabulary (KV heads replicated past their count) and `mlp_split` the MLP."""

@@ -139,6 +139,7 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
     embedding_only: bool = False
     hidden_size: int = 0  # an embedding's length
     quantization: str = ""  # the weights' quantization, described ("": float weights)
+    kv_bytes: int = 0  # the KV pool's memory on one device (a CPU commits only the slots written)
 
 
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):

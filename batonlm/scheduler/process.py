@@ -31,7 +31,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
     """Load the model onto its device (data-parallel replica `dp_rank`'s) and build a scheduler
     around `io`. With DP attention the replicas meet in `dp_dir`, a directory they share."""
     from batonlm.device.factory import create_device
-    from batonlm.device.spec import device_spec
+    from batonlm.device.spec import device_spec, kv_pool_bytes
     from batonlm.model_runner.model_config import ModelConfig
     from batonlm.scheduler.scheduler import Scheduler, SchedulerConfig
     from batonlm.scheduler.speculative import SpecConfig
@@ -70,6 +70,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
         context_length=spec.context_length,
         vocab_size=cfg.vocab_size,
         kv_capacity=spec.kv_capacity,
+        kv_bytes=kv_pool_bytes(spec, cfg),
         device=spec.device,
         dtype=spec.dtype,
         overlap=not args.disable_overlap,

@@ -18,6 +18,7 @@ from batonlm.config import ConfigError, ServerArgs
 from batonlm.gc_tuning import tune_for_serving
 from batonlm.launcher import SchedulerStartError, start_scheduler
 from batonlm.logging_setup import configure_logging
+from batonlm.process_tree import tree_rss
 from batonlm.server.http_protocol import guarded_protocol
 from batonlm.tokenizer_manager.manager import TokenizerManager
 from batonlm.tokenizer_manager.tokenizer import TokenizerLoadError
@@ -167,6 +168,10 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
     return code
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def _log_ready(args: ServerArgs, info: Any, sock: socket.socket) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -176,11 +181,16 @@ def _log_ready(args: ServerArgs, info: Any, sock: socket.socket) -> None:
                      " with DP attention" if args.enable_dp_attention else "",
                      f", speculative {args.speculative_algorithm}" if args.speculative_algorithm != "none" else "",
                      f", {args.kv_cache_dtype} KV cache" if args.kv_cache_dtype != "auto" else ""))
+    # The KV pool per device, and what the server's processes hold now (on the CPU the pool's
+    # pages count only once written: a fresh server's RSS is mostly weights and libraries).
+    kv = f" in {_size(info.kv_bytes)}" if info.kv_bytes else ""
+    rss = tree_rss()
+    held = f"; {_size(rss[0])} resident in {rss[1]} processes" if rss else ""
     logger.info(
-        "batonlm ready on http://%s:%d (model %s, %s, %s, %d KV slots%s, %s loop%s)",
+        "batonlm ready on http://%s:%d (model %s, %s, %s, %d KV slots%s%s, %s loop%s%s)",
         shown, port, args.model_name + (" on transformers' modeling code" if info.model_impl == "transformers" else ""),
         info.device, info.dtype + (f", {info.quantization} weights" if info.quantization else ""), info.kv_capacity,
-        " per replica" if args.dp_size > 1 else "", "overlap" if info.overlap else "normal", scale,
+        " per replica" if args.dp_size > 1 else "", kv, "overlap" if info.overlap else "normal", scale, held,
     )
 
 

@@ -36,35 +36,33 @@ def _single_process_tokens(model, schedule):
         h.close()
 
 
-@pytest.mark.parametrize(("model", "overlap", "consecutive_prefill_rule", "seeds"),
-                         [("stories", True, False, (1, 2, 3)), ("stories", True, True, (4,)),
-                          ("stories", False, False, (5,)), ("qwen3_moe", True, False, (6,))],
+@pytest.mark.parametrize(("model", "overlap", "consecutive_prefill_rule", "seed"),
+                         [("stories", True, False, 1), ("stories", True, True, 4),
+                          ("stories", False, False, 5), ("qwen3_moe", True, False, 6)],
                          ids=["overlap", "overlap-consecutive-prefill-rule", "normal", "moe-overlap"])
 def test_two_replicas_with_dp_attention_match_one_process(
-    request, tmp_path, model, overlap, consecutive_prefill_rule, seeds
+    request, tmp_path, model, overlap, consecutive_prefill_rule, seed
 ):
     """With a mixture-of-experts model (qwen3_moe) the sparse MoE layer is what the ranks run
-    together, each holding its share of every expert."""
+    together, each holding its share of every expert. One schedule meets every pairing (each of
+    seeds 1-12 did; the check below keeps it so for the first)."""
     model_path = request.getfixturevalue("stories_path") if model == "stories" else \
         request.getfixturevalue("tiny_models")[model]
     env = {"BATONLM_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1" if consecutive_prefill_rule else "0"}
     pairings = [0] * 9
-    for seed in seeds:
-        schedule = _schedule(seed)
-        want = _single_process_tokens(model_path, schedule)
-        dp_dir = tmp_path / f"seed{seed}"
-        dp_dir.mkdir()
-        reports = run_ranks(dp_scheduler_job, 2, model_path, str(dp_dir), schedule, overlap, env, timeout=300)
-        got = {}
-        iterations = set()
-        for records, (pairs, checked, iters) in reports.values():
-            got.update(records)
-            pairings = [a + b for a, b in zip(pairings, pairs)]
-            iterations.add(iters)
-            assert checked >= iters - 1  # every iteration's overlap decision was compared
-        assert len(iterations) == 1, "the replicas ran different numbers of iterations"
-        assert got == want, f"seed {seed}"
-    if len(seeds) > 1:  # the three schedules together meet every pairing
+    schedule = _schedule(seed)
+    want = _single_process_tokens(model_path, schedule)
+    reports = run_ranks(dp_scheduler_job, 2, model_path, str(tmp_path), schedule, overlap, env, timeout=300)
+    got = {}
+    iterations = set()
+    for records, (pairs, checked, iters) in reports.values():
+        got.update(records)
+        pairings = [a + b for a, b in zip(pairings, pairs)]
+        iterations.add(iters)
+        assert checked >= iters - 1  # every iteration's overlap decision was compared
+    assert len(iterations) == 1, "the replicas ran different numbers of iterations"
+    assert got == want
+    if seed == 1:  # the schedule meets every pairing
         cells = {f"{KINDS[m]}/{KINDS[o]}": pairings[m * 3 + o] for m in range(3) for o in range(3)}
         missing = [k for k, v in cells.items() if v == 0 and k != "idle/idle"]
         assert not missing, f"pairings never seen: {missing} ({cells})"

@@ -9,7 +9,8 @@ import httpx
 import pytest
 from live_helpers import greedy_completions, wait_until
 
-from batonlm.bench.server_process import ServerProcess, children
+from batonlm.bench.server_process import ServerProcess
+from batonlm.process_tree import children
 
 # A prompt long enough for the prefix cache (and the router's 16-token blocks) to matter.
 SYSTEM = ("Once upon a time there was a tiny frog who lived in a pond. Every day he would jump from leaf to leaf "

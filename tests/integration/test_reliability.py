@@ -12,7 +12,8 @@ import httpx
 import pytest
 from live_helpers import closed_by_server, connect, metric, open_fds, request_bytes, wait_until
 
-from batonlm.bench.server_process import ServerProcess, children
+from batonlm.bench.server_process import ServerProcess
+from batonlm.process_tree import children
 
 CHAT, COMP, GEN = "/v1/chat/completions", "/v1/completions", "/generate"
 MSG = [{"role": "user", "content": "Once upon a time"}]

@@ -10,7 +10,8 @@ import httpx
 import pytest
 from live_helpers import metric, wait_until
 
-from batonlm.bench.server_process import ServerProcess, children
+from batonlm.bench.server_process import ServerProcess
+from batonlm.process_tree import children
 
 CHAT = "/v1/chat/completions"
 LONG = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 400, "ignore_eos": True,
@@ -62,6 +63,7 @@ def byte_cycle_server(tmp_path_factory):
     build_byte_cycle_model(path, CYCLE)
     copy_tokenizer(path)
     s = ServerProcess(str(path), "--served-model-name", "cycle")
+    s.model_dir = path  # type: ignore[attr-defined]
     yield s
     assert s.stop() == 0
 
@@ -91,6 +93,22 @@ def test_streaming_multibyte_characters_never_breaks_one(byte_cycle_server, endp
     # Multi-byte characters did stream, in more than one delta (how many tokens a delta carries
     # depends on when the client reads).
     assert sum(len(d.encode()) > len(d) for d in deltas if d) >= 2
+
+
+def test_the_ready_line_states_the_kv_pool_and_the_memory_held(byte_cycle_server):
+    """The KV pool's size (every slot of every layer's K and V in float32, from the model's
+    config) and the resident memory of the server's processes (main, scheduler, device worker)."""
+    import re
+
+    line = next(ln for ln in byte_cycle_server.log().splitlines() if "batonlm ready on" in ln)
+    m = re.search(r"(\d+) KV slots in ([0-9.]+) MiB, .*; ([0-9.]+) (MiB|GiB) resident in (\d+) processes", line)
+    assert m, line
+    cfg = json.loads((byte_cycle_server.model_dir / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4
+    assert float(m[2]) == pytest.approx((int(m[1]) + 1) * per_token / 2**20, abs=0.05)
+    held = float(m[3]) * (2**30 if m[4] == "GiB" else 2**20)
+    assert 50 * 2**20 < held < 8 * 2**30 and int(m[5]) >= 3, line
 
 
 def _scheduler_pid(server: ServerProcess) -> int:

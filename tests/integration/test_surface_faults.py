@@ -220,7 +220,8 @@ def test_a_stopped_process_is_seen_and_the_server_exits(target):
 
     from live_helpers import wait_until
 
-    from batonlm.bench.server_process import ServerProcess, children
+    from batonlm.bench.server_process import ServerProcess
+    from batonlm.process_tree import children
 
     dp = target == "DP replica"
     s = ServerProcess("--compile", "off", "--watchdog-timeout", "2", *(("--dp", "2") if dp else ()))

@@ -105,7 +105,7 @@ def _node(rank: int, addr: str, port: int | None, log, tp: int = 2) -> subproces
 
 
 def _descendants(pid: int) -> list[int]:
-    from batonlm.bench.server_process import children
+    from batonlm.process_tree import children
 
     out, todo = [], [pid]
     while todo:
