@@ -215,20 +215,32 @@ def _die_with_parent() -> None:
         os._exit(0)
 
 
+def _libc():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return None
+
+
 def _keep_freed_memory() -> None:
     """glibc returns large freed blocks to the OS (mmap/trim), so every forward page-faults its
     multi-megabyte temporaries in again; measured on a 32M-parameter model at batch 64 that
     doubled the step time. Keep them in the heap instead (the worker's footprint is bounded by
     its largest forward)."""
-    try:
-        import ctypes
+    if (libc := _libc()) is not None:
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 1 << 30)
+        libc.mallopt(m_trim_threshold, 1 << 30)
 
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 1 << 30)
-    libc.mallopt(m_trim_threshold, 1 << 30)
+
+def _release_start_up_memory() -> None:
+    """Once, after loading and compiling: hand the heap's free pages back to the OS. What
+    start-up freed (the checkpoint's read buffers, the compiler's working memory) would stay
+    resident under _keep_freed_memory's threshold for the server's life."""
+    if (libc := _libc()) is not None:
+        libc.malloc_trim(0)
 
 
 def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
@@ -261,6 +273,7 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
                                      spec.rank_device(rank))
         progress = (lambda m: conn.send_bytes(codec.encode(WorkerProgress(m)))) if rank == 0 else None
         executor = build_executor(spec, progress, tp, mlp_group)
+        _release_start_up_memory()
         for group in (tp, mlp_group):  # loading takes each rank its own time: no heartbeat before all have
             if group is not None:
                 group.wait_all("loaded")
