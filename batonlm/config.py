@@ -121,7 +121,7 @@ class ServerArgs:
         help="intra-op threads of the CPU device worker")
     compile: str = setting(
         "auto", group=_DEVICE, choices=COMPILE_CHOICES, env=COMPILE_ENV,
-        help=f"CPU: torch.compile the decode step (two graphs: one row, and 2 to 64 rows) (auto: on for dense models where a C++ "
+        help=f"CPU: torch.compile the decode step (two graphs: one row, and 2 to 64 rows) (auto: on for dense float32 models where a C++ "
              f"compiler is found; a failed compile falls back to eager; the default is ${COMPILE_ENV} when set)")
     compile_cache_dir: str | None = setting(
         None, group=_DEVICE, metavar="DIR", unset="~/.cache/batonlm/inductor",

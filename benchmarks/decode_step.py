@@ -46,9 +46,9 @@ from batonlm.model_runner.model_config import ModelConfig  # noqa: E402
 from batonlm.model_runner.model_runner import ModelRunner  # noqa: E402
 
 
-def build(path: str, max_bs: int, context: int) -> tuple[ModelRunner, CompiledDecode]:
+def build(path: str, max_bs: int, context: int, dtype: torch.dtype = torch.float32) -> tuple[ModelRunner, CompiledDecode]:
     cfg = ModelConfig.from_hf(path)
-    runner = ModelRunner(cfg, dtype=torch.float32, device="cpu", kv_capacity=max_bs * (context + 1),
+    runner = ModelRunner(cfg, dtype=dtype, device="cpu", kv_capacity=max_bs * (context + 1),
                          num_req_slots=max_bs, context_length=context + 1, attention_backend="torch", sampler="torch")
     graphs = CompiledDecode(runner.model, runner.kv_pool, runner.req_to_token, cfg.num_heads, cfg.num_kv_heads,
                             cfg.head_dim, cfg.sliding_windows, max_bs=max_bs, max_context=context + 1,
@@ -56,19 +56,20 @@ def build(path: str, max_bs: int, context: int) -> tuple[ModelRunner, CompiledDe
     return runner, graphs
 
 
-def _compile_child(path: str, max_bs: int, context: int, cache_dir: str, threads: int, out) -> None:
+def _compile_child(path: str, max_bs: int, context: int, cache_dir: str, threads: int, dtype: torch.dtype,
+                   out) -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     torch.set_num_threads(threads)
-    _, graphs = build(path, max_bs, context)
+    _, graphs = build(path, max_bs, context, dtype)
     t0 = time.perf_counter()
     graphs.prepare(lambda _: None)
     out.put(time.perf_counter() - t0)
 
 
-def compile_seconds(path: str, max_bs: int, context: int, cache_dir: str, threads: int) -> float:
+def compile_seconds(path: str, max_bs: int, context: int, cache_dir: str, threads: int, dtype: torch.dtype) -> float:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_compile_child, args=(path, max_bs, context, cache_dir, threads, q))
+    p = ctx.Process(target=_compile_child, args=(path, max_bs, context, cache_dir, threads, dtype, q))
     p.start()
     seconds = q.get()
     p.join()
@@ -135,7 +136,8 @@ def time_ms(fn, steps: int) -> float:
     return 1e3 * (time.perf_counter() - t0) / steps
 
 
-def bench_model(name: str, path: str, batches: list[int], context: int, steps: int, rounds: int, tmp: str) -> dict:
+def bench_model(name: str, path: str, batches: list[int], context: int, steps: int, rounds: int, tmp: str,
+                dtype: torch.dtype = torch.float32) -> dict:
     from transformers import AutoModelForCausalLM
 
     cfg = ModelConfig.from_hf(path)
@@ -143,13 +145,13 @@ def bench_model(name: str, path: str, batches: list[int], context: int, steps: i
     torch.set_num_threads(threads)
     cache_dir = str(Path(tmp) / f"inductor-{name}")
     max_bs = max(batches)
-    cold = compile_seconds(path, max_bs, context, cache_dir, threads)
-    cached = compile_seconds(path, max_bs, context, cache_dir, threads)
+    cold = compile_seconds(path, max_bs, context, cache_dir, threads, dtype)
+    cached = compile_seconds(path, max_bs, context, cache_dir, threads, dtype)
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-    runner, graphs = build(path, max_bs, context)
+    runner, graphs = build(path, max_bs, context, dtype)
     graphs.prepare(lambda _: None)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     rows = {}
     for b in batches:
         batch = decode_batch(runner, b, context)
@@ -186,6 +188,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the weights' and the KV cache's dtype, batonlm's and transformers'")
     ap.add_argument("--output-json", default=str(RESULTS / "local" / "decode_step.json"))
     args = ap.parse_args()
 
@@ -194,9 +198,10 @@ def main() -> None:
         for name in args.models:
             path = EMBEDDED_MODEL if name == "stories260K" else build_random_llama(
                 ROOT / "configs" / "bench-models" / f"{name}.json", Path(tmp) / name)
-            results.append(bench_model(name, path, args.batch, args.context, args.steps, args.rounds, tmp))
+            results.append(bench_model(name, path, args.batch, args.context, args.steps, args.rounds, tmp,
+                                       getattr(torch, args.dtype)))
 
-    print(f"\ndecode step on a context of {args.context} tokens, fp32, median of {args.rounds} rounds x "
+    print(f"\ndecode step on a context of {args.context} tokens, {args.dtype}, median of {args.rounds} rounds x "
           f"{args.steps} steps; {os.cpu_count()} CPUs, torch {torch.__version__}\n")
     head = (f"{'model':<12} | {'batch':>5} | {'transformers ms':>15} | {'eager ms':>8} | {'compiled ms':>11} | "
             f"{'compiled/eager':>14} | {'compiled/transformers':>21}")
@@ -221,7 +226,7 @@ def main() -> None:
     out = Path(args.output_json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "benchmark": "decode_step", "context": args.context, "steps": args.steps, "rounds": args.rounds,
+        "benchmark": "decode_step", "dtype": args.dtype, "context": args.context, "steps": args.steps, "rounds": args.rounds,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "command": "python benchmarks/decode_step.py " + " ".join(sys.argv[1:]),
         "results": results,

@@ -91,11 +91,12 @@ def build_tiny_model(family: str, path: Path) -> None:
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS, "bos_token_id": 1}))
 
 
-def hf_greedy(model_path: str, prompts: list[list[int]], max_new: list[int]) -> list[list[int]]:
+def hf_greedy(model_path: str, prompts: list[list[int]], max_new: list[int],
+              dtype: torch.dtype = torch.float32) -> list[list[int]]:
     """transformers' greedy continuation of each prompt, one at a time (no padding)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
     outs = []
     with torch.no_grad():
         for ids, n in zip(prompts, max_new):

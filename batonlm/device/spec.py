@@ -212,7 +212,13 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
     # the faster one at every size measured (benchmarks/decode_step.py; docs/benchmarks.md): op
     # dispatch on small models, the weights read at memory bandwidth on larger ones (linear.py).
     # Not mixture-of-experts: its compiled step runs every expert over every token (models.md).
-    compile_on = args.compile == "on" or (args.compile == "auto" and not is_moe(cfg) and cxx_compiler() is not None)
+    # Not bfloat16 / float16 (auto is float32 on the CPU): fused, the compiled step rounds
+    # differently from the eager step and transformers (greedy tokens part after 4-19 on
+    # stories260K, where eager bfloat16 keeps transformers' tokens), and is no faster on the CPU
+    # (docs/benchmarks.md, "bfloat16 on the CPU").
+    full_precision = args.dtype in ("auto", "float32")
+    compile_on = args.compile == "on" or (
+        args.compile == "auto" and full_precision and not is_moe(cfg) and cxx_compiler() is not None)
     return (min(args.max_running_requests, COMPILE_MAX_BS) if compile_on else 0), 0
 
 

@@ -168,6 +168,7 @@ class CompiledDecode(DecodeGraphs):
         self.max_context = max_context
         self.cache_dir = cache_dir
         self._device = kv_pool.k[0].device
+        self._half = kv_pool.dtype in (torch.bfloat16, torch.float16)
         self._key_pos: dict[int, torch.Tensor] = {}  # width -> arange(width), made once each
         # The pool's and the table's sizes are compiled symbolic too (they follow --max-running-
         # requests, the context length and the KV budget): the graphs do not depend on them.
@@ -207,7 +208,10 @@ class CompiledDecode(DecodeGraphs):
         limits.accumulated_cache_size_limit += 4 * n
         # The C++ wrapper calls the graph's kernels from C++ rather than Python: ~15% off a
         # stories260K step at batch 1 (docs/benchmarks.md), for a longer first compile.
-        step = torch.compile(self._forward, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
+        # In bfloat16 or float16 every op rounds its result as eager does (inductor would keep fused
+        # intermediates in float32): the compiled step gives the eager step's, and transformers', tokens.
+        step = torch.compile(self._forward, dynamic=False, fullgraph=True,
+                             options={"cpp_wrapper": True, "emulate_precision_casts": self._half})
         start = time.perf_counter()
         try:
             with _quiet_torch_logs():

@@ -53,11 +53,15 @@ def _key(weight: torch.Tensor) -> tuple[int, tuple[int, ...]]:
 
 
 def _packable(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2 and torch.backends.mkldnn.is_available()
+    if weight.device.type != "cpu" or weight.dim() != 2 or not torch.backends.mkldnn.is_available():
+        return False
+    # bfloat16 where the CPU has its instructions (AVX-512 BF16 / AMX): 3.2 vs 6.1 ms for the
+    # 25M shape's projections at 16 rows in float32, 7.9 vs 15.0 at 64, 2.3 vs 4.7 at one row.
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack(weights: list[torch.Tensor], batch_hint: int = 64, min_elements: int = PACK_MIN_ELEMENTS) -> int:
-    """Reorder `weights` (CPU, float32, at least `min_elements`) for oneDNN's GEMM; returns the
+    """Reorder `weights` (CPU, float32 or bfloat16, at least `min_elements`) for oneDNN's GEMM; returns the
     bytes packed (0 when they exceed PACK_MAX_BYTES or oneDNN is missing: `linear` then stays
     on F.linear)."""
     weights = [w for w in weights if _packable(w) and w.numel() >= min_elements]
@@ -103,7 +107,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():
-        if x.numel() == x.shape[-1]:  # one row (measured on the 25M shape: 3.0 vs 9.8 ms through MKL)
+        if x.numel() == x.shape[-1] and weight.dtype == torch.float32:  # one row (25M: 3.0 vs 9.8 ms via MKL)
             y = (weight * x.reshape(1, -1)).sum(-1).reshape(*x.shape[:-1], weight.shape[0])
             return y if bias is None else y + bias
         # The packed twin is looked up when the graph runs (its address is unknown while tracing).

@@ -88,3 +88,24 @@ def test_stories260k_matches_transformers(stories_path):
         _check(h, prompts, max_new, expected, arrivals=[4 * i for i in range(len(prompts))], eos=(2, 1))
     finally:
         h.close()
+
+
+def test_stories260k_in_bfloat16_matches_transformers_in_bfloat16(stories_path):
+    """`--dtype bfloat16` on the CPU (eager: `--compile auto` keeps 16-bit models eager): every
+    op rounds as transformers' bfloat16 run does, so the greedy tokens are its tokens."""
+    import random
+
+    import torch
+
+    rng = random.Random(0)
+    prompts = [[1] + [rng.randrange(3, 500) for _ in range(rng.randint(4, 40))] for _ in range(4)]
+    expected = hf_greedy(stories_path, prompts, [24] * 4, dtype=torch.bfloat16)
+    h = SchedulerHarness(stories_path, dtype="bfloat16", max_running_requests=4)
+    try:
+        assert h.info.dtype == "bfloat16"  # the engine really runs in bfloat16
+        for i, ids in enumerate(prompts):
+            h.submit(f"r{i}", ids, {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}, at=i)
+        got = h.run(overlap=True)
+    finally:
+        h.close()
+    assert [got[f"r{i}"].token_ids for i in range(4)] == expected

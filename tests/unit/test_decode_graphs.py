@@ -140,6 +140,8 @@ def test_decode_step_resolution(monkeypatch, stories_path):
     assert decode_step(args.replace(compile="on"), "cpu", larger) == (64, 0)
     assert decode_step(args.replace(max_running_requests=8), "cpu", tiny) == (8, 0)
     assert decode_step(args.replace(compile="off"), "cpu", tiny) == (0, 0)
+    assert decode_step(args.replace(dtype="bfloat16"), "cpu", tiny) == (0, 0)  # auto: float32 only
+    assert decode_step(args.replace(dtype="bfloat16", compile="on"), "cpu", tiny) == (64, 0)
     assert decode_step(args, "cuda", tiny) == (0, 128)
     assert decode_step(args.replace(cuda_graph_max_bs=24), "cuda", tiny) == (0, 24)
     assert decode_step(args.replace(disable_cuda_graph=True), "cuda", tiny) == (0, 0)

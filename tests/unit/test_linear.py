@@ -1,5 +1,6 @@
 """The projections' matmul (batonlm/model_runner/linear.py): the compiled CPU reduction at one
-row (F.linear at more), and oneDNN's packed weights eager and inside torch.compile, each against a float64 product.
+row (F.linear at more), and oneDNN's packed weights (float32, bfloat16) eager and inside
+torch.compile, each against a float64 product.
 
 Tolerance from the math: a float32 dot product of length K, in any summation order, is within
 K * u * sum_k |x_k w_k| of the exact one (u = 2^-24), plus the rounding of the result."""
@@ -75,9 +76,29 @@ def test_an_unpacked_weight_takes_f_linear_and_a_freed_one_leaves_no_twin(weight
     assert key not in lin._packed  # a later tensor at that address is not multiplied by it
 
 
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no bfloat16 instructions")
+def test_packed_bfloat16_weights_eager_and_compiled() -> None:
+    """bfloat16 through oneDNN (float32 accumulation, the result rounded to bfloat16: within
+    the float32 sum's bound plus 2^-8 of the result), compiled too, at one row as well (no
+    reduction form in bfloat16)."""
+    torch.manual_seed(0)
+    w = torch.randn(N, K).to(torch.bfloat16)
+    try:
+        assert pack([w], min_elements=0) == w.numel() * 2
+        step = torch.compile(lambda x: linear(x, w, None), dynamic=False, fullgraph=True)
+        for rows in (1, 16):
+            x = torch.randn(rows, K).to(torch.bfloat16)
+            exact = x.double() @ w.double().T
+            bound = K * 2.0**-24 * (x.double().abs() @ w.double().abs().T) + 2.0**-8 * exact.abs() + 1e-30
+            for y in (linear(x, w), step(x)):
+                assert y.dtype == torch.bfloat16 and ((y.double() - exact).abs() <= bound).all()
+    finally:
+        lin.unpack([w])
+
+
 def test_pack_refuses_what_it_cannot_hold(monkeypatch) -> None:
-    half = torch.randn(N, K, dtype=torch.bfloat16)
-    assert pack([half], min_elements=0) == 0  # float32 only
+    half = torch.randn(N, K, dtype=torch.float16)
+    assert pack([half], min_elements=0) == 0  # float32 and bfloat16 only
     small = torch.randn(N, K)
     assert pack([small]) == 0  # below PACK_MIN_ELEMENTS: the BLAS is faster
     monkeypatch.setattr(lin, "PACK_MAX_BYTES", 1000)
