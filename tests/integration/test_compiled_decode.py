@@ -120,3 +120,31 @@ def test_a_failing_compiler_leaves_the_step_eager_with_one_warning(stories_path,
     assert "Traceback" not in err, err
     monkeypatch.delenv("CXX")
     assert compiled == _tokens(stories_path, "off", str(tmp_path / "cache"), prompts)
+
+
+def test_another_batch_limit_and_kv_budget_reuse_the_compiled_graphs(compiled_stories, stories_path, compile_cache):
+    """A server started with another --max-running-requests (and so another KV pool and
+    req-to-token table) runs the same two graphs: nothing is compiled again (issue 24: every
+    preset recompiled every bucket). In one process the graphs' guards already pass; across
+    processes the inductor cache serves them (benchmarks/startup.py: no file added)."""
+    from torch._dynamo.utils import counters
+
+    first = compiled_stories.sched.device.executor.runner
+    misses = counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
+    frames = counters["frames"]["ok"]
+    assert misses > 0  # the module's cold cache: the fixture's compile was counted
+    h = SchedulerHarness(stories_path, compile="on", compile_cache_dir=compile_cache, max_running_requests=16,
+                         max_total_tokens=3000, cpu_device_worker="inline")
+    try:
+        runner = h.sched.device.executor.runner
+        assert runner.decode_graphs is not None and first.decode_graphs is not None
+        assert runner.kv_pool.num_slots != first.kv_pool.num_slots
+        assert runner.req_to_token.table.shape != first.req_to_token.table.shape
+        for i, ids in enumerate(_prompts(5)):
+            h.submit(f"r{i}", ids, PARAMS[0], at=i)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            assert all(len(r.token_ids) == 12 for r in h.run(overlap=True).values())
+        assert counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"] == misses
+        assert counters["frames"]["ok"] == frames, "a graph was compiled again"
+    finally:
+        h.close()
