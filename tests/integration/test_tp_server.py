@@ -14,6 +14,7 @@ import pytest
 from live_helpers import greedy_completions, wait_until
 
 from batonlm.bench.server_process import ServerProcess, free_port
+from batonlm.process_tree import descendants as process_descendants
 
 LONG = {"model": "stories260K", "prompt": "Once", "max_tokens": 480, "temperature": 0, "ignore_eos": True,
         "stream": True}
@@ -104,17 +105,6 @@ def _node(rank: int, addr: str, port: int | None, log, tp: int = 2) -> subproces
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def _descendants(pid: int) -> list[int]:
-    from batonlm.process_tree import children
-
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
 @pytest.mark.parametrize(("ending", "tp"), [
     pytest.param("sigterm-node0", 4, marks=pytest.mark.slow), ("kill-node1-rank", 2),
     pytest.param("stop-node1-rank", 2, marks=pytest.mark.slow),
@@ -130,7 +120,7 @@ def test_two_local_nodes_serve_through_node_0(tmp_path, one_rank_texts, ending, 
         first_remote = tp // 2
         wait_until(lambda: f"rank {first_remote} pid" in (tmp_path / "node1.log").read_text(), timeout=10)
         assert len(_rank_pids((tmp_path / "node1.log").read_text())) == tp // 2
-        node1_ranks = _descendants(node1.pid)
+        node1_ranks = process_descendants(node1.pid)
         assert greedy_completions(s.base_url) == one_rank_texts
         assert node1.poll() is None
         descendants = s.descendants() + node1_ranks
