@@ -235,6 +235,17 @@ def _keep_freed_memory() -> None:
         libc.mallopt(m_trim_threshold, 1 << 30)
 
 
+def _check_only_differentiating_guards() -> None:
+    """Dynamo checks every guard of a compiled graph at each call (0.04 ms of stories260K's
+    0.34 ms step at one row, 0.16 of the 25M shape's 3.8 ms). This process compiles nothing but
+    the decode step, whose inputs are made the same way every step (CompiledDecode.run), so
+    only the guards that tell its two graphs apart need checking: set for the whole process
+    (torch's stance as a context would cost 0.06 ms a call)."""
+    import torch
+
+    torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+
+
 def _release_start_up_memory() -> None:
     """Once, after loading and compiling: hand the heap's free pages back to the OS. What
     start-up freed (the checkpoint's read buffers, the compiler's working memory) would stay
@@ -274,6 +285,8 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
         progress = (lambda m: conn.send_bytes(codec.encode(WorkerProgress(m)))) if rank == 0 else None
         executor = build_executor(spec, progress, tp, mlp_group)
         _release_start_up_memory()
+        if spec.compile_max_bs:
+            _check_only_differentiating_guards()
         for group in (tp, mlp_group):  # loading takes each rank its own time: no heartbeat before all have
             if group is not None:
                 group.wait_all("loaded")
