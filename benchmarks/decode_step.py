@@ -17,7 +17,11 @@ weights' bytes over the memory bandwidth. The probe copies a weight-sized buffer
 model, so no cache holds it) with the worker's threads, read plus write bytes over the time,
 best of 20; each model's row shows that limit and limit / step (1.0: at the limit).
 
+With --profile, each model and batch size also prints the ops that took most of the step,
+eager and compiled (the compiled step's generated kernels by name).
+
     python benchmarks/decode_step.py [--models stories260K llama-25m llama-100m] [--batch 1 16 64]
+                                     [--dtype bfloat16] [--profile]
 """
 
 from __future__ import annotations
@@ -136,8 +140,21 @@ def time_ms(fn, steps: int) -> float:
     return 1e3 * (time.perf_counter() - t0) / steps
 
 
+def op_profile(fn, steps: int = 5, top: int = 8) -> list[tuple[str, float, float]]:
+    """The ops (compiled: the generated kernels, each by name) that took most of `steps` calls of
+    `fn`: (name, ms a step, share of the step's profiled time)."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        for _ in range(steps):
+            fn()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    return [(e.key, e.self_cpu_time_total / steps / 1e3, e.self_cpu_time_total / total) for e in events[:top]]
+
+
 def bench_model(name: str, path: str, batches: list[int], context: int, steps: int, rounds: int, tmp: str,
-                dtype: torch.dtype = torch.float32) -> dict:
+                dtype: torch.dtype = torch.float32, profile: bool = False) -> dict:
     from transformers import AutoModelForCausalLM
 
     cfg = ModelConfig.from_hf(path)
@@ -173,6 +190,11 @@ def bench_model(name: str, path: str, batches: list[int], context: int, steps: i
             samples["compiled"].append(time_ms(compiled, steps))
             samples["transformers"].append(time_ms(hf_fn, steps))
         rows[b] = {k: statistics.median(v) for k, v in samples.items()}
+        if profile:
+            for mode, fn in (("eager", eager), ("compiled", compiled)):
+                print(f"\n{name}, {mode}, {b} rows: the ops that took most of the step (profiled)")
+                for op, ms, share in op_profile(fn):
+                    print(f"  {ms:8.3f} ms  {100 * share:5.1f}%  {op[:100]}")
     nbytes = weight_bytes(runner)
     gbs = bandwidth_gbs(2 * nbytes, threads)
     return {"model": name, "threads": threads, "compile_s": {"cold": cold, "cached": cached,
@@ -190,8 +212,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the weights' and the KV cache's dtype, batonlm's and transformers'")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print each step's heaviest ops, the compiled step's generated kernels by name")
     ap.add_argument("--output-json", default=str(RESULTS / "local" / "decode_step.json"))
     args = ap.parse_args()
+    if args.profile:  # the generated kernels record themselves (compiled in: the cache differs)
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.enable_kernel_profile = True
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,7 +227,7 @@ def main() -> None:
             path = EMBEDDED_MODEL if name == "stories260K" else build_random_llama(
                 ROOT / "configs" / "bench-models" / f"{name}.json", Path(tmp) / name)
             results.append(bench_model(name, path, args.batch, args.context, args.steps, args.rounds, tmp,
-                                       getattr(torch, args.dtype)))
+                                       getattr(torch, args.dtype), args.profile))
 
     print(f"\ndecode step on a context of {args.context} tokens, {args.dtype}, median of {args.rounds} rounds x "
           f"{args.steps} steps; {os.cpu_count()} CPUs, torch {torch.__version__}\n")
