@@ -22,7 +22,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 import orjson
@@ -256,6 +256,9 @@ class Route(Generic[R]):
         try:
             async for i, chunk in stream_choices(state, job):
                 if chunk.error is not None:  # the scheduler refused it (a grammar that cannot compile, ...)
+                    if chunk.token_ids:  # what it generated before, in the same chunk, still goes out first
+                        before = replace(chunk, error=None, error_about=None, finish_reason=None)
+                        yield b"".join([stream.frame(payload) for payload in stream.events(i, before)])
                     raise job.rejected(chunk.error, chunk.error_about)
                 yield b"".join([stream.frame(payload) for payload in stream.events(i, chunk)])  # one write
         except Exception as e:
