@@ -42,6 +42,8 @@ def tree_rss(pid: int | None = None) -> tuple[int, int] | None:
     descendants added up — pages shared between them (torch's libraries) counted in each, as
     `ps` and `top` count them. None where /proc cannot tell."""
     pid = os.getpid() if pid is None else pid
-    sizes = [rss_bytes(p) for p in [pid, *descendants(pid)]]
-    known = [s for s in sizes if s is not None]
-    return (sum(known), len(known)) if known and sizes[0] is not None else None
+    own = rss_bytes(pid)
+    if own is None:
+        return None
+    known = [own, *(s for p in descendants(pid) if (s := rss_bytes(p)) is not None)]
+    return sum(known), len(known)

@@ -99,14 +99,14 @@ def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device:
     if args.max_total_tokens is not None:
         return args.max_total_tokens
     kv_dtype = kv_cache_dtype(args.kv_cache_dtype, dtype)
-    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_dtype)
+    per_token = _kv_bytes_per_token(cfg, kv_dtype)
     # Never more than every running request at full context needs.
     ceiling = args.max_running_requests * ctx
     if device.startswith("cuda"):
         # Per GPU: this rank's share of the weights and of the KV heads (every GPU of a
         # tensor-parallel group holds the same share, give or take a row).
         tp, mlp_split = args.tp_size, args.dp_size if args.enable_dp_attention else args.tp_size
-        per_token = KVPool.bytes_per_token(cfg.num_layers, max(1, cfg.num_kv_heads // tp), cfg.head_dim, kv_dtype)
+        per_token = _kv_bytes_per_token(cfg, kv_dtype, tp)
         free, total = torch.cuda.mem_get_info(torch.device(device))
         weights = sum(_param_count(cfg, tp, mlp_split)) * torch.empty((), dtype=dtype).element_size()
         budget = free - weights - int((1 - args.mem_fraction_static) * total)
@@ -123,8 +123,12 @@ def kv_pool_bytes(spec: DeviceSpec, cfg: ModelConfig) -> int:
     """The KV pool's bytes on one device: every slot (the padding slot too) of its rank's KV
     heads, in the cache's dtype."""
     kv_dtype = kv_cache_dtype(spec.kv_cache_dtype, DTYPES[spec.dtype])
-    per_token = KVPool.bytes_per_token(cfg.num_layers, max(1, cfg.num_kv_heads // spec.tp_size), cfg.head_dim, kv_dtype)
-    return (spec.kv_capacity + 1) * per_token
+    return (spec.kv_capacity + 1) * _kv_bytes_per_token(cfg, kv_dtype, spec.tp_size)
+
+
+def _kv_bytes_per_token(cfg: ModelConfig, kv_dtype: torch.dtype, tp: int = 1) -> int:
+    """One token's K and V on one rank of `tp` (KV heads replicated past their count)."""
+    return KVPool.bytes_per_token(cfg.num_layers, max(1, cfg.num_kv_heads // tp), cfg.head_dim, kv_dtype)
 
 
 def _param_count(cfg: ModelConfig, tp: int = 1, mlp_split: int = 1) -> list[int]:

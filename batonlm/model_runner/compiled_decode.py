@@ -178,9 +178,12 @@ class CompiledDecode(DecodeGraphs):
         torch._dynamo.maybe_mark_dynamic(req_to_token.table, 1)
         self._step: Callable[..., torch.Tensor] | None = None
 
+    def _sizes(self, lo: int, hi: int) -> str:
+        """A range's batch sizes this step serves (its graph is compiled for the whole range)."""
+        return str(lo) if lo == hi else f"{lo}-{min(hi, self.max_bs)}"
+
     def describe(self) -> str:
-        return "batch sizes " + ", ".join(str(lo) if lo == hi else f"{lo}-{min(hi, self.max_bs)}"
-                                          for lo, hi in self.batch_ranges)
+        return "batch sizes " + ", ".join(self._sizes(lo, hi) for lo, hi in self.batch_ranges)
 
     def _key_positions(self, width: int) -> torch.Tensor:
         key_pos = self._key_pos.get(width)
@@ -216,8 +219,7 @@ class CompiledDecode(DecodeGraphs):
         try:
             with _quiet_torch_logs():
                 for i, (lo, hi) in enumerate(self.batch_ranges):
-                    sizes = str(lo) if lo == hi else f"{lo} to {min(hi, self.max_bs)}"
-                    progress(f"compiling the decode step for batch sizes {sizes} ({i + 1}/{n})")
+                    progress(f"compiling the decode step for batch sizes {self._sizes(lo, hi)} ({i + 1}/{n})")
                     # Made as run() makes its input: one fresh inference-mode tensor, whose
                     # rows do not alias each other. Any difference (aliased inputs, a tensor
                     # from outside inference mode) compiles a graph no real batch matches.
