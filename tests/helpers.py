@@ -80,6 +80,9 @@ def randomize_biases_and_norms(model: torch.nn.Module) -> None:
                 p.normal_(0.0, 0.2)
             elif name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias, saved with the weights
+                b.normal_(0.0, 0.2)
 
 
 def build_tiny_model(family: str, path: Path) -> None:

@@ -127,8 +127,10 @@ def kv_pool_bytes(spec: DeviceSpec, cfg: ModelConfig) -> int:
 
 
 def _kv_bytes_per_token(cfg: ModelConfig, kv_dtype: torch.dtype, tp: int = 1) -> int:
-    """One token's K and V on one rank of `tp` (KV heads replicated past their count)."""
-    return KVPool.bytes_per_token(cfg.num_layers, max(1, cfg.num_kv_heads // tp), cfg.head_dim, kv_dtype)
+    """One token's K and V on one rank of `tp` (KV heads replicated past their count; MLA's
+    latent whole on every rank)."""
+    return KVPool.bytes_per_token(cfg.num_layers, cfg.kv_heads_per_rank(tp), cfg.kv_head_dim, kv_dtype,
+                                  latent=cfg.mla is not None)
 
 
 def _param_count(cfg: ModelConfig, tp: int = 1, mlp_split: int = 1) -> list[int]:
@@ -313,9 +315,9 @@ def _check_lora(args: ServerArgs, cfg: ModelConfig) -> int:
     loaded at run time, --max-lora-rank."""
     from batonlm.model_runner.lora import LoRAError, check_adapter, read_adapter
 
-    if cfg.impl != "native" or cfg.raw.get("num_experts") or cfg.raw.get("num_local_experts"):
+    if cfg.impl != "native" or is_moe(cfg) or cfg.mla is not None:
         raise DeviceConfigError("LoRA adapters need a dense model batonlm runs natively (not a mixture of experts, "
-                                "not the transformers fallback)")
+                                "not multi-head latent attention, not the transformers fallback)")
     ranks = []
     for name, path in args.lora_adapters:
         try:

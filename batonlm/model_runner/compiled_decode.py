@@ -155,6 +155,7 @@ class CompiledDecode(DecodeGraphs):
         head_dim: int,
         sliding_windows: tuple[int | None, ...],
         *,
+        scale: float | None = None,
         max_bs: int,
         max_context: int,
         cache_dir: str,
@@ -162,7 +163,8 @@ class CompiledDecode(DecodeGraphs):
         if not 1 <= max_bs <= COMPILE_MAX_BS:
             raise ValueError(f"the compiled decode step serves 1 to {COMPILE_MAX_BS} rows, not {max_bs}")
         self.model = model
-        self.attn = PaddedDecodeAttention(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, sliding_windows)
+        self.attn = PaddedDecodeAttention(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, sliding_windows,
+                                          scale)
         self.max_bs = max_bs
         self.batch_ranges = batch_ranges(max_bs)
         self.max_context = max_context

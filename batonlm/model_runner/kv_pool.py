@@ -47,6 +47,10 @@ class KVPool:
     becoming inf or NaN), and read back as `stored * k_scale[layer]` in the model's `dtype`;
     values likewise with `v_scale`. The scales are plain floats (float32 values), constants of
     the model: a compiled or captured decode step bakes them in.
+
+    `latent` (multi-head latent attention, models/mla.py): the values are the keys (the latent
+    whose first features attention keeps), stored once: `v[layer]` is `k[layer]`, writes store
+    the keys, gathers return one tensor twice, and a token costs half the bytes.
     """
 
     def __init__(
@@ -60,19 +64,21 @@ class KVPool:
         cache_dtype: torch.dtype | None = None,
         k_scales: Sequence[float] | None = None,
         v_scales: Sequence[float] | None = None,
+        latent: bool = False,
     ) -> None:
         self.dtype = dtype  # what `write` takes and `gather` gives
         self.cache_dtype = cache_dtype or dtype  # what the buffers hold
         self.quantized = self.cache_dtype in FP8_DTYPES
         if not self.quantized and (k_scales is not None or v_scales is not None):
             raise ValueError(f"KV scales apply to an FP8 KV cache, not {self.cache_dtype}")
+        self.latent = latent
         self.k_scale = _scales(k_scales, num_layers, "k")
-        self.v_scale = _scales(v_scales, num_layers, "v")
+        self.v_scale = self.k_scale if latent else _scales(v_scales, num_layers, "v")
         self._max = torch.finfo(self.cache_dtype).max if self.quantized else 0.0
         shape = (num_kv_heads, num_slots, head_dim)
         self.num_slots = num_slots
         self.k = [_zeros(shape, self.cache_dtype, device) for _ in range(num_layers)]
-        self.v = [_zeros(shape, self.cache_dtype, device) for _ in range(num_layers)]
+        self.v = self.k if latent else [_zeros(shape, self.cache_dtype, device) for _ in range(num_layers)]
 
     def _store(self, x: torch.Tensor, scale: float) -> torch.Tensor:
         if not self.quantized:
@@ -88,8 +94,10 @@ class KVPool:
         return x if scale == 1.0 else x * scale
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [tokens, kv_heads, head_dim] of the tokens going to `slots`."""
+        """k, v: [tokens, kv_heads, head_dim] of the tokens going to `slots` (latent: v is k)."""
         self.k[layer][:, slots] = self._store(k, self.k_scale[layer]).transpose(0, 1)
+        if self.latent:
+            return
         self.v[layer][:, slots] = self._store(v, self.v_scale[layer]).transpose(0, 1)
 
     def gather(
@@ -99,6 +107,9 @@ class KVPool:
         copies, dequantized from FP8), into `out` when given: reusing one buffer for every layer
         saves allocating (and page-faulting) megabytes per layer."""
         k, v = self.k[layer], self.v[layer]
+        if self.latent:
+            keys = self.gather_keys(layer, slots, None if out is None else out[0])
+            return keys, keys
         if out is None:
             return (self._load(k.index_select(1, slots), self.k_scale[layer]),
                     self._load(v.index_select(1, slots), self.v_scale[layer]))
@@ -112,17 +123,29 @@ class KVPool:
                 buf.mul_(scale)
         return out
 
+    def gather_keys(self, layer: int, slots: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        stored, scale = self.k[layer], self.k_scale[layer]
+        if out is None:
+            return self._load(stored.index_select(1, slots), scale)
+        if not self.quantized:
+            return torch.index_select(stored, 1, slots, out=out)
+        out.copy_(stored.index_select(1, slots))
+        return out if scale == 1.0 else out.mul_(scale)
+
     def gather_buffers(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         kvh, _, d = self.k[0].shape
         device = self.k[0].device
-        return (torch.empty((kvh, num_tokens, d), dtype=self.dtype, device=device),
-                torch.empty((kvh, num_tokens, d), dtype=self.dtype, device=device))
+        keys = torch.empty((kvh, num_tokens, d), dtype=self.dtype, device=device)
+        return (keys, keys if self.latent else torch.empty((kvh, num_tokens, d), dtype=self.dtype, device=device))
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, latent: bool = False
+    ) -> int:
         """KV bytes of one token in a pool stored in `dtype` (the cache dtype: 1 byte an element
-        in FP8)."""
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        in FP8); a latent pool stores its keys only."""
+        copies = 1 if latent else 2
+        return copies * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def _scales(given: Sequence[float] | None, num_layers: int, kind: str) -> list[float]:

@@ -14,7 +14,7 @@ from torch import nn
 
 from batonlm.distributed.group import TPGroup
 from batonlm.model_runner.linear import Linear
-from batonlm.model_runner.model_config import RopeConfig
+from batonlm.model_runner.model_config import RopeConfig, yarn_mscale
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 
 
@@ -32,7 +32,10 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies, with the `linear` and `llama3` scalings as transformers computes them."""
+    """Inverse frequencies, with the `linear`, `llama3` and `yarn` scalings as transformers
+    computes them."""
+    if rope.type == "yarn":
+        return _yarn_inv_freq(rope, head_dim)
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if rope.type == "linear":
         return inv_freq / rope.factor
@@ -47,6 +50,37 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
     return inv_freq
+
+
+def _yarn_inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than `beta_slow` times over the original context are
+    interpolated (divided by `factor`), those turning more than `beta_fast` times kept, a linear
+    ramp between."""
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    return (1.0 / (rope.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def rope_attention_factor(rope: RopeConfig) -> float:
+    """What cos and sin are multiplied by: YaRN's temperature, else 1."""
+    if rope.type != "yarn":
+        return 1.0
+    if rope.attention_factor is not None:
+        return rope.attention_factor
+    if rope.mscale and rope.mscale_all_dim:
+        return float(yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim))
+    return yarn_mscale(rope.factor)
 
 
 class RotaryEmbedding(nn.Module):
@@ -67,6 +101,9 @@ class RotaryEmbedding(nn.Module):
             freqs = pos[:, None] * inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos(), emb.sin()
+            factor = rope_attention_factor(rope)
+            if factor != 1.0:
+                cos, sin = cos * factor, sin * factor
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +23,48 @@ class ModelConfigError(ValueError):
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    # "default", "linear" or "llama3"; anything else is rejected at load time.
+    # "default", "linear", "llama3" or "yarn"; anything else is rejected at load time.
     type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # YaRN: the ramp between interpolated and extrapolated frequencies, and the factor cos/sin
+    # are multiplied by (None: from `factor`, `mscale` and `mscale_all_dim` as transformers does).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature: 0.1 * mscale * ln(factor) + 1 (1 when not scaled up)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values of every head are
+    projections of one per-token latent (`kv_lora_rank` features, normalised) plus one rotary key
+    shared by the heads (`qk_rope_head_dim`); the KV pool stores those, not per-head K and V."""
+
+    q_lora_rank: int | None  # queries through a low-rank projection (None: one q_proj)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool  # the rotary features stored as interleaved pairs
+
+    @property
+    def latent_dim(self) -> int:
+        """What one token stores per layer: the latent and the rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -64,6 +101,30 @@ class ModelConfig:
     embedding_only: bool = False
     # The checkpoint's quantization as batonlm loads it (`--quantization`; None: float weights).
     quantization: QuantConfig | None = None
+    # Multi-head latent attention (DeepSeek); None: per-head keys and values.
+    mla: MLAConfig | None = None
+
+    # What the KV pool stores and attention reads per token and layer, on a rank of `tp`. MLA
+    # stores one latent "head" (replicated on every rank) whose first `kv_lora_rank` features
+    # are also the values: attention runs over latents (models/mla.py).
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        return 1 if self.mla else max(1, self.num_kv_heads // tp)
+
+    @property
+    def kv_head_dim(self) -> int:
+        return self.mla.latent_dim if self.mla else self.head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale: 1/sqrt(head dim); MLA's over its query-key dim, times YaRN's
+        `mscale_all_dim` temperature squared."""
+        if self.mla is None:
+            return self.head_dim**-0.5
+        scale = self.mla.qk_head_dim**-0.5
+        if self.rope.type == "yarn" and self.rope.mscale_all_dim:
+            mscale = yarn_mscale(self.rope.factor, self.rope.mscale_all_dim)
+            scale = scale * mscale * mscale  # transformers' order of operations
+        return scale
 
     @property
     def context_length(self) -> int:
@@ -108,7 +169,8 @@ class ModelConfig:
         hidden = int(req("hidden_size"))
         heads = int(req("num_attention_heads"))
         kv_heads = int(text.get("num_key_value_heads") or heads)
-        head_dim = int(text.get("head_dim") or hidden // heads)
+        # MLA's rotary dim is its head_dim (transformers' DeepSeek configs; the checkpoints lack it).
+        head_dim = int(text.get("head_dim") or text.get("qk_rope_head_dim") or hidden // heads)
         if heads % kv_heads:
             raise ModelConfigError(
                 f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
@@ -144,6 +206,7 @@ class ModelConfig:
             impl=impl,
             embedding_only=embedding_only,
             quantization=quant,
+            mla=_mla(text) if impl == "native" else None,
         )
 
 
@@ -243,18 +306,48 @@ def _rope(text: dict[str, Any]) -> RopeConfig:
     params = {**scaling, **params}
     theta = float(params.get("rope_theta", text.get("rope_theta", 10000.0)))
     rope_type = str(params.get("rope_type", params.get("type", "default")))
-    if rope_type not in ("default", "linear", "llama3"):
+    if rope_type not in ("default", "linear", "llama3", "yarn"):
         raise ModelConfigError(
-            f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3)"
+            f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3, yarn)"
         )
+    original = params.get("original_max_position_embeddings")
+    factor = params.get("factor")
+    if rope_type == "yarn" and factor is None:  # DeepSeek-V3's way: the context's growth
+        if not original:
+            raise ModelConfigError("yarn rope scaling needs 'factor' or 'original_max_position_embeddings'")
+        factor = int(text.get("max_position_embeddings", 2048)) / int(original)
+    attention_factor = params.get("attention_factor")
     return RopeConfig(
         theta=theta,
         type=rope_type,
-        factor=float(params.get("factor", 1.0)),
+        factor=float(1.0 if factor is None else factor),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+        original_max_position_embeddings=int(original or 8192),
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        mscale=float(params.get("mscale") or 0.0),
+        mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+        attention_factor=None if attention_factor is None else float(attention_factor),
+        truncate=bool(params.get("truncate", True)),
     )
+
+
+def _mla(text: dict[str, Any]) -> MLAConfig | None:
+    """DeepSeek's attention fields, when the config has a KV latent."""
+    if not text.get("kv_lora_rank"):
+        return None
+    try:
+        return MLAConfig(
+            q_lora_rank=int(text["q_lora_rank"]) if text.get("q_lora_rank") else None,
+            kv_lora_rank=int(text["kv_lora_rank"]),
+            qk_nope_head_dim=int(text["qk_nope_head_dim"]),
+            qk_rope_head_dim=int(text["qk_rope_head_dim"]),
+            v_head_dim=int(text["v_head_dim"]),
+            rope_interleave=bool(text.get("rope_interleave", True)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelConfigError(f"config.json: multi-head latent attention (kv_lora_rank) needs {e}") from None
 
 
 def _sliding_windows(text: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:

@@ -52,12 +52,14 @@ class ModelRunner:
         self.model, self.load_stats = load_model(cfg, dtype, self.device, self.tp, mlp_group=mlp_group)
         if self.device.type == "cpu":  # the large projections' weights reordered once for oneDNN (linear.py)
             linear.pack(self.model.projection_weights())
-        # This rank's heads (all of them without tensor parallelism).
-        self.num_heads, self.num_kv_heads = self.model.shard.heads, self.model.shard.kv_heads
+        # This rank's heads (all of them without tensor parallelism); MLA: one latent KV head.
+        self.num_heads = self.model.shard.heads
+        self.num_kv_heads = 1 if cfg.mla else self.model.shard.kv_heads
         self.kv_pool = self._kv_pool(kv_capacity + 1, kv_cache)
         self.req_to_token = ReqToTokenPool(num_req_slots, context_length, self.device)
         self.attn = ATTENTION_BACKENDS[attention_backend](
-            self.kv_pool, self.req_to_token, self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.sliding_windows
+            self.kv_pool, self.req_to_token, self.num_heads, self.num_kv_heads, cfg.kv_head_dim, cfg.sliding_windows,
+            cfg.attention_scale,
         )
         self.sampler = SAMPLERS[sampler]()
         self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)
@@ -71,15 +73,17 @@ class ModelRunner:
         """The KV pool stored as `--kv-cache-dtype` says: the model's dtype (auto), or FP8 with
         the checkpoint's per-layer scales (1.0 where it has none, said once by rank 0)."""
         cfg, cache_dtype = self.cfg, kv_cache_dtype(kv_cache, self.dtype)
+        latent = cfg.mla is not None
         if cache_dtype == self.dtype:
-            return KVPool(num_slots, cfg.num_layers, self.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+            return KVPool(num_slots, cfg.num_layers, self.num_kv_heads, cfg.kv_head_dim, self.dtype, self.device,
+                          latent=latent)
         from batonlm.model_runner.kv_scales import read_kv_scales, warn_missing
 
         scales = read_kv_scales(cfg.path, cfg.num_layers)
         if self.tp.rank == 0:
             warn_missing(scales, kv_cache, torch.finfo(cache_dtype).max)
-        return KVPool(num_slots, cfg.num_layers, self.num_kv_heads, cfg.head_dim, self.dtype, self.device,
-                      cache_dtype, scales.k, scales.v)
+        return KVPool(num_slots, cfg.num_layers, self.num_kv_heads, cfg.kv_head_dim, self.dtype, self.device,
+                      cache_dtype, scales.k, scales.v, latent)
 
     def use_lora(self, slots: int, rank: int, adapters: tuple[tuple[str, str], ...]) -> None:
         """Room for `slots` LoRA adapters of rank up to `rank` (slot 0: the base model), and the

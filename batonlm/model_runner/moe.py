@@ -5,7 +5,10 @@ each token goes through its top-k experts' gated MLPs and their outputs are summ
 routing weights (`batonlm.kernels.moe`). What families differ in is a `MoEOptions`: Qwen3-MoE
 renormalises the top-k probabilities when `norm_topk_prob` and rounds them to the model dtype,
 Mixtral always renormalises and keeps them in float32, Qwen2-MoE adds a shared expert every token
-goes through, scaled by a sigmoid gate.
+goes through, scaled by a sigmoid gate. DeepSeek routes within groups of experts: V2 picks the
+`topk_group` groups with the highest expert probability, V3 scores experts with a sigmoid plus a
+learned bias (for choosing only) and ranks groups by their two best; both scale the routing
+weights by `routed_scaling_factor` and add ungated shared experts.
 
 Tensor parallelism slices every expert's intermediate features over the ranks, as the dense MLP
 is sliced: each rank holds all experts, rows of their gate/up and columns of their down
@@ -38,8 +41,18 @@ class MoEOptions:
     intermediate_size: int  # each expert's
     renormalize: bool  # the top-k probabilities divided by their sum
     weights_in_fp32: bool  # routing weights kept in float32 (else rounded to the model dtype)
-    # A shared expert every token goes through, scaled by sigmoid(a linear gate) (Qwen2-MoE); 0: none.
+    # A shared expert every token goes through (0: none), scaled by sigmoid(a linear gate) when
+    # `shared_gated` (Qwen2-MoE), added as is otherwise (DeepSeek's `n_shared_experts` as one MLP).
     shared_intermediate_size: int = 0
+    shared_gated: bool = True
+    scoring: str = "softmax"  # or "sigmoid" (DeepSeek-V3)
+    # Group-limited routing: experts in `groups` groups, the top-k taken from the best
+    # `topk_group`, ranked by their best expert ("max", V2) or two best summed ("top2", V3).
+    groups: int = 1
+    topk_group: int = 1
+    group_rank: str = "max"
+    score_bias: bool = False  # a learned per-expert bias added to the scores for choosing (V3)
+    scaling_factor: float = 1.0  # the routing weights' multiplier (routed_scaling_factor)
 
 
 class FusedExperts(nn.Module):
@@ -69,6 +82,8 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.opts = opts
         self.gate = nn.Linear(hidden, opts.num_experts, bias=False)
+        if opts.score_bias:  # the checkpoint's `gate.e_score_correction_bias`
+            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(opts.num_experts))
         self.experts = FusedExperts(hidden, opts, tp)
         self.act = activation(act)
         self.tp = tp
@@ -78,21 +93,52 @@ class SparseMoE(nn.Module):
             start, count = split_evenly(opts.shared_intermediate_size, tp.size, tp.rank)
             # Its down projection's partial sum joins the experts' in the layer's one all-reduce.
             self.shared_expert = GatedMLP(hidden, count, act, checkpoint_rows=(start, opts.shared_intermediate_size))
-            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+            if opts.shared_gated:
+                self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids, topk_weights) [T, K], as transformers' routers compute them."""
+        opts = self.opts
         logits = self.gate(x)
-        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.opts.top_k, dim=-1)
-        if self.opts.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return ids, weights if self.opts.weights_in_fp32 else weights.to(x.dtype)
+        if opts.scoring == "sigmoid":
+            scores = torch.sigmoid(logits.to(torch.float32))
+        else:
+            scores = F.softmax(logits, dim=-1, dtype=torch.float32)
+        if opts.groups == 1 and not opts.score_bias:
+            weights, ids = torch.topk(scores, opts.top_k, dim=-1)
+        else:
+            ids = torch.topk(self._choice_scores(scores), opts.top_k, dim=-1)[1]
+            weights = scores.gather(1, ids)
+        if opts.renormalize:
+            total = weights.sum(dim=-1, keepdim=True)
+            weights = weights / (total + 1e-20 if opts.scoring == "sigmoid" else total)
+        if opts.scaling_factor != 1.0:
+            weights = weights * opts.scaling_factor
+        return ids, weights if opts.weights_in_fp32 else weights.to(x.dtype)
+
+    def _choice_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores the top-k is chosen by: biased (V3), and outside the best `topk_group`
+        groups pushed below every score inside them."""
+        opts = self.opts
+        if opts.score_bias:
+            bias = self.gate.e_score_correction_bias
+            assert isinstance(bias, torch.Tensor)
+            scores = scores + bias
+        if opts.groups == 1:
+            return scores
+        grouped = scores.view(-1, opts.groups, opts.num_experts // opts.groups)
+        rank = grouped.max(dim=-1).values if opts.group_rank == "max" else grouped.topk(2, dim=-1)[0].sum(dim=-1)
+        best = torch.topk(rank, opts.topk_group, dim=-1, sorted=False)[1]
+        keep = torch.zeros_like(rank, dtype=torch.bool).scatter_(1, best, True)
+        keep = keep[:, :, None].expand_as(grouped).reshape(scores.shape)
+        # Softmax scores are positive: 0 ranks below them (V2); biased sigmoid ones need -inf.
+        return scores.masked_fill(~keep, 0.0 if opts.scoring == "softmax" else float("-inf"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
         out = _formulation(x)(x, self.experts.w13, self.experts.w2, ids, weights, self.act)
         if self.shared_expert is not None:
-            assert self.shared_expert_gate is not None
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            shared = self.shared_expert(x)
+            gate = self.shared_expert_gate
+            out = out + (shared if gate is None else torch.sigmoid(gate(x)) * shared)
         return out if self.tp.size == 1 else self.tp.all_reduce(out)

@@ -95,6 +95,10 @@ def weight_targets(model: CausalLM) -> dict[str, Target]:
     out: dict[str, Target] = {}
     for param_name, p in model.named_parameters():
         name = _checkpoint_name(model, param_name)
+        special = model.weight_target(param_name, name, p)
+        if special is not None:
+            out[name] = special
+            continue
         if param_name.endswith(_EXPERT_PARAMS):
             out.update(_expert_targets(model, param_name, name, p))
             continue

@@ -38,13 +38,14 @@ def _single_process_tokens(model, schedule):
 
 @pytest.mark.parametrize(("model", "overlap", "consecutive_prefill_rule", "seed"),
                          [("stories", True, False, 1), ("stories", True, True, 4),
-                          ("stories", False, False, 5), ("qwen3_moe", True, False, 6)],
+                          ("stories", False, False, 5), ("deepseek_v2", True, False, 6)],
                          ids=["overlap", "overlap-consecutive-prefill-rule", "normal", "moe-overlap"])
 def test_two_replicas_with_dp_attention_match_one_process(
     request, tmp_path, model, overlap, consecutive_prefill_rule, seed
 ):
-    """With a mixture-of-experts model (qwen3_moe) the sparse MoE layer is what the ranks run
-    together, each holding its share of every expert. One schedule meets every pairing (each of
+    """With a mixture-of-experts model (deepseek_v2: latent attention, a dense first layer, group-
+    routed experts and shared experts) the sparse MoE layer is what the ranks run together, each
+    holding its share of every expert, and each replica's latent attention its own. One schedule meets every pairing (each of
     seeds 1-12 did; the check below keeps it so for the first)."""
     model_path = request.getfixturevalue("stories_path") if model == "stories" else \
         request.getfixturevalue("tiny_models")[model]

@@ -65,14 +65,16 @@ def _check(rec, prompt, start, top_n, ref) -> None:
 def cases(tiny_models, stories_path):
     rng = random.Random(5)
     out = {}
-    for name, path in (("stories", stories_path), ("mixtral", tiny_models["mixtral"])):
+    for name, path in (("stories", stories_path), ("mixtral", tiny_models["mixtral"]),
+                       ("deepseek_v3", tiny_models["deepseek_v3"])):
         vocab = 512 if name == "stories" else None
         prompts = random_prompts(6, rng, lo=2, hi=120, **({"vocab": vocab} if vocab else {}))
         out[name] = (path, prompts)
     return out
 
 
-@pytest.mark.parametrize("name", ["stories", "mixtral"])  # a Llama, a mixture of experts
+# A Llama, a mixture of experts, latent attention with YaRN.
+@pytest.mark.parametrize("name", ["stories", "mixtral", "deepseek_v3"])
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_prompt_logprobs_match_transformers(cases, name, chunk):
     path, prompts = cases[name]

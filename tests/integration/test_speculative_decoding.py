@@ -72,8 +72,9 @@ def test_stories_greedy_and_seeded_equal_plain_decoding(stories_path, overlap):
         h.close()
 
 
-# qwen3_moe: Qwen3's attention (q/k norms), a dense layer and a sparse MoE layer.
-@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+# qwen3_moe: Qwen3's attention (q/k norms), a dense layer and a sparse MoE layer; deepseek_v3:
+# latent attention (the pool's latents under verification and rollback) and group routing.
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe", "deepseek_v3"])
 def test_tiny_families_equal_plain_decoding(tiny_models, family):
     rng = random.Random(3)
     prompts = random_prompts(6, rng, lo=2, hi=90)

@@ -39,9 +39,9 @@ def test_model_config_errors(tmp_path, stories_path):
         ModelConfig.from_hf(tmp_path)
     d = _copy(stories_path, tmp_path / "m")
     raw = json.loads((d / "config.json").read_text())
-    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    raw["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
     (d / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ModelConfigError, match="'yarn' is not supported"):
+    with pytest.raises(ModelConfigError, match="'dynamic' is not supported"):
         ModelConfig.from_hf(d)
 
 

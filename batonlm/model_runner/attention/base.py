@@ -27,14 +27,17 @@ class AttentionBackend(ABC):
         num_kv_heads: int,
         head_dim: int,
         sliding_windows: tuple[int | None, ...],
+        scale: float | None = None,
     ) -> None:
+        """`head_dim`: of queries, keys and values (MLA's latent, models/mla.py); `scale`: the
+        softmax scale (None: 1/sqrt(head_dim))."""
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.sliding_windows = sliding_windows
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
         # Attention logit soft-capping (Gemma 2): scores -> cap * tanh(scores / cap) before the
         # mask and softmax; None: off. The torch backend applies it.
         self.softcap: float | None = None

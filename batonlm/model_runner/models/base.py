@@ -8,7 +8,7 @@ its config (biases, norms) it reads in its constructor, from `cfg.raw`.
 
 The weight loader reads the attributes set here (`config`, `shard`, `tp`, `stacked_params`,
 `shard_sizes`, `lm_head`, and for mixtures of experts `expert_weight_names`,
-`checkpoint_renames`) and Hugging Face's Llama parameter names: q/k/v are column-parallel
+`checkpoint_renames`, `weight_target`) and Hugging Face's Llama parameter names: q/k/v are column-parallel
 (`stacked_params` names the fused parameter they fill), `o_proj` row-parallel, `embed_tokens`
 and `lm_head` split by vocabulary row; a `GatedMLP` (its gate/up rows, its down columns) and
 `FusedExperts` say which features they hold themselves.
@@ -17,6 +17,7 @@ and `lm_head` split by vocabulary row; a `GatedMLP` (its gate/up rows, its down 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 from torch import nn
@@ -93,6 +94,11 @@ class CausalLM(nn.Module, ABC):
     def init_buffers(self, device: torch.device | str) -> None:
         """Recompute on `device` the buffers no checkpoint holds (rotary tables): the loader
         builds the model on the meta device, so they hold nothing after `to_empty`."""
+
+    def weight_target(self, param_name: str, name: str, p: torch.Tensor) -> Any:
+        """Where this rank's part of checkpoint tensor `name` goes (a `weight_loader.Target`)
+        when the family splits it otherwise than the Llama layout; None: the Llama layout."""
+        return None
 
     def shard_sizes(self, fused: str) -> tuple[int, ...]:
         """The rows of each checkpoint tensor the fused parameter `fused` holds, on this rank."""

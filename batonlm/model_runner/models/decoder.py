@@ -1,6 +1,7 @@
 """One decoder for the Llama-like families (Llama 2/3, Mistral, Qwen2, Qwen3, and with sparse
-MoE layers in place of MLPs Qwen2-MoE, Qwen3-MoE and Mixtral): what they differ in is a
-`DecoderOptions`, which each family's subclass (`families.py`) reads from its config.
+MoE layers in place of MLPs Qwen2-MoE, Qwen3-MoE and Mixtral; with multi-head latent attention
+DeepSeek-V2/V3, `mla.py`): what they differ in is a `DecoderOptions`, which each family's
+subclass (`families.py`, `deepseek.py`) reads from its config.
 
 Module names mirror Hugging Face's except where projections are fused (`qkv_proj`, whose
 slices `stacked_params` names for the loader; `gate_up_proj`, whose `GatedMLP` says its rows).
@@ -25,6 +26,7 @@ from batonlm.model_runner.layers import GatedMLP, RMSNorm, RotaryEmbedding, appl
 from batonlm.model_runner.linear import Linear
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.base import CausalLM
+from batonlm.model_runner.models.mla import MLAttention
 from batonlm.model_runner.moe import MoEOptions, SparseMoE
 from batonlm.model_runner.parallel_layers import (
     RowParallelLinear,
@@ -92,7 +94,8 @@ class DecoderLayer(nn.Module):
         mlp_rows: tuple[int, int], mlp_group: TPGroup,
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, opts, layer, shard, tp)
+        self.self_attn: Attention | MLAttention = (
+            MLAttention(cfg, layer, shard, tp, opts.o_bias) if cfg.mla else Attention(cfg, opts, layer, shard, tp))
         self.mlp: nn.Module
         if layer in opts.moe_layers:
             assert opts.moe is not None, "moe_layers without MoEOptions"
