@@ -7,7 +7,7 @@ with rows) vs the dense path (every expert over every token, what the compiled s
 T tokens; median of `--rounds`, the three alternating in each round.
 
 Part 2, each family end to end: a random model of the family at one small shape (hidden 256,
-4 layers; the MoE families 8 experts, top 2) served by `batonlm.Engine` (eager step, overlap
+4 layers; the MoE families 8 experts, top 2; DeepSeek's latent 128 + 16) served by `batonlm.Engine` (eager step, overlap
 loop), B streams of `--new-tokens` greedy tokens each (EOS ignored); output tok/s over the
 whole batch (prefill included), median of `--rounds`.
 
@@ -44,7 +44,9 @@ from batonlm.kernels.moe import (  # noqa: E402
 TEST_MODELS = ROOT / "configs" / "test-models"
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
          "num_key_value_heads": 4, "head_dim": 32, "moe_intermediate_size": 128, "num_experts": 8,
-         "num_local_experts": 8, "num_experts_per_tok": 2}
+         "num_local_experts": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
+         # DeepSeek's latent attention: a 128-feature latent plus 16 rotary (V3's query low-rank).
+         "kv_lora_rank": 128, "q_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
 
 
 def moe_layer(tokens: list[int], rounds: int, experts: int, top_k: int, hidden: int, inter: int,
@@ -80,7 +82,7 @@ def moe_layer(tokens: list[int], rounds: int, experts: int, top_k: int, hidden: 
 def build_family(family: str, out: Path) -> str:
     """A random model of the family's test config (configs/test-models/) at the SHAPE above."""
     raw = json.loads((TEST_MODELS / f"{family}.json").read_text())
-    raw.update({k: v for k, v in SHAPE.items() if k in raw or k == "head_dim"})
+    raw.update({k: v for k, v in SHAPE.items() if raw.get(k) is not None or (k == "head_dim" and "kv_lora_rank" not in raw)})
     raw.pop("mlp_only_layers", None)
     config_file = out.parent / f"{family}.json"
     config_file.write_text(json.dumps(raw))

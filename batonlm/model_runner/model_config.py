@@ -150,6 +150,11 @@ class ModelConfig:
             raise ModelConfigError(f"{cfg_file} is not valid JSON: {e}") from e
         # First: an unsupported model may lack the fields read below.
         architecture, impl = _architecture(raw, cfg_file, model_impl)
+        if impl == "transformers" and raw.get("kv_lora_rank"):
+            raise ModelConfigError(
+                f"{cfg_file}: {architecture} uses multi-head latent attention (kv_lora_rank), whose keys and values "
+                f"differ in size: transformers' modeling code cannot run on batonlm's KV cache; batonlm's native "
+                f"DeepseekV2ForCausalLM / DeepseekV3ForCausalLM run it (--model-impl auto)")
         try:
             quant = resolve_quantization(raw, quantization)
         except QuantizationError as e:
@@ -169,8 +174,9 @@ class ModelConfig:
         hidden = int(req("hidden_size"))
         heads = int(req("num_attention_heads"))
         kv_heads = int(text.get("num_key_value_heads") or heads)
-        # MLA's rotary dim is its head_dim (transformers' DeepSeek configs; the checkpoints lack it).
-        head_dim = int(text.get("head_dim") or text.get("qk_rope_head_dim") or hidden // heads)
+        # MLA's rotary dim is its head_dim (as transformers' DeepSeek configs set it).
+        head_dim = int(text.get("qk_rope_head_dim") if text.get("kv_lora_rank") else
+                       text.get("head_dim") or hidden // heads)
         if heads % kv_heads:
             raise ModelConfigError(
                 f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"

@@ -66,3 +66,17 @@ def test_a_latent_pool_writes_and_gathers_its_keys_once(cache_dtype):
     else:  # one rounding to e4m3 of latent / 0.25: within 2^-4 relative
         assert torch.allclose(keys, latent.transpose(0, 1), rtol=2**-4, atol=2**-9 * 0.25)
     assert KVPool.bytes_per_token(2, 1, 12, cache_dtype, latent=True) * 2 == KVPool.bytes_per_token(2, 1, 12, cache_dtype)
+
+
+def test_latent_attention_on_transformers_code_is_refused_at_config_reading(tmp_path):
+    """transformers' DeepSeek attention hands keys and values of different sizes (and another
+    MLA architecture would too): one line naming what runs it, not a failed batch."""
+    from batonlm.model_runner.model_config import ModelConfigError
+
+    (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V3))
+    with pytest.raises(ModelConfigError, match=r"multi-head latent attention .*\(--model-impl auto\)"):
+        ModelConfig.from_hf(tmp_path, "transformers")
+    other = {**DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32"}
+    (tmp_path / "config.json").write_text(json.dumps(other))
+    with pytest.raises(ModelConfigError, match="DeepseekV32ForCausalLM uses multi-head latent attention"):
+        ModelConfig.from_hf(tmp_path)
