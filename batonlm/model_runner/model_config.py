@@ -175,8 +175,7 @@ class ModelConfig:
         heads = int(req("num_attention_heads"))
         kv_heads = int(text.get("num_key_value_heads") or heads)
         # MLA's rotary dim is its head_dim (as transformers' DeepSeek configs set it).
-        head_dim = int(text.get("qk_rope_head_dim") if text.get("kv_lora_rank") else
-                       text.get("head_dim") or hidden // heads)
+        head_dim = int(req("qk_rope_head_dim") if text.get("kv_lora_rank") else text.get("head_dim") or hidden // heads)
         if heads % kv_heads:
             raise ModelConfigError(
                 f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
