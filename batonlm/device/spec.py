@@ -186,7 +186,7 @@ def is_moe(cfg: ModelConfig) -> bool:
     return any(cfg.raw.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
-def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig, attention: str) -> None:
+def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig) -> None:
     """transformers' layers are whole and run eagerly: one rank per replica, no graphs."""
     if args.tp_size > 1 or args.enable_dp_attention:
         raise DeviceConfigError(
@@ -195,9 +195,6 @@ def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig, attention: 
     if args.compile == "on":
         raise DeviceConfigError(f"--compile on: {cfg.architecture} runs on transformers' modeling code, whose "
                                 "decode step runs eagerly")
-    if cfg.raw.get("attn_logit_softcapping") and attention != "torch":
-        raise DeviceConfigError(f"{cfg.architecture} soft-caps its attention logits, which only the torch attention "
-                                "backend does: --attention-backend torch")
     logger.info("%s runs on transformers' modeling code: the decode step runs eagerly", cfg.architecture)
 
 
@@ -247,7 +244,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
     compile_max_bs, cuda_graph_max_bs = decode_step(args, device, cfg, attention) if device != "null" else (0, 0)
     if cfg.impl == "transformers":
-        _check_transformers_fallback(args, cfg, attention)
+        _check_transformers_fallback(args, cfg)
         compile_max_bs = cuda_graph_max_bs = 0
     lora_rank = _check_lora(args, cfg) if args.lora_slots else 0
     if args.tp_size > 1:

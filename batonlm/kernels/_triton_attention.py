@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batonlm.kernels._triton_common import INTERPRET, NO_FMA, exp, log
+from batonlm.kernels._triton_common import INTERPRET, NO_FMA, exp, log, tanh
 from batonlm.kernels.attention import PagedBatch
 
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
@@ -48,7 +48,8 @@ def _weighted(p, v, IEEE: tl.constexpr):
 
 @triton.jit
 def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, r2t_row, k_stride_s, start, hi, q_pos, offs_d, d_valid,
-                  scale, window, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                  scale, window, softcap, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,
+                  IEEE: tl.constexpr):
     """One block of keys [start, start + BLOCK_N) (those < hi) folded into the running softmax."""
     offs_n = start + tl.arange(0, BLOCK_N)
     n_valid = offs_n < hi
@@ -58,6 +59,8 @@ def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, r2t_row, k_stride_s, start, hi
     k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # FP8 pools: exact
     v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
     s = _scores(q, k, IEEE) * scale
+    if HAS_SOFTCAP:  # Gemma 2: cap * tanh(s / cap), before the mask
+        s = tanh(s / softcap) * softcap
     visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
     if HAS_WINDOW:
         visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
@@ -74,8 +77,8 @@ def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, r2t_row, k_stride_s, start, hi
 @triton.jit
 def _extend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, r2t_ptr, r2t_stride, slots_ptr, prefix_ptr, ext_ptr, starts_ptr,
                    q_stride_t, q_stride_h, k_stride_h, k_stride_s, o_stride_t, o_stride_h, scale, k_scale, v_scale,
-                   window, D, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+                   window, softcap, D, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
     row = tl.program_id(0)
     head = tl.program_id(1)
     block = tl.program_id(2)
@@ -104,7 +107,8 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, r2t_ptr, r2t_stride, slots_ptr, p
         qk_scale = scale * k_scale
         for start in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_head, v_head, r2t_row, k_stride_s, start, hi, q_pos,
-                                          offs_d, d_valid, qk_scale, window, HAS_WINDOW, BLOCK_N, IEEE)
+                                          offs_d, d_valid, qk_scale, window, softcap, HAS_WINDOW, HAS_SOFTCAP,
+                                          BLOCK_N, IEEE)
         out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
         o_off = (first + offs_m).to(tl.int64)[:, None] * o_stride_t + head * o_stride_h + offs_d[None, :]
         tl.store(o_ptr + o_off, out, mask=m_valid[:, None] & d_valid[None, :])
@@ -112,8 +116,9 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, r2t_ptr, r2t_stride, slots_ptr, p
 
 @triton.jit
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, part_ptr, lse_ptr, r2t_ptr, r2t_stride, slots_ptr, prefix_ptr,
-                         starts_ptr, q_stride_t, q_stride_h, k_stride_h, k_stride_s, scale, k_scale, v_scale, window, D,
-                         H, SPLITS: tl.constexpr, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                         starts_ptr, q_stride_t, q_stride_h, k_stride_h, k_stride_s, scale, k_scale, v_scale, window,
+                         softcap, D, H, SPLITS: tl.constexpr, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                         HAS_SOFTCAP: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          IEEE: tl.constexpr):
     """The query heads of one KV head, one row, over one part of its context -> a partial
@@ -147,7 +152,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, part_ptr, lse_ptr, r2t_ptr, r2t_st
     qk_scale = scale * k_scale
     for start in range(lo, hi, BLOCK_N):
         m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_head, v_head, r2t_row, k_stride_s, start, hi, positions,
-                                      offs_d, d_valid, qk_scale, window, HAS_WINDOW, BLOCK_N, IEEE)
+                                      offs_d, d_valid, qk_scale, window, softcap, HAS_WINDOW, HAS_SOFTCAP, BLOCK_N,
+                                      IEEE)
     lse = tl.where(l_i > 0, tl.where(m_i == NEG_INF, 0.0, m_i) + log(tl.where(l_i > 0, l_i, 1.0)), NEG_INF)
     out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
     part = ((row * H + heads).to(tl.int64) * SPLITS + split)
@@ -190,7 +196,7 @@ def _dims(q: torch.Tensor, k_pool: torch.Tensor) -> tuple[int, int, int, bool]:
 
 
 def extend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
-           window: int | None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+           window: int | None, k_scale: float = 1.0, v_scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
     heads, d, group, ieee = _dims(q, k_pool)
     b = batch.req_slots.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -204,8 +210,8 @@ def extend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: P
     _extend_kernel[grid](
         q, k_pool, v_pool, out, batch.req_to_token, batch.req_to_token.stride(0), _vec(batch.req_slots),
         _vec(batch.prefix_lens), _vec(batch.extend_lens), _vec(batch.extend_starts), q.stride(0), q.stride(1),
-        k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1), scale, k_scale, v_scale, window or 0, d,
-        GROUP=group, HAS_WINDOW=window is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1), scale, k_scale, v_scale, window or 0,
+        softcap or 1.0, d, GROUP=group, HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=ieee, **NO_FMA,
     )
     return out.to(q.dtype)
@@ -217,7 +223,8 @@ def default_splits(max_seq_len: int) -> int:
 
 
 def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
-           window: int | None, splits: int | None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+           window: int | None, splits: int | None, k_scale: float = 1.0, v_scale: float = 1.0,
+           softcap: float | None = None) -> torch.Tensor:
     heads, d, group, ieee = _dims(q, k_pool)
     b = batch.req_slots.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -234,8 +241,8 @@ def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: P
     _decode_split_kernel[(b, k_pool.shape[0], splits)](
         q, k_pool, v_pool, parts, lse, batch.req_to_token, batch.req_to_token.stride(0), _vec(batch.req_slots),
         _vec(batch.prefix_lens), _vec(batch.extend_starts), q.stride(0), q.stride(1), k_pool.stride(0),
-        k_pool.stride(1), scale, k_scale, v_scale, window or 0, d, heads, SPLITS=splits, GROUP=group, HAS_WINDOW=window is not None,
-        BLOCK_G=block_g, BLOCK_N=64 if INTERPRET else 32, BLOCK_D=block_d, IEEE=ieee, **NO_FMA,
+        k_pool.stride(1), scale, k_scale, v_scale, window or 0, softcap or 1.0, d, heads, SPLITS=splits, GROUP=group,
+        HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, BLOCK_G=block_g, BLOCK_N=64 if INTERPRET else 32, BLOCK_D=block_d, IEEE=ieee, **NO_FMA,
     )
     _decode_merge_kernel[(b, heads)](
         parts, lse, out, _vec(batch.extend_starts), out.stride(0), out.stride(1), d, heads, SPLITS=splits,

@@ -69,6 +69,16 @@ def exp(x):
 
 
 @device_fn
+def tanh(x):
+    """CUDA's tanhf compiled; interpreted, 2 / (1 + e^-2x) - 1 (within ~2 ulps of 1 absolute:
+    attention's soft-capping multiplies it by the cap, far inside the kernels' score bound)."""
+    if PRECISE:
+        return libdevice.tanh(x)
+    else:
+        return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
+
+
+@device_fn
 def log(x):
     if PRECISE:
         return libdevice.log(x)

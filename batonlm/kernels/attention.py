@@ -6,7 +6,9 @@ new tokens' keys and values are in the pool already (the backend writes them fir
 prefill, a chunk on a cached prefix and a decode step are one computation:
 
     out[t, h] = softmax_j(scale * q[t, h] . k[h_kv, slot(j)]) . v[h_kv, slot(j)],
-    j over positions max(0, p - W + 1) .. p, p = the query's position, h_kv = h // (H / H_kv).
+    j over positions max(0, p - W + 1) .. p, p = the query's position, h_kv = h // (H / H_kv),
+
+with logit soft-capping (Gemma 2) each score s becomes cap * tanh(s / cap) before the softmax.
 
 An FP8 pool (`--kv-cache-dtype`) holds k / k_scale and v / v_scale rounded to FP8: every
 function takes the layer's two scales and reads the pool as `stored * scale` (1.0: as stored).
@@ -37,7 +39,7 @@ class PagedBatch:
 
 def paged_attention_reference(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
-    window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+    window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0, softcap: float | None = None,
 ) -> torch.Tensor:
     """q [T, H, D], k_pool / v_pool [H_kv, slots, D] (read as stored * k_scale / v_scale) ->
     [T, H, D] (in q's dtype; float32 math, float64 for a float64 q)."""
@@ -55,6 +57,8 @@ def paged_attention_reference(
         v = v_pool[:, slots].to(math_dtype) * v_scale
         qb = q[start : start + n].to(math_dtype).reshape(n, kv_heads, group, d)
         scores = torch.einsum("nkgd,kld->kgnl", qb, k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = p + torch.arange(n, device=q.device)
         k_pos = torch.arange(length, device=q.device)
         visible = k_pos[None, :] <= q_pos[:, None]
@@ -83,22 +87,23 @@ def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
 
 def extend_attention_triton(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
-    window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+    window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0, softcap: float | None = None,
 ) -> torch.Tensor:
     """`paged_attention_reference` for any rows: prefills, chunks on a cached prefix, decodes."""
     _check(q, k_pool, v_pool)
     # Imported on first use: triton decides between compiling and interpreting at definition.
     from batonlm.kernels import _triton_attention
 
-    return _triton_attention.extend(q, k_pool, v_pool, batch, scale, window, k_scale, v_scale)
+    return _triton_attention.extend(q, k_pool, v_pool, batch, scale, window, k_scale, v_scale, softcap)
 
 
 def decode_attention_triton(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
     window: int | None = None, splits: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """`paged_attention_reference` for rows of one query each (decode steps), split-KV."""
     _check(q, k_pool, v_pool)
     from batonlm.kernels import _triton_attention
 
-    return _triton_attention.decode(q, k_pool, v_pool, batch, scale, window, splits, k_scale, v_scale)
+    return _triton_attention.decode(q, k_pool, v_pool, batch, scale, window, splits, k_scale, v_scale, softcap)

@@ -108,9 +108,6 @@ def test_what_the_fallback_cannot_do_is_refused_in_one_line(fallback_models, tmp
         msg = str(e.value)
         assert f"model architecture {arch!r} is not supported" in msg and why in msg
         assert "native: LlamaForCausalLM" in msg and "\n" not in msg
-    # Gemma 2's attention soft-capping is the torch backend's only.
-    with pytest.raises(DeviceConfigError, match="soft-caps its attention logits, .* --attention-backend torch"):
-        SchedulerHarness(fallback_models["gemma2"], attention_backend="triton")
 
 
 def test_serve_says_which_code_runs_the_model(fallback_models):

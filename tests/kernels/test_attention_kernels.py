@@ -52,10 +52,11 @@ def make_case(rows, heads, kv_heads, d, dtype, seed):
     return q, k, v, batch
 
 
-def bound(q, k, v, batch, scale, dtype) -> torch.Tensor:
+def bound(q, k, v, batch, scale, dtype, softcap=None) -> torch.Tensor:
     """[T, H, 1] bound on |float32 (or half) result - exact|: the score dot products (D terms),
     the weighted sum over the row's L keys, and in half precision the rounding of the weights
-    and of the output (2 units relative to max |v|)."""
+    and of the output (2 units relative to max |v|). Soft-capping is 1-Lipschitz (it passes a
+    score's error on, never grows it) and adds its tanh's rounding, a few units of the cap."""
     u = UNIT[dtype]
     d = q.shape[-1]
     qmax = q.double().abs().amax(dim=(1, 2))[:, None, None]
@@ -63,19 +64,22 @@ def bound(q, k, v, batch, scale, dtype) -> torch.Tensor:
     lengths = torch.cat([torch.full((int(n),), int(p + n)) for p, n in zip(batch.prefix_lens, batch.extend_lens)])
     f32 = 2.0**-24
     score_err = 4 * scale * d * qmax * kmax * f32  # absolute error in a score -> relative in its weight
+    if softcap is not None:
+        score_err = score_err + 4 * softcap * f32
     sum_err = (LAMBDA * lengths.double().sqrt()[:, None, None] + 8) * f32
     half = 0.0 if dtype == torch.float32 else 2 * u + scale * d * qmax * kmax * u
     return vmax * (score_err + sum_err + half)
 
 
-def check(got, q, k, v, batch, scale, window, dtype, k_scale=1.0, v_scale=1.0):
+def check(got, q, k, v, batch, scale, window, dtype, k_scale=1.0, v_scale=1.0, softcap=None):
     """An FP8 pool is exact in float64: the reference reads it as stored * scale, and the bound
     is that of a pool holding those values (the kernels convert FP8 tiles exactly; the scales
     add one rounding to the scores' factor and one to the output's, within the bound's slack)."""
-    exact = paged_attention_reference(q.double(), k.double(), v.double(), batch, scale, window, k_scale, v_scale)
+    exact = paged_attention_reference(q.double(), k.double(), v.double(), batch, scale, window, k_scale, v_scale,
+                                      softcap)
     assert got.dtype == dtype and got.shape == q.shape
     err = (got.double() - exact).abs()
-    tol = bound(q, k.double() * k_scale, v.double() * v_scale, batch, scale, dtype)
+    tol = bound(q, k.double() * k_scale, v.double() * v_scale, batch, scale, dtype, softcap)
     assert bool((err <= tol).all()), f"error {err.max():.3g}, bound {tol.min():.3g}"
 
 
@@ -108,6 +112,23 @@ def test_decode_kernel_split_kv(d, heads, kv_heads, window, splits):
     check(got, q, k, v, batch, scale, window, torch.float32)
     # The extend kernel computes the same rows (a decode row is an extend of one).
     check(extend_attention_triton(q, k, v, batch, scale, window), q, k, v, batch, scale, window, torch.float32)
+
+
+@pytest.mark.parametrize("kernel", ["extend", "decode"])
+def test_logit_soft_capping(kernel):
+    """Gemma 2's cap * tanh(score / cap), a cap small enough to bend most scores (|score| up to
+    ~30 here); the check sees a kernel that leaves it out."""
+    rng = random.Random(21)
+    rows = random_rows(rng, 5, decode=kernel == "decode")
+    q, k, v, batch = make_case(rows, 8, 2, 48, torch.float32, seed=21)
+    scale, cap = 48**-0.5, 2.5
+    if kernel == "decode":
+        got = decode_attention_triton(q, k, v, batch, scale, 9, 3, softcap=cap)
+    else:
+        got = extend_attention_triton(q, k, v, batch, scale, 9, softcap=cap)
+    check(got, q, k, v, batch, scale, 9, torch.float32, softcap=cap)
+    with pytest.raises(AssertionError, match="bound"):
+        check(extend_attention_triton(q, k, v, batch, scale, 9), q, k, v, batch, scale, 9, torch.float32, softcap=cap)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -174,10 +195,12 @@ def test_the_bound_sees_a_missing_key():
     assert math.isfinite(float(exact.abs().max()))
 
 
-@pytest.mark.parametrize("window, cache_dtype", [(None, None), (24, None), (24, torch.float8_e4m3fn)])
-def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window, cache_dtype):
+@pytest.mark.parametrize("window, cache_dtype, softcap",
+                         [(None, None, None), (24, None, None), (24, torch.float8_e4m3fn, None), (24, None, 3.0)])
+def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window, cache_dtype, softcap):
     """Both backends through ForwardBatch: extend rows on cached prefixes and decode rows; with
-    an FP8 pool, the torch backend's dequantizing gather against the kernels' scaled reads."""
+    an FP8 pool, the torch backend's dequantizing gather against the kernels' scaled reads; with
+    Gemma 2's logit soft-capping."""
     from batonlm.model_runner.attention.torch_backend import TorchAttentionBackend
     from batonlm.model_runner.attention.triton_backend import TritonAttentionBackend
     from batonlm.model_runner.forward_batch import ForwardBatch
@@ -206,6 +229,7 @@ def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window, cache_dtyp
     outs = []
     for cls in (TorchAttentionBackend, TritonAttentionBackend):
         backend = cls(pool, r2t, heads, kv_heads, d, windows)
+        backend.softcap = softcap
         batch = ForwardBatch.build(*batch_args)
         assert len(batch.groups) == 2  # extend rows, then decode rows
         backend.prepare(batch)

@@ -39,7 +39,7 @@ class AttentionBackend(ABC):
         self.sliding_windows = sliding_windows
         self.scale = head_dim**-0.5 if scale is None else scale
         # Attention logit soft-capping (Gemma 2): scores -> cap * tanh(scores / cap) before the
-        # mask and softmax; None: off. The torch backend applies it.
+        # mask and softmax; None: off. Every backend applies it.
         self.softcap: float | None = None
 
     @abstractmethod

@@ -39,8 +39,6 @@ class TritonAttentionBackend(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        if self.softcap is not None:
-            raise ValueError("attention logit soft-capping runs on the torch attention backend")
         self.kv_pool.write(layer, batch.out_cache_loc, k, v)
         pool = self.kv_pool
         k_pool, v_pool = pool.k[layer], pool.v[layer]
@@ -52,7 +50,9 @@ class TritonAttentionBackend(AttentionBackend):
         for g in groups:
             t = g.group.tokens
             if g.decode:
-                out[t] = decode_attention_triton(q[t], k_pool, v_pool, g.paged, self.scale, window, None, k_scale, v_scale)
+                out[t] = decode_attention_triton(q[t], k_pool, v_pool, g.paged, self.scale, window, None, k_scale, v_scale,
+                                                 self.softcap)
             else:
-                out[t] = extend_attention_triton(q[t], k_pool, v_pool, g.paged, self.scale, window, k_scale, v_scale)
+                out[t] = extend_attention_triton(q[t], k_pool, v_pool, g.paged, self.scale, window, k_scale, v_scale,
+                                                 self.softcap)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
