@@ -54,8 +54,7 @@ def build(path: str, max_bs: int, context: int, dtype: torch.dtype = torch.float
     cfg = ModelConfig.from_hf(path)
     runner = ModelRunner(cfg, dtype=dtype, device="cpu", kv_capacity=max_bs * (context + 1),
                          num_req_slots=max_bs, context_length=context + 1, attention_backend="torch", sampler="torch")
-    graphs = CompiledDecode(runner.model, runner.kv_pool, runner.req_to_token, cfg.num_heads, cfg.num_kv_heads,
-                            cfg.head_dim, cfg.sliding_windows, max_bs=max_bs, max_context=context + 1,
+    graphs = CompiledDecode(runner.model, runner.attn, max_bs=max_bs, max_context=context + 1,
                             cache_dir=os.environ["TORCHINDUCTOR_CACHE_DIR"])
     return runner, graphs
 

@@ -49,8 +49,7 @@ def build_executor(
         from batonlm.model_runner.compiled_decode import CompiledDecode
 
         runner.use_decode_graphs(CompiledDecode(
-            runner.model, runner.kv_pool, runner.req_to_token, runner.num_heads, runner.num_kv_heads, cfg.kv_head_dim,
-            cfg.sliding_windows, scale=cfg.attention_scale, max_bs=spec.compile_max_bs, max_context=spec.context_length,
+            runner.model, runner.attn, max_bs=spec.compile_max_bs, max_context=spec.context_length,
             cache_dir=spec.compile_cache_dir,
         ), progress)
     elif spec.cuda_graph_max_bs:

@@ -32,9 +32,7 @@ import torch.nn.functional as F
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS, DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
-from batonlm.model_runner.kv_pool import KVPool
 from batonlm.model_runner.models.base import CausalLM
-from batonlm.model_runner.req_to_token import ReqToTokenPool
 
 # The context dimension is compiled dynamic: one graph serves every width, and the width is the
 # batch's longest context rounded up to this (a power of two would double the attention work
@@ -140,31 +138,27 @@ class PaddedDecodeAttention(AttentionBackend):
         # stay separate loops (benchmarks/decode_step.py: 5.8 -> 3.8 ms a step there; stories260K
         # within noise).
         mask = masks[self.sliding_windows[layer]].transpose(0, 1)  # [B, 1, group, L]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale)
+        if self.softcap is None:
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale)
+        else:  # SDPA has no soft-capping: the torch backend's order of operations
+            scores = torch.tanh(torch.matmul(queries, keys.transpose(-1, -2)) * self.scale / self.softcap) * self.softcap
+            weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32)
+            out = torch.matmul(weights.to(queries.dtype), values)
         return out.reshape(b, self.num_heads * d)
 
 
 class CompiledDecode(DecodeGraphs):
     def __init__(
-        self,
-        model: CausalLM,
-        kv_pool: KVPool,
-        req_to_token: ReqToTokenPool,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        sliding_windows: tuple[int | None, ...],
-        *,
-        scale: float | None = None,
-        max_bs: int,
-        max_context: int,
-        cache_dir: str,
+        self, model: CausalLM, attn: AttentionBackend, *, max_bs: int, max_context: int, cache_dir: str,
     ) -> None:
+        """`attn`: the runner's attention backend, whose KV pool, req-to-token table and geometry
+        (heads, head dim, windows, scale, soft-capping) the step's attention shares."""
         if not 1 <= max_bs <= COMPILE_MAX_BS:
             raise ValueError(f"the compiled decode step serves 1 to {COMPILE_MAX_BS} rows, not {max_bs}")
         self.model = model
-        self.attn = PaddedDecodeAttention(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, sliding_windows,
-                                          scale)
+        kv_pool, req_to_token = attn.kv_pool, attn.req_to_token
+        self.attn = PaddedDecodeAttention(kv_pool, req_to_token, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                          attn.sliding_windows, attn.scale, attn.softcap)
         self.max_bs = max_bs
         self.batch_ranges = batch_ranges(max_bs)
         self.max_context = max_context

@@ -14,8 +14,8 @@ from torch import nn
 
 from batonlm.distributed.group import TPGroup
 from batonlm.model_runner.linear import Linear
-from batonlm.model_runner.model_config import RopeConfig, yarn_mscale
 from batonlm.model_runner.parallel_layers import RowParallelLinear
+from batonlm.model_runner.rope_config import RopeConfig, yarn_mscale
 
 
 class RMSNorm(nn.Module):
@@ -29,6 +29,16 @@ class RMSNorm(nn.Module):
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight stored as an offset from 1, applied in float32 before the
+    result is rounded back (transformers' order of operations)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError, resolve_quantization
+from batonlm.model_runner.rope_config import RopeConfig, RopeConfigError, read_ropes, yarn_mscale
 from batonlm.registries import MODEL_ARCHITECTURES
 
 _FULL = "full_attention"
@@ -18,30 +18,6 @@ _SLIDING = "sliding_attention"
 
 class ModelConfigError(ValueError):
     """The model directory or its config cannot be used."""
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    theta: float = 10000.0
-    # "default", "linear", "llama3" or "yarn"; anything else is rejected at load time.
-    type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    # YaRN: the ramp between interpolated and extrapolated frequencies, and the factor cos/sin
-    # are multiplied by (None: from `factor`, `mscale` and `mscale_all_dim` as transformers does).
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float = 0.0
-    mscale_all_dim: float = 0.0
-    attention_factor: float | None = None
-    truncate: bool = True
-
-
-def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's attention temperature: 0.1 * mscale * ln(factor) + 1 (1 when not scaled up)."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +79,8 @@ class ModelConfig:
     quantization: QuantConfig | None = None
     # Multi-head latent attention (DeepSeek); None: per-head keys and values.
     mla: MLAConfig | None = None
+    # The sliding-window layers' rotary where it is not `rope`'s (Gemma 3's local base).
+    local_rope: RopeConfig | None = None
 
     # What the KV pool stores and attention reads per token and layer, on a rank of `tp`. MLA
     # stores one latent "head" (replicated on every rank) whose first `kv_lora_rank` features
@@ -115,11 +93,17 @@ class ModelConfig:
         return self.mla.latent_dim if self.mla else self.head_dim
 
     @property
+    def attn_logit_softcap(self) -> float | None:
+        """Gemma 2's cap on attention scores (cap * tanh(s / cap)); None: none."""
+        cap = self.raw.get("attn_logit_softcapping")
+        return float(cap) if cap else None
+
+    @property
     def attention_scale(self) -> float:
-        """The softmax scale: 1/sqrt(head dim); MLA's over its query-key dim, times YaRN's
-        `mscale_all_dim` temperature squared."""
-        if self.mla is None:
-            return self.head_dim**-0.5
+        """The softmax scale: 1/sqrt(head dim) (Gemma: of query_pre_attn_scalar); MLA's over
+        its query-key dim, times YaRN's `mscale_all_dim` temperature squared."""
+        if self.mla is None:  # Gemma's queries scale by query_pre_attn_scalar instead
+            return float(self.raw.get("query_pre_attn_scalar") or self.head_dim) ** -0.5
         scale = self.mla.qk_head_dim**-0.5
         if self.rope.type == "yarn" and self.rope.mscale_all_dim:
             mscale = yarn_mscale(self.rope.factor, self.rope.mscale_all_dim)
@@ -183,6 +167,10 @@ class ModelConfig:
         num_layers = int(req("num_hidden_layers"))
         model_type = str(text.get("model_type", ""))
 
+        try:
+            ropes = read_ropes(text) if impl == "native" else (RopeConfig(), None)  # transformers' own rotary
+        except RopeConfigError as e:
+            raise ModelConfigError(f"{cfg_file}: {e}") from None
         gen_eos = _generation_eos(root)
         eos = gen_eos if gen_eos is not None else _as_ids(text.get("eos_token_id"))
 
@@ -199,10 +187,11 @@ class ModelConfig:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-            rope=_rope(text) if impl == "native" else RopeConfig(),  # transformers' own rotary
+            rope=ropes[0],
+            local_rope=ropes[1],
             max_position_embeddings=int(text.get("max_position_embeddings", 2048)),
             tie_word_embeddings=embedding_only or bool(text.get("tie_word_embeddings", False)),
-            hidden_act=str(text.get("hidden_act", "silu")),
+            hidden_act=str(text.get("hidden_activation") or text.get("hidden_act", "silu")),  # Gemma's name first
             sliding_windows=_sliding_windows(text, model_type, num_layers),
             torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or "float32"),
             eos_token_ids=tuple(eos),
@@ -303,41 +292,6 @@ def _generation_eos(root: Path) -> list[int] | None:
     return _as_ids(data["eos_token_id"])
 
 
-def _rope(text: dict[str, Any]) -> RopeConfig:
-    # transformers 5 writes `rope_parameters` (theta included); older checkpoints use
-    # `rope_theta` + `rope_scaling`.
-    params = dict(text.get("rope_parameters") or {})
-    scaling = dict(text.get("rope_scaling") or {})
-    params = {**scaling, **params}
-    theta = float(params.get("rope_theta", text.get("rope_theta", 10000.0)))
-    rope_type = str(params.get("rope_type", params.get("type", "default")))
-    if rope_type not in ("default", "linear", "llama3", "yarn"):
-        raise ModelConfigError(
-            f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3, yarn)"
-        )
-    original = params.get("original_max_position_embeddings")
-    factor = params.get("factor")
-    if rope_type == "yarn" and factor is None:  # DeepSeek-V3's way: the context's growth
-        if not original:
-            raise ModelConfigError("yarn rope scaling needs 'factor' or 'original_max_position_embeddings'")
-        factor = int(text.get("max_position_embeddings", 2048)) / int(original)
-    attention_factor = params.get("attention_factor")
-    return RopeConfig(
-        theta=theta,
-        type=rope_type,
-        factor=float(1.0 if factor is None else factor),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(original or 8192),
-        beta_fast=float(params.get("beta_fast") or 32),
-        beta_slow=float(params.get("beta_slow") or 1),
-        mscale=float(params.get("mscale") or 0.0),
-        mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
-        attention_factor=None if attention_factor is None else float(attention_factor),
-        truncate=bool(params.get("truncate", True)),
-    )
-
-
 def _mla(text: dict[str, Any]) -> MLAConfig | None:
     """DeepSeek's attention fields, when the config has a KV latent."""
     if not text.get("kv_lora_rank"):
@@ -359,7 +313,10 @@ def _sliding_windows(text: dict[str, Any], model_type: str, num_layers: int) -> 
     window = text.get("sliding_window")
     layer_types = text.get("layer_types")
     if layer_types is None:
-        if model_type in ("mistral", "mixtral"):
+        if model_type in ("gemma2", "gemma3_text", "gemma3") and window:  # every `pattern`-th layer global
+            pattern = int(text.get("sliding_window_pattern") or (2 if model_type == "gemma2" else 6))
+            layer_types = [_SLIDING if (i + 1) % pattern else _FULL for i in range(num_layers)]
+        elif model_type in ("mistral", "mixtral"):
             layer_types = [_SLIDING if window else _FULL] * num_layers
         elif model_type == "qwen3_moe":  # every layer, when use_sliding_window
             layer_types = [_SLIDING if window and text.get("use_sliding_window") else _FULL] * num_layers

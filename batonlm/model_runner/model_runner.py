@@ -59,7 +59,7 @@ class ModelRunner:
         self.req_to_token = ReqToTokenPool(num_req_slots, context_length, self.device)
         self.attn = ATTENTION_BACKENDS[attention_backend](
             self.kv_pool, self.req_to_token, self.num_heads, self.num_kv_heads, cfg.kv_head_dim, cfg.sliding_windows,
-            cfg.attention_scale,
+            cfg.attention_scale, cfg.attn_logit_softcap,
         )
         self.sampler = SAMPLERS[sampler]()
         self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)

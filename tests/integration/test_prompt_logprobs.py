@@ -66,15 +66,16 @@ def cases(tiny_models, stories_path):
     rng = random.Random(5)
     out = {}
     for name, path in (("stories", stories_path), ("mixtral", tiny_models["mixtral"]),
-                       ("deepseek_v3", tiny_models["deepseek_v3"])):
+                       ("deepseek_v3", tiny_models["deepseek_v3"]), ("gemma2", tiny_models["gemma2"])):
         vocab = 512 if name == "stories" else None
         prompts = random_prompts(6, rng, lo=2, hi=120, **({"vocab": vocab} if vocab else {}))
         out[name] = (path, prompts)
     return out
 
 
-# A Llama, a mixture of experts, latent attention with YaRN.
-@pytest.mark.parametrize("name", ["stories", "mixtral", "deepseek_v3"])
+# A Llama, a mixture of experts, latent attention with YaRN, Gemma 2's soft-capped logits (a cap
+# changes no greedy token: only logprobs see it).
+@pytest.mark.parametrize("name", ["stories", "mixtral", "deepseek_v3", "gemma2"])
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_prompt_logprobs_match_transformers(cases, name, chunk):
     path, prompts = cases[name]

@@ -27,9 +27,8 @@ from batonlm.model_runner.model_config import ModelConfig, ModelConfigError
 def fallback_models(tmp_path_factory) -> dict[str, str]:
     """Tiny random models of configs/test-models/transformers/*.json: GPT-NeoX (partial rotary,
     parallel residual, LayerNorm, biases), OLMo-2 (norms after attention and MLP, q/k norms over
-    all heads), Granite (embedding/residual/attention multipliers, logits scaling, tied), Gemma 3
-    (a sliding layer then a global one, query_pre_attn_scalar, (1 + w) norms, tied), Gemma 2 (the
-    same, and attention and final logit soft-capping small enough to change every output)."""
+    all heads), Granite (embedding/residual/attention multipliers, logits scaling, tied). Gemma 2
+    on transformers' code: `test_a_native_architecture_on_transformers_gives_the_native_tokens`."""
     root = tmp_path_factory.mktemp("fallback_models")
     out = {}
     for family in FALLBACK_FAMILIES:
@@ -69,12 +68,15 @@ def test_fallback_matches_transformers_generate(fallback_models, family):
         h.close()
 
 
-def test_a_native_architecture_on_transformers_gives_the_native_tokens(tiny_models):
-    """`--model-impl transformers` on a Llama: transformers' code through batonlm's cache gives
-    what batonlm's own Llama gives (and transformers' generate)."""
-    path = tiny_models["llama"]
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_a_native_architecture_on_transformers_gives_the_native_tokens(tiny_models, family):
+    """`--model-impl transformers` on a Llama, and on Gemma 2 (a sliding layer then a global one,
+    query_pre_attn_scalar, attention soft-capping small enough to change every output, passed per
+    layer by transformers' code): transformers' code through batonlm's cache gives what
+    batonlm's own model gives (and transformers' generate)."""
+    path = tiny_models[family]
     assert ModelConfig.from_hf(path, "transformers").impl == "transformers"
-    prompts, max_new = _workload("llama")
+    prompts, max_new = _workload(family)
     out = {}
     for impl in ("native", "transformers"):
         h = SchedulerHarness(path, model_impl=impl, chunked_prefill_size=16)

@@ -91,9 +91,7 @@ def test_compiled_decode_graph_function_gives_the_eager_logits(tiny_models, fami
     batch = _decode_batch(runner, [5, 40, 130])  # width 160 (131 keys padded)
     eager = runner.forward(batch)
     before = _pool_copy(runner)
-    cfg = runner.cfg
-    graphs = CompiledDecode(runner.model, runner.kv_pool, runner.req_to_token, cfg.num_heads, cfg.num_kv_heads,
-                            cfg.head_dim, cfg.sliding_windows, max_bs=4, max_context=CONTEXT, cache_dir="")
+    graphs = CompiledDecode(runner.model, runner.attn, max_bs=4, max_context=CONTEXT, cache_dir="")
     assert graphs.describe() == "batch sizes 1, 2-4"
     graphs._step = graphs._forward  # the function torch.compile would compile, run as is
     with torch.inference_mode():

@@ -28,9 +28,10 @@ class AttentionBackend(ABC):
         head_dim: int,
         sliding_windows: tuple[int | None, ...],
         scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         """`head_dim`: of queries, keys and values (MLA's latent, models/mla.py); `scale`: the
-        softmax scale (None: 1/sqrt(head_dim))."""
+        softmax scale (None: 1/sqrt(head_dim)); `softcap`: below."""
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.num_heads = num_heads
@@ -40,7 +41,7 @@ class AttentionBackend(ABC):
         self.scale = head_dim**-0.5 if scale is None else scale
         # Attention logit soft-capping (Gemma 2): scores -> cap * tanh(scores / cap) before the
         # mask and softmax; None: off. Every backend applies it.
-        self.softcap: float | None = None
+        self.softcap = softcap
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:

@@ -1,6 +1,7 @@
 """One decoder for the Llama-like families (Llama 2/3, Mistral, Qwen2, Qwen3, and with sparse
-MoE layers in place of MLPs Qwen2-MoE, Qwen3-MoE and Mixtral; with multi-head latent attention
-DeepSeek-V2/V3, `mla.py`): what they differ in is a `DecoderOptions`, which each family's
+MoE layers in place of MLPs Qwen2-MoE, Qwen3-MoE and Mixtral; with offset and sandwich norms,
+scaled embeddings and soft-capping Gemma 2/3; with multi-head latent attention DeepSeek-V2/V3,
+`mla.py`): what they differ in is a `DecoderOptions`, which each family's
 subclass (`families.py`, `deepseek.py`) reads from its config.
 
 Module names mirror Hugging Face's except where projections are fused (`qkv_proj`, whose
@@ -22,7 +23,7 @@ from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import TPLayout
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch
-from batonlm.model_runner.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from batonlm.model_runner.layers import GatedMLP, OffsetRMSNorm, RMSNorm, RotaryEmbedding, apply_rope
 from batonlm.model_runner.linear import Linear
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.base import CausalLM
@@ -44,6 +45,13 @@ class DecoderOptions:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # an RMSNorm over each query and key head, before the rotary
+    # Gemma: norms whose weight is an offset from 1 (layers.OffsetRMSNorm); norms around the
+    # attention output and the MLP besides the pre-norms; embeddings times sqrt(hidden); the
+    # final logits soft-capped (cap * tanh(logits / cap); None: not).
+    offset_norms: bool = False
+    sandwich_norms: bool = False
+    scale_embeddings: bool = False
+    final_softcap: float | None = None
     moe: MoEOptions | None = None  # the experts of the layers in `moe_layers` (moe.py)
     moe_layers: frozenset[int] = field(default_factory=frozenset)
 
@@ -57,8 +65,9 @@ class Attention(nn.Module):
         self.kv_size = self.kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
         self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, opts.o_bias, tp)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
+        norm = OffsetRMSNorm if opts.offset_norms else RMSNorm
+        self.q_norm = norm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
+        self.k_norm = norm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
 
     def forward(
         self,
@@ -106,12 +115,23 @@ class DecoderLayer(nn.Module):
                                 checkpoint_rows=(start, cfg.intermediate_size))
         # DP attention: the MLP is split over the data-parallel ranks, not over `tp`.
         self.dp_mlp = mlp_group if mlp_group is not tp else None
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = OffsetRMSNorm if opts.offset_norms else RMSNorm
+        self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Llama's pre-MLP norm; with sandwich norms (Gemma) the attention output's.
+        self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.pre_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps) if opts.sandwich_norms else None
+        self.post_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps) if opts.sandwich_norms else None
 
     def forward(self, x, cos, sin, attn: AttentionBackend, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, batch)
-        return x + self.mlp_forward(self.post_attention_layernorm(x), batch.dp_tokens, getattr(batch, "lora", None))
+        h = self.self_attn(self.input_layernorm(x), cos, sin, attn, batch)
+        lora = getattr(batch, "lora", None)
+        if self.pre_feedforward_layernorm is None:
+            x = x + h
+            return x + self.mlp_forward(self.post_attention_layernorm(x), batch.dp_tokens, lora)
+        assert self.post_feedforward_layernorm is not None
+        x = x + self.post_attention_layernorm(h)
+        h = self.mlp_forward(self.pre_feedforward_layernorm(x), batch.dp_tokens, lora)
+        return x + self.post_feedforward_layernorm(h)
 
     def mlp_forward(self, h: torch.Tensor, dp_tokens: list[int] | None, lora: Any = None) -> torch.Tensor:
         if lora is not None:  # LoRA: dense MLPs on one rank (device/spec.py checks)
@@ -137,7 +157,7 @@ class DecoderBody(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, opts, i, shard, tp, mlp_rows, mlp_group) for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = (OffsetRMSNorm if opts.offset_norms else RMSNorm)(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class DecoderLM(CausalLM):
@@ -161,15 +181,19 @@ class DecoderLM(CausalLM):
         mlp_group: TPGroup | None = None,
     ) -> None:
         super().__init__(cfg, shard, tp, mlp_group)
-        opts = self.options(cfg.raw)
+        self.opts = opts = self.options(cfg.raw)
         self.model = DecoderBody(cfg, opts, self.shard, self.tp, self.mlp_rows, self.mlp_group)
         vocab_rows = self.shard.vocab_rows()[1]
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, vocab_rows, bias=False)
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, meta=True)
+        self.embed_scale = cfg.hidden_size**0.5 if opts.scale_embeddings else None
+        self.init_buffers("meta")
 
     def init_buffers(self, device: torch.device | str) -> None:
-        cfg = self.config
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings).to(device)
+        cfg, meta = self.config, torch.device(device).type == "meta"
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, meta=meta).to(device)
+        # Gemma 3's sliding layers turn at another base.
+        self.rotary_local = None if cfg.local_rope is None else RotaryEmbedding(
+            cfg.local_rope, cfg.head_dim, cfg.max_position_embeddings, meta=meta).to(device)
 
     def shard_sizes(self, fused: str) -> tuple[int, ...]:
         if fused == "qkv_proj":
@@ -179,8 +203,12 @@ class DecoderLM(CausalLM):
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary.tables(batch.positions, x.dtype)
-        for layer in self.model.layers:
+        if self.embed_scale is not None:  # sqrt(hidden) rounded to the model's dtype, as transformers'
+            x = x * x.new_tensor(self.embed_scale)
+        tables = self.rotary.tables(batch.positions, x.dtype)
+        local = tables if self.rotary_local is None else self.rotary_local.tables(batch.positions, x.dtype)
+        for layer, window in zip(self.model.layers, self.config.sliding_windows):
+            cos, sin = local if window is not None else tables
             x = layer(x, cos, sin, attn, batch)
         return x
 
@@ -196,7 +224,9 @@ class DecoderLM(CausalLM):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.final_norm(hidden)
-        return vocab_logits(hidden, self._head_weight(), self.config.vocab_size, self.tp)
+        logits = vocab_logits(hidden, self._head_weight(), self.config.vocab_size, self.tp)
+        cap = self.opts.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
