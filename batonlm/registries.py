@@ -22,6 +22,7 @@ MODEL_ARCHITECTURES: LazyRegistry[Any] = LazyRegistry(
         "Qwen2MoeForCausalLM": "batonlm.model_runner.models.families:Qwen2MoeForCausalLM",
         "Qwen3MoeForCausalLM": "batonlm.model_runner.models.families:Qwen3MoeForCausalLM",
         "MixtralForCausalLM": "batonlm.model_runner.models.families:MixtralForCausalLM",
+        "Phi3ForCausalLM": "batonlm.model_runner.models.families:Phi3ForCausalLM",
         "Gemma2ForCausalLM": "batonlm.model_runner.models.gemma:Gemma2ForCausalLM",
         "Gemma3ForCausalLM": "batonlm.model_runner.models.gemma:Gemma3ForCausalLM",
         "DeepseekV2ForCausalLM": "batonlm.model_runner.models.deepseek:DeepseekV2ForCausalLM",

@@ -54,11 +54,12 @@ def family_with(key: str) -> str:
     return next(f for f in TEST_FAMILIES if tiny_raw(f).get(key))
 
 
-def tiny_config(family: str):
-    """The transformers config of a tiny test model (configs/test-models/<family>.json)."""
+def tiny_config(family: str, **changes: Any):
+    """The transformers config of a tiny test model (configs/test-models/<family>.json), with
+    `changes` to its fields."""
     from transformers import AutoConfig
 
-    raw = tiny_raw(family)
+    raw = {**tiny_raw(family), **changes}
     model_type = raw.pop("model_type")
     raw.pop("architectures")
     return AutoConfig.for_model(model_type, **raw)
@@ -85,9 +86,9 @@ def randomize_biases_and_norms(model: torch.nn.Module) -> None:
                 b.normal_(0.0, 0.2)
 
 
-def build_tiny_model(family: str, path: Path) -> None:
+def build_tiny_model(family: str, path: Path, **changes: Any) -> None:
     torch.manual_seed(1234)
-    model = hf_model_class(family)(tiny_config(family)).to(torch.float32)
+    model = hf_model_class(family)(tiny_config(family, **changes)).to(torch.float32)
     randomize_biases_and_norms(model)
     model.save_pretrained(path, safe_serialization=True)
     # Greedy generation with the same EOS everywhere.

@@ -46,6 +46,8 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     computes them."""
     if rope.type == "yarn":
         return _yarn_inv_freq(rope, head_dim)
+    if rope.type == "longrope":  # the short factors; `RotaryEmbedding` switches to the long ones
+        return _longrope_inv_freq(rope, head_dim, rope.short_factor)
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if rope.type == "linear":
         return inv_freq / rope.factor
@@ -82,19 +84,36 @@ def _yarn_inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
     return (1.0 / (rope.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
+def _longrope_inv_freq(rope: RopeConfig, dim: int, factors: tuple[float, ...]) -> torch.Tensor:
+    if len(factors) != dim // 2:
+        raise ValueError(f"longrope has {len(factors)} factors for a rotary of {dim} features (needs {dim // 2})")
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (torch.tensor(factors, dtype=torch.float32) * rope.theta**shape)
+
+
 def rope_attention_factor(rope: RopeConfig) -> float:
-    """What cos and sin are multiplied by: YaRN's temperature, else 1."""
-    if rope.type != "yarn":
+    """What cos and sin are multiplied by: YaRN's and LongRoPE's temperature, else 1."""
+    if rope.type not in ("yarn", "longrope"):
         return 1.0
     if rope.attention_factor is not None:
         return rope.attention_factor
+    if rope.type == "longrope":
+        if rope.factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(rope.factor) / math.log(rope.original_max_position_embeddings))
     if rope.mscale and rope.mscale_all_dim:
         return float(yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim))
     return yarn_mscale(rope.factor)
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE with a precomputed cos/sin table indexed by position."""
+    """Rotate-half RoPE with a precomputed cos/sin table indexed by position.
+
+    LongRoPE turns positions below `original_max_position_embeddings` by the short factors and
+    those from it by the long ones: each position's keys are what transformers' cache holds for
+    a prompt within the original context that generates past it (transformers recomputes a
+    longer prompt wholly with the long factors; here every position keeps one rotation, so the
+    prefix cache and chunked prefill stay exact)."""
 
     cos: torch.Tensor  # buffers: [max_positions, head_dim]
     sin: torch.Tensor
@@ -109,6 +128,9 @@ class RotaryEmbedding(nn.Module):
             inv_freq = rope_inv_freq(rope, head_dim)
             pos = torch.arange(max_positions, dtype=torch.float32)
             freqs = pos[:, None] * inv_freq[None, :]
+            if rope.type == "longrope":
+                long = pos[:, None] * _longrope_inv_freq(rope, head_dim, rope.long_factor)[None, :]
+                freqs = torch.where(pos[:, None] >= rope.original_max_position_embeddings, long, freqs)
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos(), emb.sin()
             factor = rope_attention_factor(rope)
@@ -123,7 +145,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]."""
+    """x: [T, heads, head_dim]; a table narrower than the head rotates its leading features
+    (partial rotary) and passes the rest."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

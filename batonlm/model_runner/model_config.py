@@ -89,6 +89,11 @@ class ModelConfig:
         return 1 if self.mla else max(1, self.num_kv_heads // tp)
 
     @property
+    def rotary_dim(self) -> int:
+        """The leading features of each query and key head that the rotary turns."""
+        return int(self.head_dim * self.rope.partial_rotary_factor)
+
+    @property
     def kv_head_dim(self) -> int:
         return self.mla.latent_dim if self.mla else self.head_dim
 
@@ -316,7 +321,7 @@ def _sliding_windows(text: dict[str, Any], model_type: str, num_layers: int) -> 
         if model_type in ("gemma2", "gemma3_text", "gemma3") and window:  # every `pattern`-th layer global
             pattern = int(text.get("sliding_window_pattern") or (2 if model_type == "gemma2" else 6))
             layer_types = [_SLIDING if (i + 1) % pattern else _FULL for i in range(num_layers)]
-        elif model_type in ("mistral", "mixtral"):
+        elif model_type in ("mistral", "mixtral", "phi3"):
             layer_types = [_SLIDING if window else _FULL] * num_layers
         elif model_type == "qwen3_moe":  # every layer, when use_sliding_window
             layer_types = [_SLIDING if window and text.get("use_sliding_window") else _FULL] * num_layers

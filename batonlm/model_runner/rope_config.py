@@ -1,6 +1,7 @@
-"""Rotary position embedding settings read from a Hugging Face config: the base, and the
-`linear`, `llama3` and `yarn` scalings; Gemma 3's second rotary for its sliding layers. The
-tables themselves are computed in `layers.py` as transformers computes them."""
+"""Rotary position embedding settings read from a Hugging Face config: the base, the rotated
+fraction of a head, and the `linear`, `llama3`, `yarn` and `longrope` scalings; Gemma 3's second
+rotary for its sliding layers. The tables themselves are computed in `layers.py` as
+transformers computes them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class RopeConfigError(ValueError):
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    # "default", "linear", "llama3" or "yarn"; anything else is rejected at load time.
+    # "default", "linear", "llama3", "yarn" or "longrope"; anything else is rejected at load time.
     type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
@@ -30,6 +31,11 @@ class RopeConfig:
     mscale_all_dim: float = 0.0
     attention_factor: float | None = None
     truncate: bool = True
+    # LongRoPE (Phi-3): per-frequency divisors below `original_max_position_embeddings` and from it.
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    # The leading fraction of each head that is rotated (Phi-4-mini: 0.75); the rest passes as is.
+    partial_rotary_factor: float = 1.0
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -57,16 +63,21 @@ def _rope(text: dict[str, Any]) -> RopeConfig:
     params = {**scaling, **params}
     theta = float(params.get("rope_theta", text.get("rope_theta", 10000.0)))
     rope_type = str(params.get("rope_type", params.get("type", "default")))
-    if rope_type not in ("default", "linear", "llama3", "yarn"):
+    if text.get("model_type") == "phi3" and rope_type in ("su", "yarn"):  # Phi-3's names for LongRoPE
+        rope_type = "longrope"
+    if rope_type not in ("default", "linear", "llama3", "yarn", "longrope"):
         raise RopeConfigError(
-            f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3, yarn)"
+            f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3, yarn, longrope)"
         )
-    original = params.get("original_max_position_embeddings")
+    original = params.get("original_max_position_embeddings") or text.get("original_max_position_embeddings")
     factor = params.get("factor")
-    if rope_type == "yarn" and factor is None:  # DeepSeek-V3's way: the context's growth
+    if rope_type in ("yarn", "longrope") and factor is None:  # the context's growth (DeepSeek-V3, Phi-3)
         if not original:
-            raise RopeConfigError("yarn rope scaling needs 'factor' or 'original_max_position_embeddings'")
+            raise RopeConfigError(f"{rope_type} rope scaling needs 'factor' or 'original_max_position_embeddings'")
         factor = int(text.get("max_position_embeddings", 2048)) / int(original)
+    short, long = tuple(map(float, params.get("short_factor") or ())), tuple(map(float, params.get("long_factor") or ()))
+    if rope_type == "longrope" and not (short and long and len(short) == len(long)):
+        raise RopeConfigError("longrope rope scaling needs 'short_factor' and 'long_factor' lists of one length")
     attention_factor = params.get("attention_factor")
     return RopeConfig(
         theta=theta,
@@ -81,4 +92,7 @@ def _rope(text: dict[str, Any]) -> RopeConfig:
         mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
         attention_factor=None if attention_factor is None else float(attention_factor),
         truncate=bool(params.get("truncate", True)),
+        short_factor=short,
+        long_factor=long,
+        partial_rotary_factor=float(params.get("partial_rotary_factor") or text.get("partial_rotary_factor") or 1.0),
     )

@@ -84,15 +84,16 @@ class LoadStats:
     checkpoint_bytes: int  # the checkpoint's tensors, all of them
 
 
-def weight_targets(model: CausalLM) -> dict[str, Target]:
-    """Checkpoint tensor name -> where this rank's part of it goes."""
+def weight_targets(model: CausalLM) -> dict[str, Target | list[Target]]:
+    """Checkpoint tensor name -> where this rank's part of it goes (a list: a fused checkpoint
+    tensor whose row ranges go to several places, Phi-3's qkv_proj under tensor parallelism)."""
     shard, cfg = model.shard, model.config
     q_start, _ = shard.q_rows()
     kv_start, _ = shard.kv_rows()
     vocab_start, vocab_count = shard.vocab_rows_in_checkpoint()
     q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     starts = {"q_proj": (q_start, q_full), "k_proj": (kv_start, kv_full), "v_proj": (kv_start, kv_full)}
-    out: dict[str, Target] = {}
+    out: dict[str, Target | list[Target]] = {}
     for param_name, p in model.named_parameters():
         name = _checkpoint_name(model, param_name)
         special = model.weight_target(param_name, name, p)
@@ -177,7 +178,7 @@ def _read(ckpt: Checkpoint, name: str, t: Target) -> torch.Tensor:
     return ckpt.read(name, t.dim, t.start, t.count)
 
 
-def _missing_prefix(names: list[str], targets: dict[str, Target]) -> str:
+def _missing_prefix(names: list[str], targets: dict[str, Target | list[Target]]) -> str:
     """"model." when the checkpoint is a base model's (its decoder's tensors named without the
     prefix: `layers.0...`, not `model.layers.0...`, as embedding models are saved), else ""."""
     ours = any(t.startswith("model.") for t in targets)
@@ -218,21 +219,23 @@ def load_weights(
             for name in names:
                 if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or name in elsewhere:
                     continue
-                target = targets.get(prefix + name)
-                if target is None:
+                found = targets.get(prefix + name)
+                if found is None:
                     unexpected.append(name)
                     continue
                 shape = ckpt.shape(name)
-                expected = target.expected_shape()
-                if shape != expected:
-                    misshapen.append(f"{name}: checkpoint {shape}, model expects {expected}")
+                parts = found if isinstance(found, list) else [found]
+                bad = [t.expected_shape() for t in parts if t.expected_shape() != shape]
+                if bad:
+                    misshapen.append(f"{name}: checkpoint {shape}, model expects {bad[0]}")
                     continue
-                tensor = _read(ckpt, name, target)
+                for target in parts:
+                    tensor = _read(ckpt, name, target)
+                    if target.dim == 0:
+                        target.param.data[target.offset : target.offset + target.count].copy_(tensor.to(dtype))
+                    else:
+                        target.param.data.copy_(tensor.to(dtype))
                 checkpoint_bytes += ckpt.nbytes(name)
-                if target.dim == 0:
-                    target.param.data[target.offset : target.offset + target.count].copy_(tensor.to(dtype))
-                else:
-                    target.param.data.copy_(tensor.to(dtype))
                 loaded.add(prefix + name)
             bar.update(f.stat().st_size)
         bytes_read = ckpt.bytes_read

@@ -33,3 +33,34 @@ def test_yarn_matches_transformers(tmp_path, scaling):
     want_inv, want_factor = ROPE_INIT_FUNCTIONS["yarn"](AutoConfig.from_pretrained(tmp_path))
     assert torch.equal(rope_inv_freq(cfg.rope, cfg.head_dim), want_inv)
     assert rope_attention_factor(cfg.rope) == want_factor
+
+
+def test_longrope_table_is_transformers_short_then_long_rotation(tmp_path):
+    """Phi-3's LongRoPE (rotating 12 of 16 features): positions below the original context take
+    transformers' short-factor rotation, those from it the long-factor one (what transformers
+    computes once a sequence passes it), both times the same temperature."""
+    from transformers import AutoConfig
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    from batonlm.model_runner.layers import RotaryEmbedding
+
+    short, long = [1.0, 1.1, 1.3, 1.7, 2.5, 4.0], [1.0, 1.9, 3.4, 6.2, 11.0, 19.0]
+    raw = {**LLAMA, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 64, "head_dim": 16,
+           "partial_rotary_factor": 0.75, "max_position_embeddings": 1024, "original_max_position_embeddings": 32,
+           "rope_theta": 10000.0, "rope_scaling": {"type": "longrope", "short_factor": short, "long_factor": long}}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg = ModelConfig.from_hf(tmp_path)
+    assert (cfg.rope.type, cfg.rotary_dim, cfg.rope.factor) == ("longrope", 12, 32.0)
+    ours = RotaryEmbedding(cfg.rope, cfg.rotary_dim, cfg.max_position_embeddings)
+    theirs = Phi3RotaryEmbedding(AutoConfig.from_pretrained(tmp_path))
+    x = torch.zeros(1, 1, 16)
+    below, above = torch.arange(32), torch.arange(32, 90)
+    cos, sin = theirs(x, below[None])  # a sequence within the original context: short factors
+    assert torch.equal(ours.cos[below], cos[0]) and torch.equal(ours.sin[below], sin[0])
+    cos, sin = theirs(x, above[None])  # past it: long factors
+    assert torch.equal(ours.cos[above], cos[0]) and torch.equal(ours.sin[above], sin[0])
+    # The two rotations differ there: a table of short factors only would fail the check above.
+    from dataclasses import replace
+
+    short_only = RotaryEmbedding(replace(cfg.rope, long_factor=cfg.rope.short_factor), cfg.rotary_dim, 1024)
+    assert not torch.allclose(short_only.cos[above], cos[0], atol=1e-3)

@@ -190,10 +190,10 @@ class DecoderLM(CausalLM):
 
     def init_buffers(self, device: torch.device | str) -> None:
         cfg, meta = self.config, torch.device(device).type == "meta"
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, meta=meta).to(device)
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim, cfg.max_position_embeddings, meta=meta).to(device)
         # Gemma 3's sliding layers turn at another base.
         self.rotary_local = None if cfg.local_rope is None else RotaryEmbedding(
-            cfg.local_rope, cfg.head_dim, cfg.max_position_embeddings, meta=meta).to(device)
+            cfg.local_rope, cfg.rotary_dim, cfg.max_position_embeddings, meta=meta).to(device)
 
     def shard_sizes(self, fused: str) -> tuple[int, ...]:
         if fused == "qkv_proj":

@@ -8,9 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import torch
+
+from batonlm.model_runner.layers import GatedMLP
 from batonlm.model_runner.model_config import ModelConfigError
 from batonlm.model_runner.models.decoder import DecoderLM, DecoderOptions
 from batonlm.model_runner.moe import MoEOptions
+from batonlm.model_runner.weight_loader import Target
 
 
 class LlamaForCausalLM(DecoderLM):
@@ -100,3 +104,26 @@ class MixtralForCausalLM(DecoderLM):
             weights_in_fp32=True,
         )
         return DecoderOptions(moe=moe, moe_layers=frozenset(range(int(raw["num_hidden_layers"]))))
+
+
+class Phi3ForCausalLM(DecoderLM):
+    """Llama's layers, checkpoints with q/k/v fused (`qkv_proj`) and gate/up fused
+    (`gate_up_proj`) as batonlm holds them; LongRoPE and partial rotary (`rope_config.py`), a
+    sliding window on every layer when the config has one."""
+
+    def weight_target(self, param_name: str, name: str, p: torch.Tensor) -> list[Target] | None:
+        """The fused checkpoint tensors: this rank's rows of each of their parts."""
+        if name.endswith("self_attn.qkv_proj.weight"):
+            cfg, shard = self.config, self.shard
+            q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            (q_start, q_count), (kv_start, kv_count) = shard.q_rows(), shard.kv_rows()
+            full = q_full + 2 * kv_full
+            return [Target(p, 0, q_count, 0, q_start, full),
+                    Target(p, q_count, kv_count, 0, q_full + kv_start, full),
+                    Target(p, q_count + kv_count, kv_count, 0, q_full + kv_full + kv_start, full)]
+        if name.endswith("mlp.gate_up_proj.weight"):
+            mlp = self.get_submodule(param_name.rsplit(".", 2)[0])
+            assert isinstance(mlp, GatedMLP)
+            (start, full), count = mlp.checkpoint_rows, mlp.intermediate
+            return [Target(p, 0, count, 0, start, 2 * full), Target(p, count, count, 0, full + start, 2 * full)]
+        return None

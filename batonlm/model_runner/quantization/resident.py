@@ -43,14 +43,15 @@ def _cdiv(a: int, b: int) -> int:
 
 def make_resident(
     model: nn.Module, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], quant: QuantConfig,
-    targets: dict[str, Target], dtype: torch.dtype,
+    targets: dict[str, Target | list[Target]], dtype: torch.dtype,
 ) -> list[ResidentLayer]:
     """Swap every decoder projection of `model` (on the meta device, not allocated yet) that can
     stay quantized for its quantized layer; `targets`: the float loader's, computed before the
     swap. Returns what `load_resident` fills."""
     by_param: dict[int, list[tuple[str, Target]]] = {}
-    for name, t in targets.items():
-        by_param.setdefault(id(t.param), []).append((name, t))
+    for name, found in targets.items():
+        for t in found if isinstance(found, list) else [found]:
+            by_param.setdefault(id(t.param), []).append((name, t))
     out: list[ResidentLayer] = []
     kept: set[str] = set()
     for module_name, module in list(model.named_modules()):
