@@ -81,6 +81,8 @@ class ModelConfig:
     mla: MLAConfig | None = None
     # The sliding-window layers' rotary where it is not `rope`'s (Gemma 3's local base).
     local_rope: RopeConfig | None = None
+    # A multimodal checkpoint served as its text decoder (MULTIMODAL_TEXT_DECODERS): its architecture.
+    text_decoder_of: str | None = None
 
     # What the KV pool stores and attention reads per token and layer, on a rank of `tp`. MLA
     # stores one latent "head" (replicated on every rank) whose first `kv_lora_rank` features
@@ -137,6 +139,11 @@ class ModelConfig:
             raw = json.loads(cfg_file.read_text())
         except json.JSONDecodeError as e:
             raise ModelConfigError(f"{cfg_file} is not valid JSON: {e}") from e
+        wrapper = _declared_architecture(raw)
+        if wrapper in MULTIMODAL_TEXT_DECODERS and model_impl != "transformers":
+            raw = _text_decoder_config(root, raw, wrapper)
+        else:
+            wrapper = None
         # First: an unsupported model may lack the fields read below.
         architecture, impl = _architecture(raw, cfg_file, model_impl)
         if impl == "transformers" and raw.get("kv_lora_rank"):
@@ -206,10 +213,57 @@ class ModelConfig:
             embedding_only=embedding_only,
             quantization=quant,
             mla=_mla(text) if impl == "native" else None,
+            text_decoder_of=wrapper,
         )
 
 
 MODEL_IMPLS = ("auto", "native", "transformers")
+
+
+@dataclass(frozen=True)
+class TextDecoderOf:
+    """A multimodal checkpoint whose text decoder batonlm serves natively, text in, text out:
+    the causal LM that runs it, where its tensors are in the checkpoint (prefix renames, either
+    transformers' layout), and the other modalities' tensors, which are not read."""
+
+    causal_lm: str
+    renames: tuple[tuple[str, str], ...]
+    ignored: tuple[str, ...]
+
+    def decoder_name(self, name: str) -> str | None:
+        """The text decoder's name for a checkpoint tensor; None: another modality's."""
+        if name.startswith(self.ignored):
+            return None
+        for theirs, ours in self.renames:
+            if name.startswith(theirs):
+                return ours + name[len(theirs):]
+        return name
+
+
+MULTIMODAL_TEXT_DECODERS = {
+    # Gemma 3 4B, 12B, 27B: a SigLIP vision tower beside Gemma 3's text decoder.
+    "Gemma3ForConditionalGeneration": TextDecoderOf(
+        "Gemma3ForCausalLM",
+        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        ignored=("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."),
+    ),
+}
+
+
+def _text_decoder_config(root: Path, raw: dict[str, Any], wrapper: str) -> dict[str, Any]:
+    """The text config of a multimodal checkpoint, with transformers' defaults filled in (its
+    config.json lists only what differs from them), as its causal LM's config."""
+    from transformers import AutoConfig
+
+    try:
+        text = AutoConfig.from_pretrained(root).get_text_config().to_dict()
+    except Exception as e:  # noqa: BLE001 - transformers' own message says what is wrong
+        raise ModelConfigError(f"transformers cannot read {root / 'config.json'}: {e}") from e
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        if text.get(key) is None and raw.get(key) is not None:
+            text[key] = raw[key]
+    return {**text, "architectures": [MULTIMODAL_TEXT_DECODERS[wrapper].causal_lm]}
 
 
 def _declared_architecture(raw: dict[str, Any]) -> str | None:

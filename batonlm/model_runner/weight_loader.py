@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.layers import GatedMLP
+from batonlm.model_runner.model_config import MULTIMODAL_TEXT_DECODERS
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.moe import FusedExperts
 from batonlm.model_runner.quantization.config import QuantConfig
@@ -213,13 +214,19 @@ def load_weights(
     bar = tqdm(
         total=total, unit="B", unit_scale=True, desc="Loading weights", disable=total < PROGRESS_BAR_BYTES
     )
+    wrapper = model.config.text_decoder_of
+    layout = MULTIMODAL_TEXT_DECODERS[wrapper] if wrapper is not None else None
     with torch.no_grad(), open_checkpoint(files, quant) as ckpt:
-        prefix = _missing_prefix(ckpt.names(), targets)
+        ours_of = {n: n if layout is None else layout.decoder_name(n) for n in ckpt.names()}
+        prefix = _missing_prefix([n for n in ours_of.values() if n is not None], targets)
         for f, names in ckpt.names_by_file():
             for name in names:
-                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or name in elsewhere:
+                ours = ours_of[name]
+                if ours is None:  # a multimodal checkpoint's other modalities
                     continue
-                found = targets.get(prefix + name)
+                if ours.endswith(_IGNORED_SUFFIXES) or (tied and ours == "lm_head.weight") or name in elsewhere:
+                    continue
+                found = targets.get(prefix + ours)
                 if found is None:
                     unexpected.append(name)
                     continue
@@ -236,7 +243,7 @@ def load_weights(
                     else:
                         target.param.data.copy_(tensor.to(dtype))
                 checkpoint_bytes += ckpt.nbytes(name)
-                loaded.add(prefix + name)
+                loaded.add(prefix + ours)
             bar.update(f.stat().st_size)
         bytes_read = ckpt.bytes_read
     bar.close()

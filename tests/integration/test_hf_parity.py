@@ -109,3 +109,58 @@ def test_stories260k_in_bfloat16_matches_transformers_in_bfloat16(stories_path):
     finally:
         h.close()
     assert [got[f"r{i}"].token_ids for i in range(4)] == expected
+
+
+def test_a_gemma3_multimodal_checkpoint_serves_its_text_decoder(tmp_path):
+    """Gemma 3 4B and up are saved as Gemma3ForConditionalGeneration: a vision tower beside the
+    text decoder, whose config lists only what differs from transformers' defaults. Text in,
+    text out, batonlm's Gemma 3 runs the decoder (found under either layout's prefix, the
+    vision tower not read) and answers as transformers' multimodal class does."""
+    import json
+
+    import torch
+    from helpers import copy_tokenizer, randomize_biases_and_norms, tiny_raw
+    from safetensors.torch import load_file, save_file
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from batonlm.model_runner.model_config import ModelConfig
+
+    text = {k: v for k, v in tiny_raw("gemma3_text").items() if k != "architectures"}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 28, "patch_size": 14}
+    torch.manual_seed(5)
+    model = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
+                                                        mm_tokens_per_image=4)).to(torch.float32)
+    randomize_biases_and_norms(model)
+    saved = tmp_path / "transformers-layout"
+    model.save_pretrained(saved)
+    copy_tokenizer(saved)
+    (saved / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "bos_token_id": 1}))
+    # The hub's layout (language_model.model.*, vision_tower.*), as Google's checkpoints are.
+    hub = tmp_path / "hub-layout"
+    hub.mkdir()
+    for f in saved.iterdir():
+        if f.suffix != ".safetensors":
+            (hub / f.name).write_bytes(f.read_bytes())
+    renamed = {k.replace("model.language_model.", "language_model.model.").replace("model.vision_tower.", "vision_tower.")
+               .replace("model.multi_modal_projector.", "multi_modal_projector."): v
+               for k, v in load_file(saved / "model.safetensors").items()}
+    assert any(k.startswith("vision_tower.") for k in renamed)
+    save_file(renamed, hub / "model.safetensors", metadata={"format": "pt"})
+
+    cfg = ModelConfig.from_hf(saved)
+    assert (cfg.architecture, cfg.impl, cfg.text_decoder_of) == ("Gemma3ForCausalLM", "native",
+                                                                  "Gemma3ForConditionalGeneration")
+    prompts, max_new = _requests(seed=11)
+    want = []
+    with torch.no_grad():
+        for ids, n in zip(prompts, max_new):
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long), eos_token_id=2)
+            want.append(out[0, len(ids):].tolist())
+    for path in (saved, hub):
+        h = SchedulerHarness(str(path))
+        try:
+            _check(h, prompts, max_new, want, arrivals=[i % 3 for i in range(len(prompts))])
+        finally:
+            h.close()
