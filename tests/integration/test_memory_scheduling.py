@@ -1,7 +1,8 @@
 """Memory-aware scheduling changes nothing a client sees: the prefix cache on or off, prompts cut
 into chunks of 1, 7 or 64 tokens or none, a pool so small that most requests are retracted and
-resumed, either loop, either admission policy: every request gets the same tokens (greedy, and
-seeded sampling with penalties), and the pool ends with everything free."""
+resumed, either loop, either admission policy, n-gram speculative decoding: every request of
+every family gets the same tokens (greedy, and seeded sampling with penalties), and the pool
+ends with everything free."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from helpers import TEST_FAMILIES, SchedulerHarness
 
 from batonlm.sampling_params import SamplingParams
 from batonlm.scheduler.planner import NewTokenRatio
+from batonlm.scheduler.speculative import SpecConfig
 
 MODELS = ["stories", *TEST_FAMILIES]
 
@@ -53,11 +55,18 @@ CONFIGS = [
     ("retraction, cache on, chunk 7, overlap", dict(disable_radix_cache=False, chunked_prefill_size=7), SMALL_POOL, True),
     ("retraction, cache on, whole, normal", dict(disable_radix_cache=False, chunked_prefill_size=WHOLE), SMALL_POOL, False),
     ("retraction, cache off, chunk 64, overlap", dict(disable_radix_cache=True, chunked_prefill_size=64), SMALL_POOL, True),
+    # Last: the settings carry over to the next scheme. N-gram drafts wherever one matches,
+    # verified and rolled back while requests are retracted and resumed (one-token n-grams: a
+    # random model's outputs seldom repeat two).
+    ("retraction, n-gram drafts, cache on, chunk 7, overlap",
+     dict(disable_radix_cache=False, chunked_prefill_size=7, speculative=SpecConfig(num_draft_tokens=4, cost_ratio=0.0, ngram_min=1)),
+     SMALL_POOL, True),
 ]
 # Chunks of one token cost an iteration per prompt token: run on one model.
 CHUNK_1 = [
-    ("cache on, chunk 1, overlap", dict(disable_radix_cache=False, chunked_prefill_size=1), None, True),
-    ("small pool, cache on, chunk 1, normal", dict(disable_radix_cache=False, chunked_prefill_size=1), SMALL_POOL, False),
+    ("cache on, chunk 1, overlap", dict(disable_radix_cache=False, chunked_prefill_size=1, speculative=None), None, True),
+    ("small pool, cache on, chunk 1, normal", dict(disable_radix_cache=False, chunked_prefill_size=1), SMALL_POOL,
+     False),
 ]
 
 
@@ -98,6 +107,8 @@ def test_the_same_tokens_under_every_memory_scheme(request, model):
             assert got == expected, f"{model}, {label}: " + ", ".join(
                 f"{rid} {got[rid]} != {expected[rid]}" for rid in expected if got.get(rid) != expected[rid])
             retracted[label] = seen
+            if "n-gram" in label:  # drafts were made and verified
+                assert h.sched.speculator is not None and h.sched.speculator.stats.steps > 0, label
     finally:
         h.close()
     for label, seen in retracted.items():  # the small pool really retracted most requests
