@@ -9,9 +9,10 @@ T tokens; median of `--rounds`, the three alternating in each round.
 Part 2, each family end to end: a random model of the family at one small shape (hidden 256,
 4 layers; the MoE families 8 experts, top 2; DeepSeek's latent 128 + 16) served by `batonlm.Engine` (eager step, overlap
 loop), B streams of `--new-tokens` greedy tokens each (EOS ignored); output tok/s over the
-whole batch (prefill included), median of `--rounds`.
+whole batch (prefill included), median of `--rounds`; with `--fallback` each family on
+transformers' modeling code too (batonlm's cache and scheduler, `--model-impl transformers`).
 
-    python benchmarks/models.py [--batch 1 16] [--tokens 1 16 64 256] [--json out.json]
+    python benchmarks/models.py [--batch 1 16] [--tokens 1 16 64 256] [--fallback] [--json out.json]
     python benchmarks/models.py --device cuda --dtype bfloat16   # + the Triton grouped GEMM
 """
 
@@ -84,25 +85,41 @@ def build_family(family: str, out: Path) -> str:
     raw = json.loads((TEST_MODELS / f"{family}.json").read_text())
     raw.update({k: v for k, v in SHAPE.items() if raw.get(k) is not None or (k == "head_dim" and "kv_lora_rank" not in raw)})
     raw.pop("mlp_only_layers", None)
+    layers = raw["num_hidden_layers"]
+    if raw.get("layer_types"):  # the test config's pattern (sliding, global) over every layer
+        raw["layer_types"] = [raw["layer_types"][i % len(raw["layer_types"])] for i in range(layers)]
+    scaling = raw.get("rope_scaling") or {}
+    if scaling.get("short_factor"):  # LongRoPE: a factor per rotated frequency of the new head dim
+        pairs = int(raw["head_dim"] * raw.get("partial_rotary_factor", 1.0)) // 2
+        for key in ("short_factor", "long_factor"):
+            old = scaling[key]
+            scaling[key] = [old[i * len(old) // pairs] for i in range(pairs)]
     config_file = out.parent / f"{family}.json"
     config_file.write_text(json.dumps(raw))
     return build_random_llama(config_file, out)
 
 
 def family_decode(families: list[str], batches: list[int], new_tokens: int, rounds: int, device: str,
-                  dtype: str) -> list[dict]:
+                  dtype: str, fallback: bool = False) -> list[dict]:
+    """Rows of (family, code, streams, tok/s): batonlm's native code, and with `fallback`
+    transformers' modeling code on batonlm's cache (`--model-impl transformers`) beside it."""
     from batonlm import Engine
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in families:
             path = build_family(family, Path(tmp) / family)
-            engine = Engine(path, compile="off", max_running_requests=max(batches), device=device, dtype=dtype)
-            try:
-                for b in batches:
-                    rows.append({"family": family, "streams": b, "tok/s": stream_tok_s(engine, b, new_tokens, rounds)})
-            finally:
-                engine.shutdown()
+            impls = ["native", "transformers"] if fallback and "kv_lora_rank" not in json.loads(
+                (Path(path) / "config.json").read_text()) else ["native"]  # MLA: native only
+            for impl in impls:
+                engine = Engine(path, compile="off", max_running_requests=max(batches), device=device, dtype=dtype,
+                                model_impl=impl)
+                try:
+                    for b in batches:
+                        rows.append({"family": family, "code": impl, "streams": b,
+                                     "tok/s": stream_tok_s(engine, b, new_tokens, rounds)})
+                finally:
+                    engine.shutdown()
     return rows
 
 
@@ -139,6 +156,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (adds the Triton grouped GEMM)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--fallback", action="store_true",
+                    help="also each family on transformers' modeling code (--model-impl transformers)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     e, k, h, i = args.moe_shape
@@ -148,7 +167,8 @@ def main() -> None:
     print(table(moe))
     print(f"\nDecode per family (hidden 256, 4 layers, eager step, overlap loop), {args.new_tokens} new tokens "
           f"per stream")
-    fams = family_decode(args.families, args.batch, args.new_tokens, args.rounds, args.device, args.dtype)
+    fams = family_decode(args.families, args.batch, args.new_tokens, args.rounds, args.device, args.dtype,
+                         args.fallback)
     print(table(fams))
     if args.json:
         args.json.write_text(json.dumps({"moe_layer": moe, "families": fams}, indent=2))
