@@ -15,6 +15,7 @@ from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS
 from batonlm.model_runner.kv_pool import KVPool, kv_cache_dtype
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import DTYPES, resolve_dtype
+from batonlm.model_runner.weight_size import weight_bytes
 from batonlm.settings import derive
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device:
         tp, mlp_split = args.tp_size, args.dp_size if args.enable_dp_attention else args.tp_size
         per_token = _kv_bytes_per_token(cfg, kv_dtype, tp)
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        weights = sum(_param_count(cfg, tp, mlp_split)) * torch.empty((), dtype=dtype).element_size()
+        weights = weight_bytes(cfg, dtype, tp, mlp_split)
         budget = free - weights - int((1 - args.mem_fraction_static) * total)
         if budget <= per_token * ctx:
             raise DeviceConfigError(
@@ -131,16 +132,6 @@ def _kv_bytes_per_token(cfg: ModelConfig, kv_dtype: torch.dtype, tp: int = 1) ->
     latent whole on every rank)."""
     return KVPool.bytes_per_token(cfg.num_layers, cfg.kv_heads_per_rank(tp), cfg.kv_head_dim, kv_dtype,
                                   latent=cfg.mla is not None)
-
-
-def _param_count(cfg: ModelConfig, tp: int = 1, mlp_split: int = 1) -> list[int]:
-    """Parameters one rank holds: (embedding, layers, LM head), with `tp` ranks splitting heads
-    and vocabulary (KV heads replicated past their count) and `mlp_split` the MLP."""
-    h = cfg.hidden_size
-    i, v = -(-cfg.intermediate_size // mlp_split), -(-cfg.vocab_size // tp)
-    q, kv = cfg.num_heads * cfg.head_dim // tp, max(1, cfg.num_kv_heads // tp) * cfg.head_dim
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-    return [v * h, cfg.num_layers * per_layer, 0 if cfg.tie_word_embeddings else v * h]
 
 
 # Below this hidden size a forward pass is a stream of tiny ops: more intra-op threads only add

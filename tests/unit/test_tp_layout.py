@@ -1,5 +1,7 @@
 """Tensor-parallel layout: which part of each weight a rank holds, and that loading reads only it."""
 
+import math
+
 import pytest
 import torch
 
@@ -98,11 +100,29 @@ def test_each_rank_reads_only_its_shard_and_the_shards_make_the_model(stories_pa
 
 @pytest.mark.parametrize("size", [1, 2, 4, 8])
 def test_gpu_memory_sizing_counts_a_ranks_share_of_the_weights(stories_path, size):
-    from batonlm.device.spec import _param_count
+    from batonlm.model_runner.weight_size import weight_bytes
 
     cfg = ModelConfig.from_hf(stories_path)
-    counted = sum(_param_count(cfg, size, size))
+    counted = weight_bytes(cfg, torch.float32, size)
     model, _ = load_model(cfg, torch.float32, "cpu", shard=tp_layout(cfg, 0, size))
-    held = sum(p.numel() for p in model.parameters())
-    # Rank 0 takes the larger share of an uneven MLP split; only the final norm is not counted.
-    assert 0 <= held - counted <= cfg.hidden_size
+    assert counted == 4 * sum(p.numel() for p in model.parameters())  # rank 0 holds the larger share
+
+
+def test_gpu_memory_sizing_counts_every_expert_and_latent(tiny_models):
+    """One rank of every family holds its checkpoint's parameters (the tied head once, every
+    expert, MLA's latent projections): the KV budget is what is left after all of them. Split
+    two ways, each rank holds at least half, and less than all."""
+    from safetensors import safe_open
+
+    from batonlm.model_runner.weight_loader import checkpoint_files
+    from batonlm.model_runner.weight_size import weight_bytes
+
+    for family, path in tiny_models.items():
+        cfg = ModelConfig.from_hf(path)
+        stored = 0
+        for f in checkpoint_files(path):
+            with safe_open(f, "pt") as ckpt:
+                stored += sum(math.prod(ckpt.get_slice(k).get_shape()) for k in ckpt.keys())
+        assert weight_bytes(cfg, torch.bfloat16) == 2 * stored, family
+        half = weight_bytes(cfg, torch.bfloat16, 2)
+        assert stored <= half < 2 * stored, family
