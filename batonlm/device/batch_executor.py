@@ -95,6 +95,7 @@ class BatchExecutor:
             launch.prefix_lens,
             launch.extend_lens,
             self.device,
+            rope_offsets=[self.runner.long_rope_offset if long else 0 for long in launch.long_rope] or None,
         )
         batch.input_ids = resolve_input_ids(launch, batch, self.future_map)  # decode inputs depend on positions
         batch.dp_tokens = launch.dp_tokens

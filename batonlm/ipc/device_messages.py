@@ -55,6 +55,9 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     pool_spans: list[tuple[int, int]] = msgspec.field(default_factory=list)
     # LoRA: each launch row's adapter slot (0: the base model); empty when every row is the base's.
     lora_slots: list[int] = msgspec.field(default_factory=list)
+    # LongRoPE: each launch row's rotation regime (True: the long factors at every position, its
+    # request longer than the original context); empty when every row is short.
+    long_rope: list[bool] = msgspec.field(default_factory=list)
     # Speculative decoding: (first row, rows) of each verifying request, one decode row per
     # position (its newest output, then its drafts); drafts are accepted while they equal the
     # token the row before samples, and the request's token is the one after them.

@@ -237,5 +237,6 @@ class CompiledDecode(DecodeGraphs):
         assert batch.input_ids is not None  # set before any forward
         width = context_width(batch.max_seq_len, self.max_context)
         # One fresh tensor: the graph's input always has the layout it was compiled for.
-        packed = torch.stack((batch.input_ids, batch.positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc))
+        positions = batch.positions if batch.rope_positions is None else batch.rope_positions  # only the rotary reads them
+        packed = torch.stack((batch.input_ids, positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc))
         return self._step(packed, self._key_positions(width))

@@ -94,8 +94,9 @@ class CudaGraphDecode(DecodeGraphs):
         assert batch.input_ids is not None  # set before any forward
         n = batch.batch_size
         b = smallest_bucket(n, self.batch_buckets)
+        positions = batch.positions if batch.rope_positions is None else batch.rope_positions  # the rotary's only
         for static, value in (
-            (self.input_ids, batch.input_ids), (self.positions, batch.positions), (self.req_slots, batch.req_slots),
+            (self.input_ids, batch.input_ids), (self.positions, positions), (self.req_slots, batch.req_slots),
             (self.prefix_lens, batch.prefix_lens), (self.seq_lens, batch.seq_lens),
             (self.out_cache_loc, batch.out_cache_loc),
         ):

@@ -60,6 +60,10 @@ class ForwardBatch:
     # DP attention: every data-parallel rank's token count this iteration (None: not DP attention).
     dp_tokens: list[int] | None = None
     lora: Any = None  # the forward's LoRA adapters (model_runner/lora.py LoRABatch; None: none)
+    # LongRoPE: the rows the rotary reads at `positions` + an offset into its long-factor table
+    # (None: every row at `positions`). Only the rotary reads them: masks and inputs go by
+    # `positions`.
+    rope_positions: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -74,6 +78,7 @@ class ForwardBatch:
         extend_lens: list[int],
         device: torch.device | str,
         input_ids: torch.Tensor | None = None,
+        rope_offsets: list[int] | None = None,
     ) -> ForwardBatch:
         """Derive positions and offsets from per-row host lists, copied to the device in one
         tensor (one H2D copy, one allocation) whose slices are the fields."""
@@ -91,13 +96,17 @@ class ForwardBatch:
             for p, e in zip(prefix_lens, extend_lens):
                 positions.extend(range(p, p + e))
             last = [s + e - 1 for s, e in zip(starts, extend_lens)]
-        fields = (positions, req_slots, prefix_lens, extend_lens, seq_lens, starts, last)
+        rope: list[int] = []
+        if rope_offsets:  # each token's position plus its row's table offset
+            rope = [pos + off for pos, off in zip(positions, (o for o, e in zip(rope_offsets, extend_lens)
+                                                                for _ in range(e)))]
+        fields = (positions, req_slots, prefix_lens, extend_lens, seq_lens, starts, last, rope)
         packed = to_device([x for f in fields for x in f], torch.int64, torch.device(device))
         views, offset = [], 0
         for f in fields:
             views.append(packed[offset : offset + len(f)])
             offset += len(f)
-        positions_t, req_slots_t, prefix_t, extend_t, seq_t, starts_t, last_t = views
+        positions_t, req_slots_t, prefix_t, extend_t, seq_t, starts_t, last_t, rope_t = views
         return cls(
             input_ids=input_ids,
             positions=positions_t,
@@ -112,4 +121,5 @@ class ForwardBatch:
             max_seq_len=max(seq_lens) if seq_lens else 0,
             num_tokens=acc,
             groups=row_groups(extend_lens, seq_lens),
+            rope_positions=rope_t if rope else None,
         )

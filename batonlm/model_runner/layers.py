@@ -109,11 +109,10 @@ def rope_attention_factor(rope: RopeConfig) -> float:
 class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE with a precomputed cos/sin table indexed by position.
 
-    LongRoPE turns positions below `original_max_position_embeddings` by the short factors and
-    those from it by the long ones: each position's keys are what transformers' cache holds for
-    a prompt within the original context that generates past it (transformers recomputes a
-    longer prompt wholly with the long factors; here every position keeps one rotation, so the
-    prefix cache and chunked prefill stay exact)."""
+    LongRoPE has two tables: rows [0, max_positions) by the short factors, rows [max_positions,
+    2 * max_positions) by the long ones, which a sequence longer than the original context reads
+    at every position (`ForwardBatch.rope_positions`: the scheduler keeps the two apart,
+    planner.PlannerConfig.long_rope_from)."""
 
     cos: torch.Tensor  # buffers: [max_positions, head_dim]
     sin: torch.Tensor
@@ -123,14 +122,14 @@ class RotaryEmbedding(nn.Module):
         tables would cost seconds of torch's Python reference ops; `init_buffers` computes them)."""
         super().__init__()
         if meta:
-            cos = sin = torch.empty(max_positions, head_dim, device="meta")
+            rows = 2 * max_positions if rope.type == "longrope" else max_positions
+            cos = sin = torch.empty(rows, head_dim, device="meta")
         else:
             inv_freq = rope_inv_freq(rope, head_dim)
             pos = torch.arange(max_positions, dtype=torch.float32)
             freqs = pos[:, None] * inv_freq[None, :]
             if rope.type == "longrope":
-                long = pos[:, None] * _longrope_inv_freq(rope, head_dim, rope.long_factor)[None, :]
-                freqs = torch.where(pos[:, None] >= rope.original_max_position_embeddings, long, freqs)
+                freqs = torch.cat((freqs, pos[:, None] * _longrope_inv_freq(rope, head_dim, rope.long_factor)[None, :]))
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos(), emb.sin()
             factor = rope_attention_factor(rope)

@@ -10,6 +10,7 @@ from typing import Any
 
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError, resolve_quantization
 from batonlm.model_runner.rope_config import RopeConfig, RopeConfigError, read_ropes, yarn_mscale
+from batonlm.model_runner.text_decoders import MULTIMODAL_TEXT_DECODERS
 from batonlm.registries import MODEL_ARCHITECTURES
 
 _FULL = "full_attention"
@@ -89,6 +90,15 @@ class ModelConfig:
     # are also the values: attention runs over latents (models/mla.py).
     def kv_heads_per_rank(self, tp: int = 1) -> int:
         return 1 if self.mla else max(1, self.num_kv_heads // tp)
+
+    @property
+    def long_rope_from(self) -> int | None:
+        """LongRoPE's original context: a sequence longer than it is rotated by the long factors
+        (layers.RotaryEmbedding's second table); None without LongRoPE (or on transformers' code,
+        which switches by itself)."""
+        if self.rope.type != "longrope" or self.impl != "native":
+            return None
+        return self.rope.original_max_position_embeddings
 
     @property
     def rotary_dim(self) -> int:
@@ -218,37 +228,6 @@ class ModelConfig:
 
 
 MODEL_IMPLS = ("auto", "native", "transformers")
-
-
-@dataclass(frozen=True)
-class TextDecoderOf:
-    """A multimodal checkpoint whose text decoder batonlm serves natively, text in, text out:
-    the causal LM that runs it, where its tensors are in the checkpoint (prefix renames, either
-    transformers' layout), and the other modalities' tensors, which are not read."""
-
-    causal_lm: str
-    renames: tuple[tuple[str, str], ...]
-    ignored: tuple[str, ...]
-
-    def decoder_name(self, name: str) -> str | None:
-        """The text decoder's name for a checkpoint tensor; None: another modality's."""
-        if name.startswith(self.ignored):
-            return None
-        for theirs, ours in self.renames:
-            if name.startswith(theirs):
-                return ours + name[len(theirs):]
-        return name
-
-
-MULTIMODAL_TEXT_DECODERS = {
-    # Gemma 3 4B, 12B, 27B: a SigLIP vision tower beside Gemma 3's text decoder.
-    "Gemma3ForConditionalGeneration": TextDecoderOf(
-        "Gemma3ForCausalLM",
-        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
-                 ("language_model.lm_head.", "lm_head.")),
-        ignored=("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."),
-    ),
-}
 
 
 def _text_decoder_config(root: Path, raw: dict[str, Any], wrapper: str) -> dict[str, Any]:

@@ -64,6 +64,8 @@ class ModelRunner:
         self.sampler = SAMPLERS[sampler]()
         self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)
         self.context_length = context_length
+        # LongRoPE: where the rotary's long-factor table starts (layers.RotaryEmbedding).
+        self.long_rope_offset = cfg.max_position_embeddings
         self.lora: LoRAWeights | None = None  # use_lora: the adapters, slot 1..
         # Set by use_decode_graphs: runs the all-decode batches that fit it.
         self.decode_graphs: DecodeGraphs | None = None

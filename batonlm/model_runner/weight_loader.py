@@ -17,10 +17,10 @@ from tqdm import tqdm
 
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.layers import GatedMLP
-from batonlm.model_runner.model_config import MULTIMODAL_TEXT_DECODERS
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.moe import FusedExperts
 from batonlm.model_runner.quantization.config import QuantConfig
+from batonlm.model_runner.text_decoders import MULTIMODAL_TEXT_DECODERS
 
 logger = logging.getLogger(__name__)
 

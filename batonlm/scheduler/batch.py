@@ -79,6 +79,7 @@ class ScheduleBatch:
         lp_targets: list[int] = []
         pool_spans: list[tuple[int, int]] = []
         lora_slots: list[int] = []  # each launch row's adapter (a verifying request's rows all its own)
+        long_rope: list[bool] = []  # each launch row's rotation regime (LongRoPE)
         self.prompt_logprob_counts = []
         self.pooled_rows = []
         for row in self.extend:
@@ -97,6 +98,7 @@ class ScheduleBatch:
             self.pooled_rows.append(span is not None)
             req_slots.append(r.req_slot)
             lora_slots.append(r.lora)
+            long_rope.append(r.long_rope)
             prefix_lens.append(start)
             extend_lens.append(row.extend_len)
             input_ids.extend(r.fill_ids[start:end])
@@ -123,6 +125,7 @@ class ScheduleBatch:
                 input_ids.extend(drafts)
             req_slots.extend([r.req_slot] * n)
             lora_slots.extend([r.lora] * n)
+            long_rope.extend([r.long_rope] * n)
             prefix_lens.extend(range(p, p + n))
             extend_lens.extend([1] * n)
             out_cache_loc.extend(r.kv_slots[p : p + n])
@@ -149,6 +152,7 @@ class ScheduleBatch:
             verify_groups=verify_groups,
             pool_spans=pool_spans,
             lora_slots=lora_slots if any(lora_slots) else [],
+            long_rope=long_rope if any(long_rope) else [],
             prompt_top_logprobs=max(
                 (k for row, n in zip(self.extend, self.prompt_logprob_counts)
                  if n and (k := row.req.params.prompt_logprobs) is not None),

@@ -64,6 +64,10 @@ class PlannerConfig:
     priority_aging_s: float = 60.0  # priority: a request waiting this long goes first
     enable_priority_preemption: bool = False
     max_loras_per_batch: int | None = None  # distinct LoRA adapters running at once (None: any)
+    # LongRoPE: the original context. A request longer than it is rotated by the long factors at
+    # every position, as transformers does; one that grows past it is recomputed so (None: no
+    # LongRoPE).
+    long_rope_from: int | None = None
 
 
 class BatchPlanner:
@@ -73,6 +77,7 @@ class BatchPlanner:
         self.speculator = speculator  # speculative decoding: drafts for decode rows
         self.ratio = NewTokenRatio()
         self.num_retractions = 0
+        self.num_rotation_switches = 0  # LongRoPE: requests recomputed past the original context
         self.preempted: dict[int, int] = {}  # priority -> requests of it retracted for a higher one
 
     def plan(self, batch_id: int, waiting: deque[Request], running: list[Request]) -> ScheduleBatch:
@@ -81,6 +86,7 @@ class BatchPlanner:
         cfg = self.config
         batch = ScheduleBatch(batch_id)
         retracted: list[Request] = []
+        switches = self.num_rotation_switches
         budget = min(cfg.chunked_prefill_size or cfg.max_prefill_tokens, cfg.max_prefill_tokens)
         chunking = next((r for r in running if r.prefilling), None)
         if cfg.enable_priority_preemption and cfg.schedule_policy == "priority" and waiting:
@@ -95,11 +101,13 @@ class BatchPlanner:
                 self._admit(batch, waiting, running, budget)
             if not batch.extend:
                 self._decode(batch, running, retracted)
+        pressed = len(retracted) - (self.num_rotation_switches - switches)  # for room, not rotation
         if retracted:
-            self.ratio.reset()
-            self.num_retractions += len(retracted)
             waiting.extendleft(reversed(retracted))
-            logger.info("retracted %d request(s): the KV pool is full", len(retracted))
+        if pressed:
+            self.ratio.reset()
+            self.num_retractions += pressed
+            logger.info("retracted %d request(s): the KV pool is full", pressed)
         elif batch.decode:
             self.ratio.step()
         for req in waiting:
@@ -131,6 +139,7 @@ class BatchPlanner:
     def _decode(self, batch: ScheduleBatch, running: list[Request], retracted: list[Request]) -> None:
         extending = {id(row.req) for row in batch.extend}
         decode = [r for r in running if r.can_decode and id(r) not in extending]
+        decode = self._switch_rotation(decode, running, retracted)
         self._make_room(lambda: sum(r.can_decode for r in decode), running, retracted, keep=extending)
         decode = [r for r in decode if r.can_decode][: self.memory.available]
         spec = self.speculator if self.speculator is not None and self.speculator.active(len(decode)) else None
@@ -139,8 +148,11 @@ class BatchPlanner:
             req.num_outputs_launched += 1
         all_drafts = spec.plan(decode) if spec is not None else None
         row_drafts: list[list[int]] = []
-        for i in range(len(decode)):
+        cross = self.config.long_rope_from
+        for i, req in enumerate(decode):
             drafts = all_drafts[i][: max(0, spare)] if all_drafts is not None else []
+            if cross is not None and not req.long_rope:  # no draft past the original context
+                drafts = drafts[: max(0, cross - req.kv_len - 1)]
             spare -= len(drafts)
             row_drafts.append(drafts)
         self.memory.free_up(len(decode) + sum(map(len, row_drafts)))
@@ -161,6 +173,23 @@ class BatchPlanner:
         # previous result before it launches.
         batch.has_grammar = any(r.matcher is not None for r in batch.decode)
 
+    def _switch_rotation(self, decode: list[Request], running: list[Request], retracted: list[Request]) -> list[Request]:
+        """LongRoPE: a request whose next position is past the original context is recomputed
+        under the long rotation (retracted, then admitted again with its outputs as its prompt:
+        transformers re-encodes the whole sequence there too). Once its newest token is known."""
+        cross = self.config.long_rope_from
+        if cross is None:
+            return decode
+        keep = []
+        for req in decode:
+            if req.long_rope or req.kv_len < cross:
+                keep.append(req)
+            elif req.num_outputs_launched == len(req.output_ids):
+                self._retract(req, running)
+                retracted.append(req)
+                self.num_rotation_switches += 1
+        return keep
+
     def _admit(self, batch: ScheduleBatch, waiting: deque[Request], running: list[Request], budget: int) -> None:
         cfg, mem = self.config, self.memory
         if budget <= 0 or not waiting or any(r.prefilling for r in running):
@@ -173,6 +202,7 @@ class BatchPlanner:
                 break
             if not self._adapter_fits(req, running):  # its adapter waits; others may go first
                 continue
+            req.long_rope = cfg.long_rope_from is not None and len(req.fill_ids) > cfg.long_rope_from
             mem.match(req)
             need_now = req.fill_len - req.kv_len
             need = need_now + self._output_estimate(req)

@@ -53,6 +53,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
         tokenizer_path=args.tokenizer or cfg.path,
         dp_rank=dp_rank,
         speculative=speculative,
+        long_rope_from=cfg.long_rope_from,
     )
     sched = Scheduler(io, device, config)
     if args.enable_dp_attention:

@@ -71,6 +71,7 @@ class Request:
         "pool_sum",
         "lora",
         "lora_key",
+        "long_rope",
         "held",
     )
 
@@ -81,6 +82,9 @@ class Request:
         self.rid = rid
         self.lora = lora  # its LoRA adapter's slot (0: the base model)
         self.lora_key = lora_key  # which load of it (the prefix cache's namespace)
+        # LongRoPE: rotated by the long factors at every position (set when admitted: its tokens
+        # outnumber the original context); its KV is its own in the prefix cache.
+        self.long_rope = False
         # An embedding request: "last" or "mean" pooling of its prompt's last hidden states,
         # summed (float32 per launch) into pool_sum as its chunks' results arrive.
         self.pooling = pooling
@@ -155,11 +159,9 @@ class Request:
     def cache_key(self, tokens: list[int]) -> list[int]:
         """`tokens` as the prefix cache keys them: an adapter's KV is its own (each token id
         moved into the adapter's range), so two adapters, or an adapter and the base model,
-        never share a prefix; requests of the same adapter do."""
-        if not self.lora:
-            return tokens
-        offset = self.lora_key << 32
-        return [t + offset for t in tokens]
+        never share a prefix; requests of the same adapter do. So is LongRoPE's long rotation's."""
+        offset = (self.lora_key << 32 if self.lora else 0) + (1 << 62 if self.long_rope else 0)
+        return [t + offset for t in tokens] if offset else tokens
 
     def pool_span(self, start: int, end: int) -> tuple[int, int] | None:
         """Of the positions start..end-1 an extend row computes: those whose hidden states its

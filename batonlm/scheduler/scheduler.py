@@ -74,6 +74,7 @@ class SchedulerConfig:
     grammar_compile_timeout: float = 60.0
     dp_rank: int = 0  # the data-parallel replica this scheduler is
     speculative: SpecConfig | None = None  # speculative decoding, when on
+    long_rope_from: int | None = None  # LongRoPE's original context (planner.PlannerConfig)
 
 
 class Scheduler(RequestIntake):

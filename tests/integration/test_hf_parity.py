@@ -4,7 +4,16 @@ import random
 import zlib
 
 import pytest
-from helpers import TEST_FAMILIES, SchedulerHarness, family_with, hf_greedy, random_prompts
+from helpers import (
+    TEST_FAMILIES,
+    SchedulerHarness,
+    build_tiny_model,
+    copy_tokenizer,
+    family_with,
+    hf_greedy,
+    random_prompts,
+    tiny_raw,
+)
 
 NUM_PROMPTS = 9
 
@@ -54,6 +63,38 @@ def test_tiny_family_matches_transformers_mixed_batches(tiny_models):
     h = SchedulerHarness(path, enable_mixed_batch=True)
     try:
         _check(h, prompts, max_new, expected, arrivals=[2 * i for i in range(len(prompts))])
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_longrope_past_the_original_context_is_transformers_rotation(tmp_path, overlap):
+    """Phi-3's LongRoPE with an original context of 32. transformers rotates a sequence longer
+    than it by the long factors at every position, re-encoding the whole sequence when one grows
+    past it. So does batonlm: prompts longer than 32 (cut into chunks of 16, sharing a cached
+    prefix) run under the long rotation from the start; prompts within it generate past it and
+    are recomputed there. Both loops, n-gram drafts stopping short of the switch."""
+    from batonlm.scheduler.speculative import SpecConfig
+
+    scaling = {**tiny_raw("phi3")["rope_scaling"], "original_max_position_embeddings": 32}
+    build_tiny_model("phi3", tmp_path, original_max_position_embeddings=32, rope_scaling=scaling)
+    copy_tokenizer(tmp_path)
+    rng = random.Random(32)
+    short = random_prompts(4, rng, lo=4, hi=30)
+    long = random_prompts(2, rng, lo=40, hi=90)
+    prompts = [*short, *long, long[0][:36] + short[0][:5]]  # the last shares a cached long prefix
+    max_new = [max(8, 40 - len(p)) + rng.randint(0, 8) for p in prompts]  # the short ones cross 32
+    expected = hf_greedy(str(tmp_path), prompts, max_new)
+    h = SchedulerHarness(str(tmp_path), chunked_prefill_size=16)
+    h.reconfigure(speculative=SpecConfig(num_draft_tokens=3, cost_ratio=0.0, ngram_min=1))
+    try:
+        for i, (ids, n) in enumerate(zip(prompts, max_new)):
+            h.submit(f"r{i}", ids, {"temperature": 0.0, "max_new_tokens": n}, at=i if i < len(prompts) - 1 else 12)
+        records = h.run(overlap=overlap)
+        for i, want in enumerate(expected):
+            assert records[f"r{i}"].token_ids == want, f"prompt {i} (len {len(prompts[i])})"
+        h.assert_all_free()
+        assert h.sched.planner.num_rotation_switches == len(short)  # each crossing recomputed once
     finally:
         h.close()
 

@@ -35,10 +35,11 @@ def test_yarn_matches_transformers(tmp_path, scaling):
     assert rope_attention_factor(cfg.rope) == want_factor
 
 
-def test_longrope_table_is_transformers_short_then_long_rotation(tmp_path):
-    """Phi-3's LongRoPE (rotating 12 of 16 features): positions below the original context take
-    transformers' short-factor rotation, those from it the long-factor one (what transformers
-    computes once a sequence passes it), both times the same temperature."""
+def test_longrope_tables_are_transformers_short_and_long_rotations(tmp_path):
+    """Phi-3's LongRoPE (rotating 12 of 16 features): the first table is transformers' rotation
+    of a sequence within the original context (short factors), the second, read by a sequence
+    longer than it at every position, its rotation past it (long factors); both times the same
+    temperature."""
     from transformers import AutoConfig
     from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
@@ -50,17 +51,14 @@ def test_longrope_table_is_transformers_short_then_long_rotation(tmp_path):
            "rope_theta": 10000.0, "rope_scaling": {"type": "longrope", "short_factor": short, "long_factor": long}}
     (tmp_path / "config.json").write_text(json.dumps(raw))
     cfg = ModelConfig.from_hf(tmp_path)
-    assert (cfg.rope.type, cfg.rotary_dim, cfg.rope.factor) == ("longrope", 12, 32.0)
+    assert (cfg.rope.type, cfg.rotary_dim, cfg.rope.factor, cfg.long_rope_from) == ("longrope", 12, 32.0, 32)
     ours = RotaryEmbedding(cfg.rope, cfg.rotary_dim, cfg.max_position_embeddings)
-    theirs = Phi3RotaryEmbedding(AutoConfig.from_pretrained(tmp_path))
+    assert ours.cos.shape == (2048, 12)
     x = torch.zeros(1, 1, 16)
-    below, above = torch.arange(32), torch.arange(32, 90)
-    cos, sin = theirs(x, below[None])  # a sequence within the original context: short factors
-    assert torch.equal(ours.cos[below], cos[0]) and torch.equal(ours.sin[below], sin[0])
-    cos, sin = theirs(x, above[None])  # past it: long factors
-    assert torch.equal(ours.cos[above], cos[0]) and torch.equal(ours.sin[above], sin[0])
-    # The two rotations differ there: a table of short factors only would fail the check above.
-    from dataclasses import replace
-
-    short_only = RotaryEmbedding(replace(cfg.rope, long_factor=cfg.rope.short_factor), cfg.rotary_dim, 1024)
-    assert not torch.allclose(short_only.cos[above], cos[0], atol=1e-3)
+    within = torch.arange(32)
+    cos, sin = Phi3RotaryEmbedding(AutoConfig.from_pretrained(tmp_path))(x, within[None])
+    assert torch.equal(ours.cos[within], cos[0]) and torch.equal(ours.sin[within], sin[0])
+    longer = torch.arange(90)  # a sequence of 90: every position by the long factors
+    cos, sin = Phi3RotaryEmbedding(AutoConfig.from_pretrained(tmp_path))(x, longer[None])
+    assert torch.equal(ours.cos[1024 + longer], cos[0]) and torch.equal(ours.sin[1024 + longer], sin[0])
+    assert not torch.allclose(ours.cos[longer], ours.cos[1024 + longer], atol=1e-3)

@@ -205,8 +205,11 @@ class DecoderLM(CausalLM):
         x = self.model.embed_tokens(input_ids)
         if self.embed_scale is not None:  # sqrt(hidden) rounded to the model's dtype, as transformers'
             x = x * x.new_tensor(self.embed_scale)
-        tables = self.rotary.tables(batch.positions, x.dtype)
-        local = tables if self.rotary_local is None else self.rotary_local.tables(batch.positions, x.dtype)
+        # LongRoPE's long rows read past the short table (ForwardBatch.rope_positions).
+        positions = getattr(batch, "rope_positions", None)
+        positions = batch.positions if positions is None else positions
+        tables = self.rotary.tables(positions, x.dtype)
+        local = tables if self.rotary_local is None else self.rotary_local.tables(positions, x.dtype)
         for layer, window in zip(self.model.layers, self.config.sliding_windows):
             cos, sin = local if window is not None else tables
             x = layer(x, cos, sin, attn, batch)
