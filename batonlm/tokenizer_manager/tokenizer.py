@@ -30,7 +30,7 @@ def load_tokenizer(path: str) -> Any:
         raise TokenizerLoadError(f"could not load a tokenizer from {path!r}: {type(e).__name__}: {e}") from e
 
 
-def declared_class(path: str) -> type | None:
+def declared_class(path: str) -> Any:
     """The tokenizer class `tokenizer_config.json` names, as transformers exports it (its fast
     variant where there is one); None: none named, or not one transformers has."""
     config = Path(path) / "tokenizer_config.json"
