@@ -109,7 +109,7 @@ def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device:
         tp, mlp_split = args.tp_size, args.dp_size if args.enable_dp_attention else args.tp_size
         per_token = _kv_bytes_per_token(cfg, kv_dtype, tp)
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        weights = weight_bytes(cfg, dtype, tp, mlp_split)
+        weights = weight_bytes(cfg, dtype, tp, mlp_split, device)
         budget = free - weights - int((1 - args.mem_fraction_static) * total)
         if budget <= per_token * ctx:
             raise DeviceConfigError(

@@ -3,6 +3,8 @@ with `cfg.impl == "transformers"`) and fill it from its checkpoint."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from batonlm.distributed.group import TPGroup
@@ -37,6 +39,33 @@ def tp_layout(cfg: ModelConfig, rank: int, size: int) -> TPLayout:
     return TPLayout(rank, size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
 
 
+def build_meta_model(
+    cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None,
+    shard: TPLayout | None = None, mlp_group: TPGroup | None = None, resident: bool | None = None,
+) -> tuple[CausalLM, list[Any]]:
+    """The native model as `load_model` builds it, on the meta device (nothing allocated, only
+    the quantized checkpoint's headers read): its float parameters in `dtype`, and the quantized
+    projections that stay quantized (`resident`; default: on CUDA, and for W8A8 FP8 everywhere)
+    swapped for their quantized layers, returned beside it for loading."""
+    model_class = MODEL_ARCHITECTURES[cfg.architecture]
+    tp = tp or TPGroup.single()
+    shard = shard or tp_layout(cfg, tp.rank, tp.size)
+    with torch.device("meta"):
+        model = model_class(cfg, shard, tp, mlp_group)
+    model = model.to(dtype)
+    quant = cfg.quantization
+    layers: list[Any] = []
+    if resident is None:  # W8A8's activations are quantized on every device: its outputs are the checkpoint's
+        resident = torch.device(device).type == "cuda" or (quant is not None and quant.act_quant)
+    if quant is not None and not quant.online and resident:
+        from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
+        from batonlm.model_runner.quantization.resident import make_resident
+
+        with DequantizedCheckpoint(checkpoint_files(cfg.path), quant) as ckpt:
+            layers = make_resident(model, ckpt, ckpt.linears, quant, weight_targets(model), dtype)
+    return model, layers
+
+
 def load_model(
     cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None,
     shard: TPLayout | None = None, mlp_group: TPGroup | None = None, resident: bool | None = None,
@@ -49,23 +78,8 @@ def load_model(
         from batonlm.model_runner.models.transformers_fallback import load_transformers_model
 
         return load_transformers_model(cfg, dtype, device, tp, mlp_group)
-    model_class = MODEL_ARCHITECTURES[cfg.architecture]
-    tp = tp or TPGroup.single()
-    shard = shard or tp_layout(cfg, tp.rank, tp.size)
-    # Built on the meta device so no memory is touched until the checkpoint fills it.
-    with torch.device("meta"):
-        model = model_class(cfg, shard, tp, mlp_group)
-    model = model.to(dtype)
+    model, layers = build_meta_model(cfg, dtype, device, tp, shard, mlp_group, resident)
     quant = cfg.quantization
-    layers = []
-    if resident is None:  # W8A8's activations are quantized on every device: its outputs are the checkpoint's
-        resident = torch.device(device).type == "cuda" or (quant is not None and quant.act_quant)
-    if quant is not None and not quant.online and resident:
-        from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
-        from batonlm.model_runner.quantization.resident import make_resident
-
-        with DequantizedCheckpoint(checkpoint_files(cfg.path), quant) as ckpt:
-            layers = make_resident(model, ckpt, ckpt.linears, quant, weight_targets(model), dtype)
     model = model.to_empty(device=device)
     model.init_buffers(device)
     elsewhere = frozenset(f"{lin.prefix}.weight" for layer in layers for lin, _ in layer.sources)

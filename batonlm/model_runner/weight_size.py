@@ -1,37 +1,53 @@
-"""The bytes of weights one rank holds, counted on the model itself: the family's class built on
-the meta device for that rank (its heads, its vocabulary rows, its slice of every expert, MLA's
-replicated latent projections), or transformers' for the fallback. Nothing is allocated or read.
+"""The bytes of weights one rank holds, counted on the model itself: built on the meta device as
+the loader builds it for that rank (its heads, its vocabulary rows, its slice of every expert,
+MLA's replicated latent projections, and a quantized checkpoint's projections in the quantized
+layers that keep them: packed int4, FP8 and their scales), or transformers' for the fallback.
+Nothing is allocated; only a quantized checkpoint's headers are read.
 
 The GPU's KV budget is what is left after them (`device/spec.py`); a formula over the config
-would have to know every family (it counted a dense MLP where a mixture of experts holds E).
-A quantized checkpoint's projections count at the serving dtype (an upper bound where they
-stay quantized)."""
+would have to know every family and format (it counted a dense MLP where a mixture of experts
+holds E, and float weights where int4 ones stay packed)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
+from torch import nn
 
 from batonlm.distributed.group import TPGroup
 from batonlm.model_runner.model_config import ModelConfig
 
 
-def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, tp: int = 1, mlp_split: int | None = None) -> int:
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, tp: int = 1, mlp_split: int | None = None,
+                 device: str = "cuda", resident: bool | None = None) -> int:
     """Rank 0's weights among `tp` tensor-parallel ranks (the first ranks take one more row of
-    an uneven split), the MLP split over `mlp_split` ranks with DP attention, in `dtype`."""
-    size = torch.empty((), dtype=dtype).element_size()
-    return sum(p.numel() for p in _meta_model(cfg, tp, mlp_split).parameters()) * size
+    an uneven split), the MLP split over `mlp_split` ranks with DP attention, float ones in
+    `dtype`, as loaded on `device` (`resident`: as `model_loader.load_model` takes it)."""
+    return sum(t.numel() * t.element_size() for t in held_tensors(_meta_model(cfg, dtype, tp, mlp_split, device,
+                                                                              resident)))
 
 
-def _meta_model(cfg: ModelConfig, tp: int, mlp_split: int | None) -> torch.nn.Module:
+def held_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
+    """A model's weights: its parameters and persistent buffers (a quantized layer's packed
+    weight and scales), each once; not the tables it recomputes (rotary)."""
+    yield from model.parameters()
+    seen: set[int] = set()
+    for module in model.modules():
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and name not in module._non_persistent_buffers_set and id(buf) not in seen:
+                seen.add(id(buf))
+                yield buf
+
+
+def _meta_model(cfg: ModelConfig, dtype: torch.dtype, tp: int, mlp_split: int | None, device: str,
+                resident: bool | None) -> nn.Module:
     if cfg.impl == "transformers":
         from transformers import AutoConfig, AutoModelForCausalLM
 
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.path))
-    from batonlm.model_runner.model_loader import tp_layout
-    from batonlm.registries import MODEL_ARCHITECTURES
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.path)).to(dtype)
+    from batonlm.model_runner.model_loader import build_meta_model
 
-    group = TPGroup(0, tp)
     mlp_group = TPGroup(0, mlp_split) if mlp_split is not None and mlp_split != tp else None
-    with torch.device("meta"):
-        return MODEL_ARCHITECTURES[cfg.architecture](cfg, tp_layout(cfg, 0, tp), group, mlp_group)
+    return build_meta_model(cfg, dtype, device, TPGroup(0, tp), None, mlp_group, resident)[0]

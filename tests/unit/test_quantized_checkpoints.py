@@ -111,3 +111,21 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
     assert kinds("w4a16") == set() and kinds("w4a16", resident=True) == {"Int4Linear"}
     assert kinds("w8a16", resident=True) == set()
     assert kinds("gptqmodel-w4g64-asym-descact", resident=True) == set()
+
+
+@pytest.mark.parametrize("name", ["fp8-block", "w4a16", "gptqmodel-awq-w4g64"])
+def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
+    """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
+    (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,
+    FP8 and their scales), which the loaded model holds exactly; dequantized, at float bytes."""
+    from batonlm.model_runner.model_loader import load_model
+    from batonlm.model_runner.weight_size import held_tensors, weight_bytes
+
+    cfg = ModelConfig.from_hf(DATA / name)
+    for resident in (True, False):
+        model = load_model(cfg, torch.bfloat16, "cpu", resident=resident)[0]
+        held = sum(t.numel() * t.element_size() for t in held_tensors(model))
+        assert weight_bytes(cfg, torch.bfloat16, device="cpu", resident=resident) == held, resident
+    quantized = weight_bytes(cfg, torch.bfloat16, device="cuda")  # CUDA keeps them quantized
+    assert quantized == weight_bytes(cfg, torch.bfloat16, device="cpu", resident=True)
+    assert quantized < weight_bytes(cfg, torch.bfloat16, device="cpu", resident=False)

@@ -103,7 +103,7 @@ def test_gpu_memory_sizing_counts_a_ranks_share_of_the_weights(stories_path, siz
     from batonlm.model_runner.weight_size import weight_bytes
 
     cfg = ModelConfig.from_hf(stories_path)
-    counted = weight_bytes(cfg, torch.float32, size)
+    counted = weight_bytes(cfg, torch.float32, size, device="cpu")
     model, _ = load_model(cfg, torch.float32, "cpu", shard=tp_layout(cfg, 0, size))
     assert counted == 4 * sum(p.numel() for p in model.parameters())  # rank 0 holds the larger share
 
@@ -123,6 +123,6 @@ def test_gpu_memory_sizing_counts_every_expert_and_latent(tiny_models):
         for f in checkpoint_files(path):
             with safe_open(f, "pt") as ckpt:
                 stored += sum(math.prod(ckpt.get_slice(k).get_shape()) for k in ckpt.keys())
-        assert weight_bytes(cfg, torch.bfloat16) == 2 * stored, family
-        half = weight_bytes(cfg, torch.bfloat16, 2)
+        assert weight_bytes(cfg, torch.bfloat16, device="cpu") == 2 * stored, family
+        half = weight_bytes(cfg, torch.bfloat16, 2, device="cpu")
         assert stored <= half < 2 * stored, family
