@@ -49,9 +49,13 @@ AUX_FILES = (
 )
 
 
-def is_quantized_linear(name: str) -> bool:
+# DeepSeek's latent attention: its projections are FP8 in its released checkpoints too.
+MLA_LINEARS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+
+
+def is_quantized_linear(name: str, linears: tuple[str, ...] = LINEARS) -> bool:
     parts = name.split(".")
-    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in LINEARS
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in linears
 
 
 def load_float_checkpoint(src_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -353,7 +357,8 @@ def save_dequantized(quant_dir: str | Path, deq: dict[str, torch.Tensor], dst_di
     loads it without any quantization package."""
     src, dst = Path(quant_dir), Path(dst_dir)
     config, tensors = load_float_checkpoint(src)
-    out = {k: v.to(torch.float32).contiguous() for k, v in tensors.items() if v.is_floating_point() and not k.endswith(".scales")}
+    out = {k: v.to(torch.float32).contiguous() for k, v in tensors.items()
+           if v.is_floating_point() and not k.endswith((".scales", ".weight_scale_inv"))}
     out.update({k: v.to(torch.float32).contiguous() for k, v in deq.items()})
     dst.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in config.items() if k != "quantization_config"}
@@ -366,18 +371,22 @@ def save_dequantized(quant_dir: str | Path, deq: dict[str, torch.Tensor], dst_di
             shutil.copy(src / name, dst / name)
 
 
-def write_fp8_block_checkpoint(src_dir: str | Path, out_dir: str | Path, block: tuple[int, int] = (128, 128)) -> None:
+def write_fp8_block_checkpoint(src_dir: str | Path, out_dir: str | Path, block: tuple[int, int] = (128, 128),
+                               linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
     """transformers' FineGrainedFP8 format (DeepSeek-V3, Qwen3-FP8): every decoder linear's weight
     in float8 e4m3 with one float32 `weight_scale_inv` per block of `block` (amax / 448, the
     dequantized weight is weight * its block's scale), `quant_method: fp8`, dynamic activations.
-    transformers' own loader reads it back (it dequantizes on a machine without a GPU)."""
+    transformers' own loader reads it back (it dequantizes on a machine without a GPU, to
+    bfloat16). `linears`: the projections quantized (a MoE router stays float). Returns the
+    dequantized float32 weights."""
     src, out = Path(src_dir), Path(out_dir)
     config, tensors = load_float_checkpoint(src)
     bn, bk = block
     fp8_max = torch.finfo(torch.float8_e4m3fn).max
     result: dict[str, torch.Tensor] = {}
+    deq: dict[str, torch.Tensor] = {}
     for name, w in tensors.items():
-        if not is_quantized_linear(name):
+        if not is_quantized_linear(name, linears):
             result[name] = w
             continue
         n, k = w.shape
@@ -389,5 +398,7 @@ def write_fp8_block_checkpoint(src_dir: str | Path, out_dir: str | Path, block: 
         q = (blocks / scale[:, None, :, None]).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn)
         result[name] = q.view(rows * bn, cols * bk)[:n, :k].contiguous()
         result[name.removesuffix(".weight") + ".weight_scale_inv"] = scale
+        deq[name] = (q.to(torch.float32) * scale[:, None, :, None]).view(rows * bn, cols * bk)[:n, :k].contiguous()
     qconfig = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(block)}
     _finish(src, out, config, qconfig, result, str(next(iter(tensors.values())).dtype).removeprefix("torch."))
+    return deq

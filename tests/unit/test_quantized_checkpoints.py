@@ -129,3 +129,28 @@ def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> Non
     quantized = weight_bytes(cfg, torch.bfloat16, device="cuda")  # CUDA keeps them quantized
     assert quantized == weight_bytes(cfg, torch.bfloat16, device="cpu", resident=True)
     assert quantized < weight_bytes(cfg, torch.bfloat16, device="cpu", resident=False)
+
+
+def test_deepseek_v3_fp8_blocks_as_released(tiny_models, tmp_path: Path) -> None:
+    """DeepSeek-V3's released layout: FP8 weights in blocks with `weight_scale_inv`, its latent
+    attention's projections, the shared and every routed expert among them (the router float).
+    Read weight-only, its logits are bit-equal to the float model of the dequantized weights:
+    every tensor found and read into its place (MLA's per-head rows, the experts' fused rows).
+    Kept FP8 (W8A8, as on a GPU and for this format's activations everywhere), the projections
+    a layer applies stay FP8; kv_b_proj, whose per-head halves the absorbed attention reads, and
+    the experts are dequantized."""
+    from quant_formats import LINEARS, MLA_LINEARS, save_dequantized, write_fp8_block_checkpoint
+
+    from batonlm.model_runner.models.mla import ProjectionWeight
+
+    fp8, plain = tmp_path / "fp8", tmp_path / "float"
+    deq = write_fp8_block_checkpoint(tiny_models["deepseek_v3"], fp8, block=(16, 16), linears=LINEARS + MLA_LINEARS)
+    assert any(".experts.3." in k for k in deq) and any("kv_b_proj" in k for k in deq)
+    save_dequantized(fp8, deq, plain)
+    ids = torch.tensor([1, 40, 7, 300, 22, 91, 5, 77, 140, 3])
+    with torch.no_grad():
+        assert torch.equal(_prompt_logits(_runner(fp8, resident=False), ids), _prompt_logits(_runner(plain), ids))
+        model = _runner(fp8).model
+    attn = model.model.layers[1].self_attn
+    assert isinstance(attn.q_a_proj, Fp8Linear) and isinstance(attn.kv_a_proj_with_mqa, Fp8Linear)
+    assert isinstance(attn.kv_b_proj, ProjectionWeight) and attn.kv_b_proj.weight.dtype == torch.float32
