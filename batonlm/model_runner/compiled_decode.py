@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import torch
 import torch._dynamo
-import torch.nn.functional as F
 
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS, DecodeGraphs, Progress
@@ -138,12 +137,7 @@ class PaddedDecodeAttention(AttentionBackend):
         # stay separate loops (benchmarks/decode_step.py: 5.8 -> 3.8 ms a step there; stories260K
         # within noise).
         mask = masks[self.sliding_windows[layer]].transpose(0, 1)  # [B, 1, group, L]
-        if self.softcap is None:
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale)
-        else:  # SDPA has no soft-capping: the torch backend's order of operations
-            scores = torch.tanh(torch.matmul(queries, keys.transpose(-1, -2)) * self.scale / self.softcap) * self.softcap
-            weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32)
-            out = torch.matmul(weights.to(queries.dtype), values)
+        out = self.masked_attention(queries, keys, values, mask)
         return out.reshape(b, self.num_heads * d)
 
 

@@ -98,8 +98,8 @@ class ForwardBatch:
             last = [s + e - 1 for s, e in zip(starts, extend_lens)]
         rope: list[int] = []
         if rope_offsets:  # each token's position plus its row's table offset
-            rope = [pos + off for pos, off in zip(positions, (o for o, e in zip(rope_offsets, extend_lens)
-                                                                for _ in range(e)))]
+            per_token = [o for o, e in zip(rope_offsets, extend_lens) for _ in range(e)]
+            rope = [pos + off for pos, off in zip(positions, per_token)]
         fields = (positions, req_slots, prefix_lens, extend_lens, seq_lens, starts, last, rope)
         packed = to_device([x for f in fields for x in f], torch.int64, torch.device(device))
         views, offset = [], 0

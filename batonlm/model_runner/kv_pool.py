@@ -106,30 +106,17 @@ class KVPool:
         """[kv_heads, len(slots), head_dim] keys and values in the model's dtype (contiguous
         copies, dequantized from FP8), into `out` when given: reusing one buffer for every layer
         saves allocating (and page-faulting) megabytes per layer."""
-        k, v = self.k[layer], self.v[layer]
+        keys = self._gather(self.k[layer], self.k_scale[layer], slots, None if out is None else out[0])
         if self.latent:
-            keys = self.gather_keys(layer, slots, None if out is None else out[0])
             return keys, keys
-        if out is None:
-            return (self._load(k.index_select(1, slots), self.k_scale[layer]),
-                    self._load(v.index_select(1, slots), self.v_scale[layer]))
-        if not self.quantized:
-            torch.index_select(k, 1, slots, out=out[0])
-            torch.index_select(v, 1, slots, out=out[1])
-            return out
-        for buf, pool, scale in ((out[0], k, self.k_scale[layer]), (out[1], v, self.v_scale[layer])):
-            buf.copy_(pool.index_select(1, slots))  # the FP8 copy is a quarter of a float32 one
-            if scale != 1.0:
-                buf.mul_(scale)
-        return out
+        return keys, self._gather(self.v[layer], self.v_scale[layer], slots, None if out is None else out[1])
 
-    def gather_keys(self, layer: int, slots: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        stored, scale = self.k[layer], self.k_scale[layer]
+    def _gather(self, stored: torch.Tensor, scale: float, slots: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         if out is None:
             return self._load(stored.index_select(1, slots), scale)
         if not self.quantized:
             return torch.index_select(stored, 1, slots, out=out)
-        out.copy_(stored.index_select(1, slots))
+        out.copy_(stored.index_select(1, slots))  # the FP8 copy is a quarter of a float32 one
         return out if scale == 1.0 else out.mul_(scale)
 
     def gather_buffers(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

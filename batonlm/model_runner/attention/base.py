@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
+import torch.nn.functional as F
 
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.kv_pool import KVPool
@@ -42,6 +43,19 @@ class AttentionBackend(ABC):
         # Attention logit soft-capping (Gemma 2): scores -> cap * tanh(scores / cap) before the
         # mask and softmax; None: off. Every backend applies it.
         self.softcap = softcap
+
+    def masked_attention(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """softmax(scale * q k^T, where `mask`) v over gathered keys (the torch backend's and the
+        compiled step's): SDPA, or with soft-capping, which SDPA lacks, transformers' eager
+        order of operations."""
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale)
+        scores = torch.matmul(queries, keys.transpose(-1, -2)) * self.scale
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32)
+        return torch.matmul(weights.to(queries.dtype), values)
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:

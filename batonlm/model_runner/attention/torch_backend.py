@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch, RowGroup
@@ -91,13 +90,7 @@ class TorchAttentionBackend(AttentionBackend):
         # [B * E, H, d] -> [kvh, B, group * E, d]
         queries = q.reshape(b, e, kvh, heads_per_kv, d).permute(2, 0, 3, 1, 4).reshape(kvh, b, heads_per_kv * e, d)
         mask = meta.masks[self.sliding_windows[layer]]
-        if self.softcap is None:
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale)
-        else:  # SDPA has no soft-capping: transformers' eager order of operations
-            scores = torch.matmul(queries, keys.transpose(-1, -2)) * self.scale
-            scores = torch.tanh(scores / self.softcap) * self.softcap
-            weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32)
-            out = torch.matmul(weights.to(queries.dtype), values)
+        out = self.masked_attention(queries, keys, values, mask)
         # out: [kvh, B, group * E, d]
         out = out.view(kvh, b, heads_per_kv, e, d).permute(1, 3, 0, 2, 4).reshape(b * e, self.num_heads * d)
         return out if meta.query_index is None else out[meta.query_index]

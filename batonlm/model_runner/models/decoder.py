@@ -55,6 +55,10 @@ class DecoderOptions:
     moe: MoEOptions | None = None  # the experts of the layers in `moe_layers` (moe.py)
     moe_layers: frozenset[int] = field(default_factory=frozenset)
 
+    @property
+    def norm(self) -> type[RMSNorm]:
+        return OffsetRMSNorm if self.offset_norms else RMSNorm
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, opts: DecoderOptions, layer: int, shard: TPLayout, tp: TPGroup) -> None:
@@ -65,7 +69,7 @@ class Attention(nn.Module):
         self.kv_size = self.kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
         self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, opts.o_bias, tp)
-        norm = OffsetRMSNorm if opts.offset_norms else RMSNorm
+        norm = opts.norm
         self.q_norm = norm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
         self.k_norm = norm(self.head_dim, cfg.rms_norm_eps) if opts.qk_norm else None
 
@@ -115,7 +119,7 @@ class DecoderLayer(nn.Module):
                                 checkpoint_rows=(start, cfg.intermediate_size))
         # DP attention: the MLP is split over the data-parallel ranks, not over `tp`.
         self.dp_mlp = mlp_group if mlp_group is not tp else None
-        norm = OffsetRMSNorm if opts.offset_norms else RMSNorm
+        norm = opts.norm
         self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         # Llama's pre-MLP norm; with sandwich norms (Gemma) the attention output's.
         self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -157,7 +161,7 @@ class DecoderBody(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, opts, i, shard, tp, mlp_rows, mlp_group) for i in range(cfg.num_layers)
         )
-        self.norm = (OffsetRMSNorm if opts.offset_norms else RMSNorm)(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = opts.norm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class DecoderLM(CausalLM):

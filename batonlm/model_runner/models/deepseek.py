@@ -46,19 +46,17 @@ class _DeepseekLM(DecoderLM):
     def weight_target(self, param_name: str, name: str, p: torch.Tensor) -> Target | None:
         """MLA's per-head projections split by query head: rows of q_proj / q_b_proj and
         kv_b_proj, columns of o_proj; the latent projections are whole on every rank."""
-        mla, heads = self.config.mla, self.shard.heads
-        assert mla is not None
-        first = self.shard.rank * heads
-        total = self.config.num_heads
-        per_head = {"q_proj.weight": mla.qk_head_dim, "q_b_proj.weight": mla.qk_head_dim,
-                    "kv_b_proj.weight": mla.qk_nope_head_dim + mla.v_head_dim}
         if ".self_attn." not in name:
             return None
-        leaf = name.rsplit(".", 2)[-2] + "." + name.rsplit(".", 1)[-1]
-        if leaf in per_head:
-            size = per_head[leaf]
+        mla, heads, total = self.config.mla, self.shard.heads, self.config.num_heads
+        assert mla is not None
+        first = self.shard.rank * heads
+        leaf = ".".join(name.split(".")[-2:])
+        size = {"q_proj.weight": mla.qk_head_dim, "q_b_proj.weight": mla.qk_head_dim,
+                "kv_b_proj.weight": mla.qk_nope_head_dim + mla.v_head_dim}.get(leaf)
+        if size is not None:  # rows: each head's features
             return Target(p, 0, heads * size, 0, first * size, total * size)
-        if leaf == "o_proj.weight":
+        if leaf == "o_proj.weight":  # columns: each head's values
             return Target(p, 0, p.shape[1], 1, first * mla.v_head_dim, total * mla.v_head_dim)
         return None
 
