@@ -15,8 +15,6 @@ def check_relations(args: ServerArgs) -> None:
     """Raise ConfigError naming the argument whose value breaks a rule with another's."""
     if args.max_loaded_loras is not None and args.max_loaded_loras < len(args.lora_adapters):
         raise ConfigError("max_loaded_loras", f"must hold the {len(args.lora_adapters)} adapters of --lora-paths")
-    if args.lora_slots and args.tp_size > 1:
-        raise ConfigError("lora_paths", "LoRA adapters run on one rank (give --tp 1)")
     if args.lora_slots and args.enable_dp_attention:
         raise ConfigError("lora_paths", "LoRA adapters do not combine with DP attention")
     if (args.speculative_algorithm == "draft") != (args.speculative_draft_model is not None):

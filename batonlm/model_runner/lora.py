@@ -10,7 +10,8 @@ fused projection's parts stacked along R with B block-diagonal, so that one pair
 gives the delta of the whole fused output. A forward's tokens are grouped by slot once
 (`LoRABatch`): per projection the work is one shrink and one expand matmul per adapter in the
 batch (batonlm.kernels.lora: on a GPU two Triton launches for all of them), never a loop over
-requests.
+requests. Under tensor parallelism a rank holds its share (`_shards`): q/k/v and gate/up keep B's
+rows of the rank, o and down A's columns, their partial deltas summed by the all-reduce.
 
 The reference is PEFT: `x @ W.T + scale * (x @ A.T) @ B.T` for each adapted module.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from batonlm.distributed.layout import TPLayout
 from batonlm.kernels.lora import lora_delta_reference, lora_delta_triton
 from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_config import ModelConfig
@@ -89,7 +91,7 @@ Sizes = dict[str, tuple[int, tuple[int, ...]]]  # fused projection -> (input fea
 
 
 def fused_sizes(cfg: ModelConfig) -> Sizes:
-    """The fused projections' sizes of a dense decoder on one rank."""
+    """The fused projections' sizes of a dense decoder (the whole model: the checkpoint's shapes)."""
     q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
     return {"qkv": (cfg.hidden_size, (q, kv, kv)), "o": (q, (cfg.hidden_size,)),
             "gate_up": (cfg.hidden_size, (inter, inter)), "down": (inter, (cfg.hidden_size,))}
@@ -97,8 +99,8 @@ def fused_sizes(cfg: ModelConfig) -> Sizes:
 
 @dataclass(frozen=True)
 class _Module:
-    """One adapted module of one layer: where its A and B are in the checkpoint, and where they
-    go in the fused projection's stacked weights (part k: rank rows k*R.., output rows `row`..)."""
+    """One adapted module of one layer: where its A and B are in the checkpoint (A [rank, fan_in],
+    B [rows, rank]), and which part k of its fused projection it is."""
 
     layer: int
     fused: str
@@ -106,7 +108,6 @@ class _Module:
     a_name: str
     b_name: str
     fan_in: int
-    row: int
     rows: int
 
 
@@ -120,7 +121,7 @@ def _modules(adapter: AdapterSpec, cfg: ModelConfig) -> Iterator[_Module]:
                     group = "self_attn" if fused in ("qkv", "o") else "mlp"
                     prefix = f"base_model.model.model.layers.{layer}.{group}.{part}"
                     yield _Module(layer, fused, k, f"{prefix}.lora_A.weight", f"{prefix}.lora_B.weight", fan_in,
-                                  sum(outs[:k]), outs[k])
+                                  outs[k])
 
 
 def check_adapter(adapter: AdapterSpec, cfg: ModelConfig) -> None:
@@ -143,21 +144,51 @@ def check_adapter(adapter: AdapterSpec, cfg: ModelConfig) -> None:
         raise LoRAError(f"LoRA adapter {adapter.name!r}: weights of modules batonlm does not adapt: {extra[:4]}")
 
 
-class LoRAWeights:
-    """The adapters' weights, stacked per layer and fused projection: `slots` adapter slots
-    (1..slots; slot 0 is the base model), each of rank up to `rank`."""
+@dataclass(frozen=True)
+class _Shard:
+    """One part of a fused projection on this rank: the input features its A keeps (all of them
+    for a column-parallel projection, this rank's for a row-parallel one), the output rows its
+    B keeps, and where those rows go in the rank's fused output."""
 
-    def __init__(self, slots: int, rank: int, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    cols: slice
+    rows: slice
+    at: int
+
+
+def _shards(shard: TPLayout) -> dict[str, tuple[_Shard, ...]]:
+    """Each fused projection's parts on this rank, as the decoder splits the base weights: q/k/v
+    and gate/up by output rows (A whole, B's rows), o and down by input features (A's columns,
+    B whole: each rank's delta is a partial sum, added before the projection's all-reduce)."""
+    (q0, q), (kv0, kv), (m0, m) = shard.q_rows(), shard.kv_rows(), shard.mlp_rows()
+    every = slice(None)
+    return {
+        "qkv": (_Shard(every, slice(q0, q0 + q), 0), _Shard(every, slice(kv0, kv0 + kv), q),
+                _Shard(every, slice(kv0, kv0 + kv), q + kv)),
+        "o": (_Shard(slice(q0, q0 + q), every, 0),),
+        "gate_up": (_Shard(every, slice(m0, m0 + m), 0), _Shard(every, slice(m0, m0 + m), m)),
+        "down": (_Shard(slice(m0, m0 + m), every, 0),),
+    }
+
+
+class LoRAWeights:
+    """The adapters' weights on this rank, stacked per layer and fused projection: `slots` adapter
+    slots (1..slots; slot 0 is the base model), each of rank up to `rank`."""
+
+    def __init__(self, slots: int, rank: int, cfg: ModelConfig, shard: TPLayout, dtype: torch.dtype,
+                 device: torch.device) -> None:
         self.cfg, self.rank, self.slots = cfg, rank, slots + 1
-        self.sizes = fused_sizes(cfg)
+        self.shards = _shards(shard)
+        (_, q), (_, kv), (_, m) = shard.q_rows(), shard.kv_rows(), shard.mlp_rows()
+        h = cfg.hidden_size
+        sizes = {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * m), "down": (m, h)}
         self.a: dict[tuple[int, str], torch.Tensor] = {}
         self.b: dict[tuple[int, str], torch.Tensor] = {}
         for layer in range(cfg.num_layers):
             for fused, parts in FUSED.items():
-                fan_in, outs = self.sizes[fused]
+                fan_in, out = sizes[fused]
                 n = len(parts)
                 self.a[layer, fused] = torch.zeros(self.slots, n * rank, fan_in, dtype=dtype, device=device)
-                self.b[layer, fused] = torch.zeros(self.slots, sum(outs), n * rank, dtype=dtype, device=device)
+                self.b[layer, fused] = torch.zeros(self.slots, out, n * rank, dtype=dtype, device=device)
 
     def load(self, slot: int, adapter: AdapterSpec) -> None:
         """Put `adapter` (checked: `check_adapter`) in `slot`, over what it held."""
@@ -167,9 +198,11 @@ class LoRAWeights:
             t[slot].zero_()
         with safe_open(str(Path(adapter.path) / "adapter_model.safetensors"), framework="pt") as sf:
             for m in _modules(adapter, self.cfg):
+                part = self.shards[m.fused][m.k]
                 at = slice(m.k * r, m.k * r + adapter.rank)
-                self.a[m.layer, m.fused][slot, at] = sf.get_tensor(m.a_name)
-                self.b[m.layer, m.fused][slot, m.row : m.row + m.rows, at] = sf.get_tensor(m.b_name) * adapter.scale
+                b = sf.get_tensor(m.b_name)[part.rows] * adapter.scale
+                self.a[m.layer, m.fused][slot, at] = sf.get_tensor(m.a_name)[:, part.cols]
+                self.b[m.layer, m.fused][slot, part.at : part.at + b.shape[0], at] = b
 
     def batch(self, row_slots: list[int], row_tokens: list[int], device: torch.device) -> LoRABatch | None:
         """A forward's tokens grouped by adapter slot, from each row's slot and token count

@@ -90,7 +90,7 @@ class ModelRunner:
     def use_lora(self, slots: int, rank: int, adapters: tuple[tuple[str, str], ...]) -> None:
         """Room for `slots` LoRA adapters of rank up to `rank` (slot 0: the base model), and the
         --lora-paths adapters (name, PEFT directory) in slots 1.."""
-        self.lora = LoRAWeights(slots, rank, self.cfg, self.dtype, self.device)
+        self.lora = LoRAWeights(slots, rank, self.cfg, self.model.shard, self.dtype, self.device)
         for slot, (name, path) in enumerate(adapters, start=1):
             self.load_lora(slot, name, path)
 

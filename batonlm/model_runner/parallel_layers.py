@@ -10,6 +10,8 @@ is the plain layer, operation for operation (greedy outputs match transformers).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +22,9 @@ from batonlm.model_runner.linear import linear
 
 class RowParallelLinear(nn.Module):
     """y = sum over ranks of x_r @ W_r^T, then the bias once (after the sum, on every rank).
-    `local`: the rank's product by a quantized weight in place of `weight` (quantization/resident.py)."""
+    `local`: the rank's product by a quantized weight in place of `weight` (quantization/resident.py).
+    `delta` (LoRA) adds to the product: after the bias on one rank, to each rank's partial sum
+    before the all-reduce under tensor parallelism."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
         super().__init__()
@@ -29,14 +33,14 @@ class RowParallelLinear(nn.Module):
         self.tp = tp
         self.local: nn.Module | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.local is not None:
-            y = self.local(x)
-            y = y if self.tp.size == 1 else self.tp.all_reduce(y)
-            return y if self.bias is None else y + self.bias
+    def forward(self, x: torch.Tensor, delta: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         if self.tp.size == 1:
-            return linear(x, self.weight, self.bias)
-        y = self.tp.all_reduce(linear(x, self.weight))
+            y = linear(x, self.weight, self.bias) if self.local is None else self.local(x)
+            if self.local is not None and self.bias is not None:
+                y = y + self.bias
+            return y if delta is None else delta(y)
+        y = linear(x, self.weight) if self.local is None else self.local(x)
+        y = self.tp.all_reduce(y if delta is None else delta(y))
         return y if self.bias is None else y + self.bias
 
 

@@ -73,11 +73,13 @@ def references(adapters, stories_path):
                      for name in names for i, p in enumerate(prompts)}
 
 
-@pytest.mark.parametrize("chunk", [None, 8])
-def test_a_mixed_batch_gives_each_request_its_adapters_tokens(adapters, references, stories_path, chunk):
+# Under --tp 2 each rank holds its share of every adapter: A whole and B's rows for q/k/v and
+# gate/up, A's columns and B whole for o and down (whose partial deltas the all-reduce sums).
+@pytest.mark.parametrize(("chunk", "tp"), [(None, 1), (8, 1), (None, 2)], ids=["whole", "chunked", "tp2"])
+def test_a_mixed_batch_gives_each_request_its_adapters_tokens(adapters, references, stories_path, chunk, tp):
     prompts, want = references
     assert want[("qv4", 0)] != want[(None, 0)] and want[("mlp16", 1)] != want[(None, 1)]  # the adapters change things
-    h = SchedulerHarness(stories_path, chunked_prefill_size=chunk, lora_paths=lora_paths(adapters))
+    h = SchedulerHarness(stories_path, chunked_prefill_size=chunk, lora_paths=lora_paths(adapters), tp_size=tp)
     try:
         for overlap in (False, True):
             for slot, name in enumerate([None, *adapters]):
@@ -172,8 +174,8 @@ def test_bad_adapters_are_refused_at_start(adapters, stories_path, tmp_path):
             device_spec(ServerArgs(model=stories_path, lora_paths=paths, **extra), cfg)
     with pytest.raises(ConfigError, match="each adapter is name=DIR"):
         _ = ServerArgs(model=stories_path, lora_paths="justaname").lora_adapters
-    with pytest.raises(ConfigError, match="run on one rank"):
-        ServerArgs(model=stories_path, lora_paths=f"a={adapters['qv4']}", tp_size=2)
+    with pytest.raises(ConfigError, match="do not combine with DP attention"):
+        ServerArgs(model=stories_path, lora_paths=f"a={adapters['qv4']}", dp_size=2, enable_dp_attention=True)
 
 
 def test_served_adapters(adapters, references, stories_path):

@@ -97,8 +97,7 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : qk_size].view(-1, self.kv_heads, self.head_dim))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         h = attn.forward(q, k, v, self.layer, batch)
-        out = self.o_proj(h)
-        return out if lora is None else lora.add(out, self.layer, "o", h)
+        return self.o_proj(h, None if lora is None else lambda out: lora.add(out, self.layer, "o", h))
 
 
 class DecoderLayer(nn.Module):
@@ -138,12 +137,12 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(h)
 
     def mlp_forward(self, h: torch.Tensor, dp_tokens: list[int] | None, lora: Any = None) -> torch.Tensor:
-        if lora is not None:  # LoRA: dense MLPs on one rank (device/spec.py checks)
-            mlp = self.mlp
+        if lora is not None:  # LoRA: dense MLPs, not split for DP attention (device/spec.py checks)
+            mlp, layer = self.mlp, self.self_attn.layer
             assert isinstance(mlp, GatedMLP) and self.dp_mlp is None
-            gate, up = lora.add(mlp.gate_up_proj(h), self.self_attn.layer, "gate_up", h).split(mlp.intermediate, -1)
+            gate, up = lora.add(mlp.gate_up_proj(h), layer, "gate_up", h).split(mlp.intermediate, -1)
             act = mlp.act(gate) * up
-            return lora.add(mlp.down_proj(act), self.self_attn.layer, "down", act)
+            return mlp.down_proj(act, lambda out: lora.add(out, layer, "down", act))
         if self.dp_mlp is None:
             return self.mlp(h)
         assert dp_tokens is not None, "DP attention: a forward needs every rank's token count"
