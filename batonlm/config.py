@@ -80,11 +80,13 @@ class ServerArgs:
              "request selects one by its `model` (docs/lora.md)")
     max_lora_rank: int = setting(64, group=_MODEL, ge=1, help="the largest rank a LoRA adapter may have")
     max_loras_per_batch: int | None = setting(
-        None, group=_MODEL, ge=1, unset="no bound",
-        help="distinct LoRA adapters in one batch: a request of another adapter waits until one's requests finish")
+        None, group=_MODEL, ge=1, unset="--max-loaded-loras",
+        help="LoRA adapter slots on the device, so distinct adapters in one batch: the loaded adapters take turns "
+             "in them (least recently used out), a request waits while every slot's adapter runs")
     max_loaded_loras: int | None = setting(
         None, group=_MODEL, ge=1, unset="the --lora-paths count",
-        help="LoRA adapter slots: those of --lora-paths and those loaded at run time (POST /v1/load_lora_adapter)")
+        help="LoRA adapters loaded at once, held in host memory: those of --lora-paths and those loaded at run "
+             "time (POST /v1/load_lora_adapter)")
     quantization: str = setting(
         "auto", group=_MODEL, choices=QUANTIZATION_CHOICES,
         help="the checkpoint's weight quantization (docs/quantization.md): auto reads its quantization_config "
@@ -292,7 +294,7 @@ class ServerArgs:
 
     @property
     def lora_adapters(self) -> tuple[tuple[str, str], ...]:
-        """(name, directory) of each --lora-paths adapter, in order (slot 1, 2, ...)."""
+        """(name, directory) of each --lora-paths adapter, in order (load 1, 2, ...)."""
         if not self.lora_paths:
             return ()
         out = []
@@ -307,9 +309,14 @@ class ServerArgs:
         return tuple(out)
 
     @property
-    def lora_slots(self) -> int:
-        """How many LoRA adapters the server can hold (0: LoRA is off)."""
+    def lora_pool(self) -> int:
+        """How many LoRA adapters the server holds at once (0: LoRA is off)."""
         return self.max_loaded_loras or len(self.lora_adapters)
+
+    @property
+    def lora_slots(self) -> int:
+        """The device's LoRA adapter slots (0: LoRA is off)."""
+        return min(self.max_loras_per_batch or self.lora_pool, self.lora_pool)
 
     @property
     def local_tp_ranks(self) -> range:

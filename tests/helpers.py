@@ -164,6 +164,7 @@ class SchedulerHarness:
 
     def submit(self, rid: str, ids: list[int], params: dict | SamplingParams, at: int = 0, priority: int = 0,
                pooling: str | None = None, lora: int = 0) -> None:
+        """`lora`: the LoRA adapter's load key (--lora-paths: 1, 2, ... in order; 0: the base model)."""
         p = params if isinstance(params, SamplingParams) else SamplingParams(**params)
         self.io.submit(GenerateRequest(rid, ids, p, priority, pooling, lora), self.sched.iteration + at)
 

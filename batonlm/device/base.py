@@ -13,7 +13,7 @@ from batonlm.ipc.device_messages import (
     BatchLaunch,
     BatchResult,
     IdleLaunch,
-    LoRALoad,
+    LoRAMessage,
     SampledLogprobs,
     SampleLaunch,
 )
@@ -62,9 +62,9 @@ class DeviceStream(ABC):
     def launch_sampling(self, sample: SampleLaunch) -> None:
         """Sample a batch launched with `sample=False`; its pending result then completes."""
 
-    def load_lora(self, load: LoRALoad) -> None:
-        """Put a LoRA adapter in a slot, after the launches before it (no result)."""
-        raise NotImplementedError(f"{type(self).__name__} does not load LoRA adapters")
+    def update_lora(self, msg: LoRAMessage) -> None:
+        """Hold, place or drop a LoRA adapter, after the launches before it (no result)."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve LoRA adapters")
 
     def launch_idle(self, idle: IdleLaunch) -> None:
         """DP attention: take part in the other ranks' MLPs this iteration (no result). Only the

@@ -28,7 +28,7 @@ from batonlm.ipc.device_messages import (
     BatchLaunch,
     BatchResult,
     IdleLaunch,
-    LoRALoad,
+    LoRAMessage,
     SampleLaunch,
     WorkerFailed,
     WorkerProgress,
@@ -162,8 +162,8 @@ class CpuWorkerDevice(DeviceStream):
     def launch_idle(self, idle: IdleLaunch) -> None:
         self._send(idle)
 
-    def load_lora(self, load: LoRALoad) -> None:
-        self._send(load)
+    def update_lora(self, msg: LoRAMessage) -> None:
+        self._send(msg)
 
     def _collect(self, batch_id: int) -> BatchResult:
         # Results come back in launch order; keep any that arrive ahead of the one asked for.

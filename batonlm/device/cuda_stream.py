@@ -11,7 +11,7 @@ from batonlm.device.base import DeviceStream, PendingResult, host_result
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.factory import build_executor
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, BatchResult, LoRALoad, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, BatchResult, LoRAMessage, SampleLaunch
 from batonlm.model_runner.sampler import SampleOutput
 
 
@@ -82,9 +82,9 @@ class CudaDevice(DeviceStream):
             out = self.executor.sample_delayed(sample)
         self._copy_out(out, pending)
 
-    def load_lora(self, load: LoRALoad) -> None:
+    def update_lora(self, msg: LoRAMessage) -> None:
         with torch.cuda.stream(self.forward_stream):  # after the launches before it, before those after
-            self.executor.runner.load_lora(load.slot, load.name, load.path)
+            self.executor.runner.update_lora(msg)
 
     def close(self) -> None:
         self.forward_stream.synchronize()

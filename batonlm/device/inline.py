@@ -6,7 +6,7 @@ from batonlm.device.base import DeviceStream, PendingResult, host_result
 from batonlm.device.batch_executor import BatchExecutor
 from batonlm.device.factory import build_executor
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, BatchResult, LoRALoad, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, BatchResult, LoRAMessage, SampleLaunch
 
 
 class _Ready(PendingResult):
@@ -35,8 +35,8 @@ class InlineDevice(DeviceStream):
     def launch_sampling(self, sample: SampleLaunch) -> None:
         self._delayed.pop(sample.batch_id).result = host_result(self.executor.sample_delayed(sample), sample.batch_id)
 
-    def load_lora(self, load: LoRALoad) -> None:
-        self.executor.runner.load_lora(load.slot, load.name, load.path)
+    def update_lora(self, msg: LoRAMessage) -> None:
+        self.executor.runner.update_lora(msg)
 
     def close(self) -> None:
         pass

@@ -25,7 +25,7 @@ from batonlm.device.base import DeviceStream, PendingResult, host_result
 from batonlm.device.batch_executor import relay_outputs, resolve_input_ids
 from batonlm.device.future_map import FutureMap
 from batonlm.device.spec import DeviceSpec
-from batonlm.ipc.device_messages import BatchLaunch, BatchResult, LoRALoad, SampleLaunch
+from batonlm.ipc.device_messages import BatchLaunch, BatchResult, LoRAMessage, SampleLaunch
 from batonlm.model_runner import spec_verify
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.host_to_device import to_device
@@ -156,7 +156,7 @@ class NullDevice(DeviceStream):
         ids = (tokens[:, None] + torch.arange(k)[None, :]) % self.vocab
         return ids, (0.0 - torch.arange(k, dtype=torch.float32)).expand(len(tokens), k).contiguous()
 
-    def load_lora(self, load: LoRALoad) -> None:
+    def update_lora(self, msg: LoRAMessage) -> None:
         pass  # no weights: an adapter changes nothing the null device computes
 
     def close(self) -> None:

@@ -49,8 +49,8 @@ class DeviceSpec:
     # The KV pool's storage: auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (kv_pool.py).
     kv_cache_dtype: str = "auto"
     draft_model_path: str | None = None  # speculative decoding's draft model (its own KV pool)
-    # LoRA: adapter slots (0: off), their rank, and the --lora-paths adapters (name, directory)
-    # in slots 1.. in order.
+    # LoRA: the device's adapter slots (0: off), their rank, and the --lora-paths adapters (name,
+    # directory) held as loads 1.. in order.
     lora_slots: int = 0
     lora_rank: int = 0
     lora_adapters: tuple[tuple[str, str], ...] = ()
@@ -314,7 +314,7 @@ def _check_lora(args: ServerArgs, cfg: ModelConfig) -> int:
         except LoRAError as e:
             raise DeviceConfigError(str(e)) from None
         ranks.append(adapter.rank)
-    return args.max_lora_rank if args.lora_slots > len(ranks) else max(ranks)
+    return args.max_lora_rank if args.lora_pool > len(ranks) else max(ranks)
 
 
 def free_port() -> int:

@@ -28,7 +28,9 @@ from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
     IdleLaunch,
+    LoRADrop,
     LoRALoad,
+    LoRAPlace,
     SampleLaunch,
     WorkerAlive,
     WorkerFailed,
@@ -66,8 +68,8 @@ def _execute(executor: BatchExecutor, msg: object, check: DivergenceCheck | None
     elif isinstance(msg, IdleLaunch):
         executor.run_idle(msg)
         return None
-    elif isinstance(msg, LoRALoad):
-        executor.runner.load_lora(msg.slot, msg.name, msg.path)
+    elif isinstance(msg, LoRALoad | LoRAPlace | LoRADrop):
+        executor.runner.update_lora(msg)
         return None
     else:
         raise TypeError(f"unexpected message {type(msg).__name__}")

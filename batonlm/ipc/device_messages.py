@@ -74,12 +74,29 @@ class IdleLaunch(msgspec.Struct, tag=True, frozen=True):
 
 
 class LoRALoad(msgspec.Struct, tag=True, frozen=True):
-    """Put a LoRA adapter (a PEFT directory, checked by the frontend) in a slot; no result.
-    Ordered with the launches: those after it may use the slot."""
+    """Read a LoRA adapter (a PEFT directory, checked by the frontend) into host memory as load
+    `key`; no result. The LoRA messages are ordered with the launches."""
 
-    slot: int
+    key: int
     name: str
     path: str
+
+
+class LoRAPlace(msgspec.Struct, tag=True, frozen=True):
+    """Copy adapter load `key` (held in host memory) into device slot `slot`, over what it held:
+    after the launches before it (which may still use the slot), before those after it."""
+
+    slot: int
+    key: int
+
+
+class LoRADrop(msgspec.Struct, tag=True, frozen=True):
+    """Forget adapter load `key` (unloaded): its host memory is freed."""
+
+    key: int
+
+
+LoRAMessage = LoRALoad | LoRAPlace | LoRADrop
 
 
 class SampleLaunch(msgspec.Struct, tag=True, frozen=True):

@@ -20,8 +20,8 @@ class GenerateRequest(msgspec.Struct, tag=True, frozen=True):
     # An embedding request: its prompt's hidden states pooled so (its one sampled token is
     # dropped by the frontend), sent with its output as `TokenOutput.embedding`.
     pooling: Pooling | None = None
-    lora: int = 0  # the LoRA adapter's slot (--lora-paths order, from 1; 0: the base model)
-    # Which load of the adapter that slot must hold (a slot reloaded since: the request is refused).
+    # The LoRA adapter's load (--lora-paths: 1, 2, ... in order; run-time loads after them; 0: the
+    # base model). An adapter unloaded before the request reached the scheduler: refused.
     lora_key: int = 0
 
 
@@ -42,16 +42,22 @@ class FlushCacheRequest(msgspec.Struct, tag=True, frozen=True):
 
 
 class LoadLoRARequest(msgspec.Struct, tag=True, frozen=True):
-    """Load a LoRA adapter into a slot at run time, as load `key` (unique: the prefix cache keys
-    its KV by it); answered with LoadLoRAResult."""
+    """Load a LoRA adapter (checked by the frontend) at run time, as load `key` (unique: the
+    prefix cache keys its KV by it); answered with LoRAResult."""
 
-    slot: int
     key: int
     name: str
     path: str
 
 
-class LoadLoRAResult(msgspec.Struct, tag=True, frozen=True):
+class UnloadLoRARequest(msgspec.Struct, tag=True, frozen=True):
+    """Forget LoRA adapter load `key` (no request of it runs: the frontend checked); answered
+    with LoRAResult."""
+
+    key: int
+
+
+class LoRAResult(msgspec.Struct, tag=True, frozen=True):
     ok: bool
     message: str
     dp_rank: int = 0

@@ -1,9 +1,10 @@
 """LoRA adapters (PEFT checkpoints) applied per token, many in one batch.
 
-An adapter is loaded into a slot, at start (`--lora-paths`) or at run time
-(`/v1/load_lora_adapter`, into a free one of `--max-loaded-loras`); slot 0 is the base model (no
-delta). For each
-layer and each fused projection of the decoder (`qkv`: q/k/v; `o`; `gate_up`: gate/up; `down`)
+An adapter is loaded into host memory, at start (`--lora-paths`) or at run time
+(`/v1/load_lora_adapter`, up to `--max-loaded-loras` of them), and copied into one of the device's
+`--max-loras-per-batch` slots when a request of it is admitted (the scheduler picks the slot:
+batonlm/scheduler/lora_slots.py); slot 0 is the base model (no delta). For each layer and each
+fused projection of the decoder (`qkv`: q/k/v; `o`; `gate_up`: gate/up; `down`)
 the slots' weights are stacked: A [slots, R, in] and B [slots, out, R], R the largest rank
 (smaller ranks zero-padded), B already scaled (lora_alpha / r, or / sqrt(r) with rsLoRA), and a
 fused projection's parts stacked along R with B block-diagonal, so that one pair of matmuls
@@ -171,12 +172,13 @@ def _shards(shard: TPLayout) -> dict[str, tuple[_Shard, ...]]:
 
 
 class LoRAWeights:
-    """The adapters' weights on this rank, stacked per layer and fused projection: `slots` adapter
-    slots (1..slots; slot 0 is the base model), each of rank up to `rank`."""
+    """The adapters' weights on this rank: every loaded adapter in host memory (`load`, by load
+    key), and `slots` device slots (1..slots; slot 0 is the base model) stacked per layer and
+    fused projection, each of rank up to `rank`, into which `place` copies a held adapter."""
 
     def __init__(self, slots: int, rank: int, cfg: ModelConfig, shard: TPLayout, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.cfg, self.rank, self.slots = cfg, rank, slots + 1
+        self.cfg, self.rank, self.slots, self.device = cfg, rank, slots + 1, device
         self.shards = _shards(shard)
         (_, q), (_, kv), (_, m) = shard.q_rows(), shard.kv_rows(), shard.mlp_rows()
         h = cfg.hidden_size
@@ -189,20 +191,45 @@ class LoRAWeights:
                 n = len(parts)
                 self.a[layer, fused] = torch.zeros(self.slots, n * rank, fan_in, dtype=dtype, device=device)
                 self.b[layer, fused] = torch.zeros(self.slots, out, n * rank, dtype=dtype, device=device)
+        # Load key -> its A and B per adapted (layer, fused projection), at a slot's layout.
+        self.held: dict[int, dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def load(self, slot: int, adapter: AdapterSpec) -> None:
-        """Put `adapter` (checked: `check_adapter`) in `slot`, over what it held."""
-        assert 1 <= slot < self.slots and adapter.rank <= self.rank, (slot, adapter.rank)
-        r = self.rank
-        for t in (*self.a.values(), *self.b.values()):
-            t[slot].zero_()
+    def load(self, key: int, adapter: AdapterSpec) -> None:
+        """Read `adapter` (checked: `check_adapter`) into host memory (pinned for a GPU's copies)
+        as load `key`."""
+        assert adapter.rank <= self.rank, adapter.rank
+        r, pin = self.rank, self.device.type == "cuda"
+        held: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         with safe_open(str(Path(adapter.path) / "adapter_model.safetensors"), framework="pt") as sf:
             for m in _modules(adapter, self.cfg):
+                if (m.layer, m.fused) not in held:
+                    a0, b0 = self.a[m.layer, m.fused][0], self.b[m.layer, m.fused][0]
+                    held[m.layer, m.fused] = (torch.zeros(a0.shape, dtype=a0.dtype, pin_memory=pin),
+                                              torch.zeros(b0.shape, dtype=b0.dtype, pin_memory=pin))
+                a, b = held[m.layer, m.fused]
                 part = self.shards[m.fused][m.k]
                 at = slice(m.k * r, m.k * r + adapter.rank)
-                b = sf.get_tensor(m.b_name)[part.rows] * adapter.scale
-                self.a[m.layer, m.fused][slot, at] = sf.get_tensor(m.a_name)[:, part.cols]
-                self.b[m.layer, m.fused][slot, part.at : part.at + b.shape[0], at] = b
+                rows = sf.get_tensor(m.b_name)[part.rows] * adapter.scale
+                a[at] = sf.get_tensor(m.a_name)[:, part.cols]
+                b[part.at : part.at + rows.shape[0], at] = rows
+        self.held[key] = held
+
+    def place(self, slot: int, key: int) -> None:
+        """Copy held load `key` into `slot`, over what it held (on a GPU, on the current stream:
+        after the forwards launched before it)."""
+        assert 1 <= slot < self.slots, slot
+        held = self.held[key]
+        for lf, a in self.a.items():
+            if lf in held:
+                a[slot].copy_(held[lf][0], non_blocking=True)
+                self.b[lf][slot].copy_(held[lf][1], non_blocking=True)
+            else:
+                a[slot].zero_()
+                self.b[lf][slot].zero_()
+
+    def drop(self, key: int) -> None:
+        """Free held load `key` (unloaded)."""
+        self.held.pop(key, None)
 
     def batch(self, row_slots: list[int], row_tokens: list[int], device: torch.device) -> LoRABatch | None:
         """A forward's tokens grouped by adapter slot, from each row's slot and token count

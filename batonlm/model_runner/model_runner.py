@@ -7,6 +7,7 @@ import logging
 import torch
 
 from batonlm.distributed.group import TPGroup
+from batonlm.ipc.device_messages import LoRALoad, LoRAMessage, LoRAPlace
 from batonlm.model_runner import linear
 from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
@@ -88,16 +89,24 @@ class ModelRunner:
                       cache_dtype, scales.k, scales.v, latent)
 
     def use_lora(self, slots: int, rank: int, adapters: tuple[tuple[str, str], ...]) -> None:
-        """Room for `slots` LoRA adapters of rank up to `rank` (slot 0: the base model), and the
-        --lora-paths adapters (name, PEFT directory) in slots 1.."""
+        """Room for `slots` LoRA adapters of rank up to `rank` on the device (slot 0: the base
+        model); the --lora-paths adapters (name, PEFT directory) held as loads 1.. and the first
+        `slots` of them placed in slots 1.. (the scheduler's `LoRASlots` starts so too)."""
         self.lora = LoRAWeights(slots, rank, self.cfg, self.model.shard, self.dtype, self.device)
-        for slot, (name, path) in enumerate(adapters, start=1):
-            self.load_lora(slot, name, path)
+        for key, (name, path) in enumerate(adapters, start=1):
+            self.update_lora(LoRALoad(key, name, path))
+            if key <= slots:
+                self.update_lora(LoRAPlace(key, key))
 
-    def load_lora(self, slot: int, name: str, path: str) -> None:
-        """Put an adapter (checked where it was asked for) in a slot."""
+    def update_lora(self, msg: LoRAMessage) -> None:
+        """Hold an adapter (checked where it was asked for), place one in a slot, or drop one."""
         assert self.lora is not None, "LoRA adapters need LoRA slots (use_lora)"
-        self.lora.load(slot, read_adapter(name, path, self.lora.rank))
+        if isinstance(msg, LoRALoad):
+            self.lora.load(msg.key, read_adapter(msg.name, msg.path, self.lora.rank))
+        elif isinstance(msg, LoRAPlace):
+            self.lora.place(msg.slot, msg.key)
+        else:
+            self.lora.drop(msg.key)
 
     def use_decode_graphs(self, graphs: DecodeGraphs, progress: Progress) -> None:
         """Build `graphs` (compile or capture every bucket) and run decode batches through them.

@@ -1,5 +1,5 @@
 """What the scheduler does with each message it receives: a new request (checked, seeded, queued
-or handed to the grammar queue), an abort, a stats or cache-flush request, a shutdown."""
+or handed to the grammar queue), an abort, a stats or cache-flush request, a LoRA adapter's load or unload, a shutdown."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ from collections import deque
 
 from batonlm.device.base import DeviceStream, PendingResult
 from batonlm.ipc.codec import Message
-from batonlm.ipc.device_messages import LoRALoad
 from batonlm.ipc.messages import (
     AbortRequest,
     FlushCacheRequest,
     FlushCacheResult,
     GenerateRequest,
     LoadLoRARequest,
-    LoadLoRAResult,
+    LoRAResult,
     SchedulerStats,
     ShutdownRequest,
     StatsRequest,
     TokenOutput,
+    UnloadLoRARequest,
 )
 from batonlm.request_checks import check_request
 from batonlm.scheduler.agreement import Agreement
@@ -29,6 +29,7 @@ from batonlm.scheduler.batch import ScheduleBatch
 from batonlm.scheduler.grammar_queue import GrammarQueue
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
+from batonlm.scheduler.lora_slots import LoRASlots
 from batonlm.scheduler.request import FINISH_ABORT, Request
 
 logger = logging.getLogger("batonlm.scheduler.scheduler")
@@ -49,7 +50,7 @@ class RequestIntake:
     waiting: deque[Request]
     running: list[Request]
     requests: dict[str, Request]
-    lora_keys: dict[int, int]
+    lora: LoRASlots | None
     result_queue: deque[tuple[ScheduleBatch, PendingResult]]
     context_length: int
     vocab_size: int
@@ -89,8 +90,8 @@ class RequestIntake:
             self.io.send(self.stats())
         elif isinstance(msg, FlushCacheRequest):
             self.io.send(self.flush_cache())
-        elif isinstance(msg, LoadLoRARequest):
-            self.io.send(self.load_lora(msg))
+        elif isinstance(msg, LoadLoRARequest | UnloadLoRARequest):
+            self.io.send(self.update_lora(msg))
         elif isinstance(msg, ShutdownRequest):
             self._shutdown = True
         else:
@@ -100,14 +101,16 @@ class RequestIntake:
         logger.info("request %s rejected: %s", rid, error)
         self._outputs.append(TokenOutput(rid, [], FINISH_ABORT, error, error_about=about))
 
-    def load_lora(self, msg: LoadLoRARequest) -> LoadLoRAResult:
-        """An adapter into a slot (the frontend checked it, and that no request uses the slot):
-        on the device after the launches so far; requests of its earlier load are refused from now."""
-        if not 1 <= msg.slot <= self.device.spec.lora_slots:
-            return LoadLoRAResult(False, f"no LoRA slot {msg.slot}", self.dp_rank)
-        self.device.load_lora(LoRALoad(msg.slot, msg.name, msg.path))
-        self.lora_keys[msg.slot] = msg.key
-        return LoadLoRAResult(True, "", self.dp_rank)
+    def update_lora(self, msg: LoadLoRARequest | UnloadLoRARequest) -> LoRAResult:
+        """A run-time load (checked by the frontend) or unload (no request of it runs: the
+        frontend checked); requests of an unloaded adapter are refused from now."""
+        if self.lora is None:
+            return LoRAResult(False, "LoRA is off", self.dp_rank)
+        if isinstance(msg, LoadLoRARequest):
+            self.lora.load(msg.key, msg.name, msg.path)
+        else:
+            self.lora.unload(msg.key)
+        return LoRAResult(True, "", self.dp_rank)
 
     def flush_cache(self) -> FlushCacheResult:
         """Empty the prefix cache; refused while requests run or wait."""
@@ -122,8 +125,7 @@ class RequestIntake:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         if msg.rid in self.requests:
             return self._reject(msg.rid, f"request id {msg.rid!r} is already in use")
-        lora_key = msg.lora_key or msg.lora  # 0: the slot's --lora-paths load
-        if msg.lora and self.lora_keys.get(msg.lora) != lora_key:
+        if msg.lora_key and (self.lora is None or msg.lora_key not in self.lora.loaded):
             return self._reject(msg.rid, "its LoRA adapter was unloaded")
         try:
             check_request(
@@ -133,7 +135,7 @@ class RequestIntake:
         except ValueError as e:
             return self._reject(msg.rid, str(e))
         req = Request(msg.rid, list(msg.input_ids), params, seed, self.context_length, self.eos_token_ids,
-                      msg.priority, msg.pooling, msg.lora, lora_key)
+                      msg.priority, msg.pooling, msg.lora_key)
         self.requests[req.rid] = req
         if params.constraint is not None:
             self.grammars.add(req)  # joins `waiting` when its grammar is compiled

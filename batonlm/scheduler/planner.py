@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from batonlm.scheduler.batch import ExtendRow, ScheduleBatch
 from batonlm.scheduler.kv_memory import KVMemory
+from batonlm.scheduler.lora_slots import LoRASlots
 from batonlm.scheduler.request import Request
 from batonlm.scheduler.schedule_policy import admission_order
 from batonlm.scheduler.speculative import Speculator
@@ -63,7 +64,6 @@ class PlannerConfig:
     age_bound: int = 256  # iterations (lpm)
     priority_aging_s: float = 60.0  # priority: a request waiting this long goes first
     enable_priority_preemption: bool = False
-    max_loras_per_batch: int | None = None  # distinct LoRA adapters running at once (None: any)
     # LongRoPE: the original context. A request longer than it is rotated by the long factors at
     # every position, as transformers does; one that grows past it is recomputed so (None: no
     # LongRoPE).
@@ -71,10 +71,12 @@ class PlannerConfig:
 
 
 class BatchPlanner:
-    def __init__(self, config: PlannerConfig, memory: KVMemory, speculator: Speculator | None = None) -> None:
+    def __init__(self, config: PlannerConfig, memory: KVMemory, speculator: Speculator | None = None,
+                 lora: LoRASlots | None = None) -> None:
         self.config = config
         self.memory = memory
         self.speculator = speculator  # speculative decoding: drafts for decode rows
+        self.lora = lora  # LoRA: which adapter each device slot holds (None: LoRA is off)
         self.ratio = NewTokenRatio()
         self.num_retractions = 0
         self.num_rotation_switches = 0  # LongRoPE: requests recomputed past the original context
@@ -200,8 +202,11 @@ class BatchPlanner:
                 break
             if req.req_slot is not None:  # retracted with a launch still in flight: next time
                 break
-            if not self._adapter_fits(req, running):  # its adapter waits; others may go first
-                continue
+            busy: set[int] = set()
+            if self.lora is not None and req.lora_key:
+                busy = self._running_adapters(running)
+                if not self.lora.can_place(req.lora_key, busy):
+                    continue  # every slot's adapter is running: it waits, others may go first
             req.long_rope = cfg.long_rope_from is not None and len(req.fill_ids) > cfg.long_rope_from
             mem.match(req)
             need_now = req.fill_len - req.kv_len
@@ -214,6 +219,8 @@ class BatchPlanner:
                 mem.release_req_slot(req)
                 break
             waiting.remove(req)
+            if self.lora is not None and req.lora_key:
+                req.lora = self.lora.slot_for(req.lora_key, busy)
             running.append(req)
             req.waited = 0
             req.slot_sent = False
@@ -225,14 +232,11 @@ class BatchPlanner:
             if req.prefilling:  # cut into chunks: the rest follows in the next iterations
                 break
 
-    def _adapter_fits(self, req: Request, running: list[Request]) -> bool:
-        """--max-loras-per-batch: the base model, or an adapter running already, or room for one
-        more adapter among the running requests (a batch holds only running requests)."""
-        limit = self.config.max_loras_per_batch
-        if limit is None or not req.lora:
-            return True
-        adapters = {r.lora_key for r in running if r.lora}
-        return req.lora_key in adapters or len(adapters) < limit
+    @staticmethod
+    def _running_adapters(running: list[Request]) -> set[int]:
+        """The LoRA adapters (load keys) of the running requests: their slots are not given to
+        another adapter (a batch holds only running requests)."""
+        return {r.lora_key for r in running if r.lora_key}
 
     # ------------------------------------------------------------------ memory
     def _output_estimate(self, req: Request) -> float:

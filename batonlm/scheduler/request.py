@@ -77,11 +77,11 @@ class Request:
 
     def __init__(
         self, rid: str, prompt_ids: list[int], params: SamplingParams, seed: int, context_length: int,
-        eos_ids: tuple[int, ...], priority: int = 0, pooling: str | None = None, lora: int = 0, lora_key: int = 0,
+        eos_ids: tuple[int, ...], priority: int = 0, pooling: str | None = None, lora_key: int = 0,
     ) -> None:
         self.rid = rid
-        self.lora = lora  # its LoRA adapter's slot (0: the base model)
-        self.lora_key = lora_key  # which load of it (the prefix cache's namespace)
+        self.lora_key = lora_key  # its LoRA adapter's load (0: the base model; the prefix cache's namespace)
+        self.lora = 0  # the device slot holding that adapter (set when admitted: lora_slots.py)
         # LongRoPE: rotated by the long factors at every position (set when admitted: its tokens
         # outnumber the original context); its KV is its own in the prefix cache.
         self.long_rope = False
@@ -160,7 +160,7 @@ class Request:
         """`tokens` as the prefix cache keys them: an adapter's KV is its own (each token id
         moved into the adapter's range), so two adapters, or an adapter and the base model,
         never share a prefix; requests of the same adapter do. So is LongRoPE's long rotation's."""
-        offset = (self.lora_key << 32 if self.lora else 0) + (1 << 62 if self.long_rope else 0)
+        offset = (self.lora_key << 32) + (1 << 62 if self.long_rope else 0)
         return [t + offset for t in tokens] if offset else tokens
 
     def pool_span(self, start: int, end: int) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ from batonlm.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from batonlm.scheduler.intake import RequestIntake
 from batonlm.scheduler.io import SchedulerIO
 from batonlm.scheduler.kv_memory import KVMemory
+from batonlm.scheduler.lora_slots import LoRASlots
 from batonlm.scheduler.outputs import emit, take_pooled, take_prompt_logprobs, token_output, verified_rows
 from batonlm.scheduler.overlap_policy import (
     DISABLE_CONSECUTIVE_PREFILL_ENV,
@@ -66,7 +67,6 @@ class SchedulerConfig:
     schedule_policy: str = "fcfs"
     priority_aging_s: float = 60.0
     enable_priority_preemption: bool = False
-    max_loras_per_batch: int | None = None  # distinct LoRA adapters running at once (None: any)
     random_seed: int = 0
     stream_interval: int = 1  # a request's tokens go out every this many (its first and last at once)
     tokenizer_path: str | None = None  # for grammars: the vocabulary's token strings
@@ -94,7 +94,11 @@ class Scheduler(RequestIntake):
         self.speculator = Speculator(config.speculative) if config.speculative is not None else None
         self.memory = KVMemory(spec.kv_capacity, spec.num_req_slots, radix_cache=not config.disable_radix_cache)
         mixed = config.enable_mixed_batch or config.chunked_prefill_size is not None
-        self.planner = BatchPlanner(derive(PlannerConfig, config, mixed=mixed), self.memory, self.speculator)
+        # LoRA: which adapter each device slot holds (None: LoRA is off).
+        self.lora = (LoRASlots(spec.lora_slots, range(1, len(spec.lora_adapters) + 1), device.update_lora)
+                     if spec.lora_slots else None)
+        self.planner = BatchPlanner(derive(PlannerConfig, config, mixed=mixed), self.memory, self.speculator,
+                                    self.lora)
         # Ordered containers only: batch order must be the same in every run.
         self.waiting: deque[Request] = deque()
         self.grammars = GrammarQueue(  # constrained requests while their grammar compiles
@@ -104,8 +108,6 @@ class Scheduler(RequestIntake):
         )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        # LoRA slot -> the load of an adapter it holds (--lora-paths: slot k is load k).
-        self.lora_keys: dict[int, int] = {slot: slot for slot in range(1, len(spec.lora_adapters) + 1)}
         self.result_queue: deque[tuple[ScheduleBatch, PendingResult]] = deque()
         # What the last iteration ran (an empty batch when a DP-attention replica idled).
         self.last_batch: ScheduleBatch | None = None

@@ -2,14 +2,14 @@
 load of it: `key`), and loading and unloading at run time (vLLM's routes):
 
 * `POST /v1/load_lora_adapter` `{"lora_name", "lora_path"}`: a PEFT directory, checked here (its
-  config, rank, target modules and tensor shapes), into a free one of `--max-loaded-loras` slots
-  on every replica;
+  config, rank, target modules and tensor shapes), held by every replica, up to
+  `--max-loaded-loras` adapters;
 * `POST /v1/unload_lora_adapter` `{"lora_name"}`: refused while requests of the adapter run (a
-  400 saying how many); its slot is free for the next load.
+  400 saying how many); its room is free for the next load.
 
-Each load has its own key: the prefix cache keeps an adapter's KV under it, and a request that
-named an adapter unloaded (and its slot reloaded) before it reached the scheduler is refused
-there, never run on another adapter's weights."""
+Each load has its own key: the prefix cache keeps an adapter's KV under it, the scheduler puts
+it in a device slot by it (batonlm/scheduler/lora_slots.py), and a request that named an adapter
+unloaded before it reached the scheduler is refused there, never run on other weights."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
 from batonlm.config import ServerArgs
+from batonlm.ipc.messages import LoadLoRARequest, UnloadLoRARequest
 from batonlm.server.errors import APIError, bad_request, model_not_found
 from batonlm.server.protocol import _Strict
 from batonlm.server.state import server_state
@@ -33,23 +34,20 @@ router = APIRouter()
 class Adapter:
     name: str
     path: str
-    slot: int
-    key: int  # which load (--lora-paths: the slot's number; run-time loads: after every slot's)
+    key: int  # which load (--lora-paths: 1, 2, ... in order; run-time loads after them)
 
 
 class AdapterRegistry:
-    """The served adapters by name, and the free slots."""
+    """The served adapters by name, up to `--max-loaded-loras` of them."""
 
     def __init__(self, args: ServerArgs) -> None:
-        self.slots = args.lora_slots
-        self.by_name = {name: Adapter(name, path, slot, slot)
-                        for slot, (name, path) in enumerate(args.lora_adapters, start=1)}
-        self.next_key = self.slots + 1
-        self.loading: set[int] = set()  # slots being loaded
+        self.limit = args.lora_pool
+        self.by_name = {name: Adapter(name, path, key) for key, (name, path) in enumerate(args.lora_adapters, start=1)}
+        self.next_key = len(self.by_name) + 1
+        self.loading: set[str] = set()  # names being loaded
 
-    def free_slot(self) -> int | None:
-        used = {a.slot for a in self.by_name.values()} | self.loading
-        return next((s for s in range(1, self.slots + 1) if s not in used), None)
+    def has_room(self) -> bool:
+        return len(self.by_name) + len(self.loading) < self.limit
 
     def unload(self, name: str, running: Callable[[int], int]) -> Adapter:
         """Forget an adapter (its slot is free again); a 404 for an unknown name, a 400 while
@@ -83,9 +81,9 @@ async def load_lora_adapter(request: Request) -> str:
     req = await state.read(request, LoadLoRAAdapter)
     state.check_healthy()
     registry, name = state.adapters, req.lora_name
-    if not registry.slots:
+    if not registry.limit:
         raise bad_request("LoRA is off: start the server with --lora-paths or --max-loaded-loras", param="lora_name")
-    if name in (state.model_name, state.args.model) or name in registry.by_name:
+    if name in (state.model_name, state.args.model) or name in registry.by_name or name in registry.loading:
         raise bad_request(f"a model named {name!r} is already served", param="lora_name", code="already_loaded")
     info = state.manager.info
     assert info is not None  # healthy
@@ -97,19 +95,18 @@ async def load_lora_adapter(request: Request) -> str:
         await maybe_offload(1 << 30, "text", check)  # reads the adapter's files: off the event loop
     except LoRAError as e:
         raise bad_request(str(e), param="lora_path") from None
-    slot = registry.free_slot()
-    if slot is None:
-        raise bad_request(f"all {registry.slots} LoRA slots (--max-loaded-loras) hold adapters: unload one first",
-                          param="lora_name", code="no_free_slot")
+    if not registry.has_room():
+        raise bad_request(f"{registry.limit} LoRA adapters (--max-loaded-loras) are loaded: unload one first",
+                          param="lora_name", code="too_many_adapters")
     key, registry.next_key = registry.next_key, registry.next_key + 1
-    registry.loading.add(slot)
+    registry.loading.add(name)
     try:
-        result = await state.manager.load_lora(slot, key, name, req.lora_path)
+        result = await state.manager.update_lora(LoadLoRARequest(key, name, req.lora_path))
     finally:
-        registry.loading.discard(slot)
+        registry.loading.discard(name)
     if not result.ok:
         raise APIError(500, f"LoRA adapter {name!r} could not be loaded: {result.message}", type="server_error")
-    registry.by_name[name] = Adapter(name, req.lora_path, slot, key)
+    registry.by_name[name] = Adapter(name, req.lora_path, key)
     return f"Success: LoRA adapter '{name}' added successfully."
 
 
@@ -120,5 +117,8 @@ async def unload_lora_adapter(request: Request) -> str:
     registry, name = state.adapters, req.lora_name
     if name in (state.model_name, state.args.model):
         raise bad_request("the base model cannot be unloaded", param="lora_name")
-    registry.unload(name, lambda key: state.manager.lora_inflight.get(key, 0))
+    adapter = registry.unload(name, lambda key: state.manager.lora_inflight.get(key, 0))
+    result = await state.manager.update_lora(UnloadLoRARequest(adapter.key))
+    if not result.ok:
+        raise APIError(500, f"LoRA adapter {name!r} could not be unloaded: {result.message}", type="server_error")
     return f"Success: LoRA adapter '{name}' removed successfully."

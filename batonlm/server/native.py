@@ -55,7 +55,7 @@ async def list_models(request: Request):
 @router.get("/v1/models/{model:path}")
 async def get_model(request: Request, model: str):
     state = server_state(request)
-    return _model_card(state, model if state.lora_adapter(model)[0] else None)
+    return _model_card(state, model if state.lora_adapter(model) else None)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
@@ -144,7 +144,7 @@ class GenerateRoute(Route[NativeGenerateRequest]):
     job_type = GenerateJob
     # Its hooks take a GenerateJob (job_type makes it), narrower than Route's Job: hence the override ignores.
 
-    def lora_adapter(self, state: ServerState, req: NativeGenerateRequest) -> tuple[int, int]:
+    def lora_adapter(self, state: ServerState, req: NativeGenerateRequest) -> int:
         return state.lora_adapter(req.lora_path, "lora_path")
 
     def request_id(self, req: NativeGenerateRequest) -> str:

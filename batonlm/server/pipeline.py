@@ -72,8 +72,7 @@ class Job(Generic[R]):
     make_stop: Callable[[list[str], SamplingParams], list[str] | StopStringMatcher] | None = None
 
     skip_special_tokens: bool = True  # False: the text keeps them (a tool-call format written in them)
-    lora: int = 0  # the LoRA adapter its `model` selects (0: the base model)
-    lora_key: int = 0  # which load of it
+    lora_key: int = 0  # the LoRA adapter (its load) its `model` selects (0: the base model)
 
     def stop_for(self, params: SamplingParams) -> list[str] | StopStringMatcher:
         return self.make_stop(self.stop, params) if self.make_stop is not None else self.stop
@@ -163,7 +162,7 @@ class Route(Generic[R]):
     async def prepare(self, state: ServerState, req: R) -> Job[R]:
         job = self.job_type(req, self.request_id(req), int(time.time()))
         job.priority = getattr(req, "priority", 0)
-        job.lora, job.lora_key = self.lora_adapter(state, req)
+        job.lora_key = self.lora_adapter(state, req)
         if job.priority != 0 and state.args.schedule_policy != "priority":
             raise bad_request("priority needs a server started with --schedule-policy priority", param="priority")
         self.check(state, job)
@@ -212,8 +211,8 @@ class Route(Generic[R]):
     def request_id(self, req: R) -> str:
         return request_id(self.id_prefix)
 
-    def lora_adapter(self, state: ServerState, req: R) -> tuple[int, int]:
-        """(slot, key) of the LoRA adapter the request selects (by its `model`)."""
+    def lora_adapter(self, state: ServerState, req: R) -> int:
+        """The load key of the LoRA adapter the request selects (by its `model`; 0: none)."""
         return state.lora_adapter(getattr(req, "model", None))
 
     def check(self, state: ServerState, job: Job[R]) -> None:
@@ -292,8 +291,7 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
         # Closed with the consumer, at once (not when the collector finds it): that aborts it.
         gen = state.manager.generate(ids, params, rid=f"{job.rid}-0", stop=job.stop_for(params), admission=job.admission,
                                      priority=job.priority, pooling=job.pooling,
-                                     skip_special_tokens=job.skip_special_tokens, lora=job.lora,
-                                     lora_key=job.lora_key)
+                                     skip_special_tokens=job.skip_special_tokens, lora_key=job.lora_key)
         try:
             async with contextlib.aclosing(gen):
                 async for chunk in gen:
@@ -311,8 +309,7 @@ async def stream_choices(state: ServerState, job: Job) -> AsyncGenerator[tuple[i
             async for chunk in state.manager.generate(ids, params, rid=f"{job.rid}-{i}", stop=job.stop_for(params),
                                                       admission=job.admission, priority=job.priority,
                                                       pooling=job.pooling,
-                                                      skip_special_tokens=job.skip_special_tokens, lora=job.lora,
-                                     lora_key=job.lora_key):
+                                                      skip_special_tokens=job.skip_special_tokens, lora_key=job.lora_key):
                 await room.acquire()
                 queue.put_nowait((i, chunk))
         except Exception as e:  # reported to the consumer below

@@ -78,15 +78,15 @@ class ServerState:
 
         return AdapterRegistry(self.args)
 
-    def lora_adapter(self, model: str | None, param: str = "model") -> tuple[int, int]:
-        """(slot, key) of the LoRA adapter a request's `model` selects ((0, 0): the base model);
-        a 404 for another name."""
+    def lora_adapter(self, model: str | None, param: str = "model") -> int:
+        """The load key of the LoRA adapter a request's `model` selects (0: the base model); a 404
+        for another name."""
         if model is None or model in (self.model_name, self.args.model):
-            return 0, 0
+            return 0
         adapter = self.adapters.by_name.get(model)
         if adapter is None:
             raise model_not_found(model, param)
-        return adapter.slot, adapter.key
+        return adapter.key
 
     async def read(self, request: Request, model: type[M]) -> M:
         """The request body, read within the limits and parsed into `model`."""

@@ -27,11 +27,12 @@ from batonlm.ipc.messages import (
     FlushCacheResult,
     GenerateRequest,
     LoadLoRARequest,
-    LoadLoRAResult,
+    LoRAResult,
     Pooling,
     SchedulerInfo,
     SchedulerStats,
     StatsRequest,
+    UnloadLoRARequest,
 )
 from batonlm.request_checks import RequestRejected, check_request
 from batonlm.sampling_params import InvalidSamplingParams, SamplingParams
@@ -260,7 +261,6 @@ class TokenizerManager:
         priority: int = 0,
         pooling: Pooling | None = None,
         skip_special_tokens: bool = True,
-        lora: int = 0,
         lora_key: int = 0,
     ) -> AsyncGenerator[GenerationChunk, None]:
         """Stream one request's chunks. A stop string ends it with "stop" (the string and what
@@ -287,7 +287,7 @@ class TokenizerManager:
             self.lora_inflight[lora_key] += 1
         replica = self._owner[rid] = self.router.choose(input_ids)
         try:
-            await self.link.send(GenerateRequest(rid, input_ids, params, priority, pooling, lora, lora_key), replica)
+            await self.link.send(GenerateRequest(rid, input_ids, params, priority, pooling, lora_key), replica)
             while not state.finished:
                 chunk, stopped_early = state.apply(await state.next(), self.observer)
                 if stopped_early:
@@ -333,9 +333,9 @@ class TokenizerManager:
         return FlushCacheResult(False, f"replica {refused[0].dp_rank}: {refused[0].message}"
                                 + (f" (replicas {flushed} flushed theirs)" if flushed else ""))
 
-    async def load_lora(self, slot: int, key: int, name: str, path: str, timeout_s: float = 60.0) -> LoadLoRAResult:
-        """Put a LoRA adapter (checked) in a slot on every replica, as load `key`."""
-        results = await self.link.ask_all(LoadLoRARequest(slot, key, name, path), LoadLoRAResult, timeout_s)
+    async def update_lora(self, msg: LoadLoRARequest | UnloadLoRARequest, timeout_s: float = 60.0) -> LoRAResult:
+        """Load a LoRA adapter (checked) on every replica, or unload one."""
+        results = await self.link.ask_all(msg, LoRAResult, timeout_s)
         refused = [r for r in results if not r.ok]
         return refused[0] if refused else results[0]
 

@@ -27,7 +27,7 @@ from batonlm.ipc.endpoints import new_endpoints
 from batonlm.ipc.messages import (
     BatchOutput,
     FlushCacheResult,
-    LoadLoRAResult,
+    LoRAResult,
     SchedulerFailed,
     SchedulerInfo,
     SchedulerStats,
@@ -74,7 +74,7 @@ class SchedulerLink:
         self.last_heard = [time.monotonic()] * args.dp_size  # per replica: its last message
         # Per replica: futures waiting for its SchedulerStats / FlushCacheResult, in order.
         self._waiters: dict[type, list[list[asyncio.Future]]] = {
-            kind: [[] for _ in range(args.dp_size)] for kind in (SchedulerStats, FlushCacheResult, LoadLoRAResult)
+            kind: [[] for _ in range(args.dp_size)] for kind in (SchedulerStats, FlushCacheResult, LoRAResult)
         }
         self._ctx = zmq.asyncio.Context(1)
         self._pushes: list[zmq.asyncio.Socket] = []
@@ -244,7 +244,7 @@ class SchedulerLink:
                 self.last_heard[msg.dp_rank] = time.monotonic()
             if isinstance(msg, BatchOutput):
                 self._on_outputs(msg)
-            elif isinstance(msg, SchedulerStats | FlushCacheResult | LoadLoRAResult):
+            elif isinstance(msg, SchedulerStats | FlushCacheResult | LoRAResult):
                 waiters = self._waiters[type(msg)][msg.dp_rank]
                 if waiters:
                     fut = waiters.pop(0)

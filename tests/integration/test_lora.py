@@ -113,29 +113,35 @@ def test_ngram_speculation_verifies_with_the_requests_adapter(adapters, stories_
         h.close()
 
 
-def test_max_loras_per_batch_bounds_each_batch(adapters, references, stories_path):
-    """With --max-loras-per-batch 1 no batch holds two adapters (the base model's requests join
-    any); requests of another adapter wait for a turn, and every one still gets PEFT's tokens."""
+@pytest.mark.parametrize(("slots", "overlap"), [(1, True), (2, False)])
+def test_adapters_take_turns_in_fewer_slots(adapters, references, stories_path, slots, overlap):
+    """Three adapters, --max-loras-per-batch 1 or 2 device slots: no batch holds more adapters than
+    slots (the base model's requests join any), the adapters are copied in and out of the slots
+    (least recently used out) as their requests are admitted, and every request still gets
+    PEFT's tokens."""
     prompts, want = references
-    h = SchedulerHarness(stories_path, lora_paths=lora_paths(adapters), max_loras_per_batch=1)
-    seen: list[set[int]] = []
+    h = SchedulerHarness(stories_path, lora_paths=lora_paths(adapters), max_loras_per_batch=slots)
+    seen: list[tuple[set[int], set[int]]] = []  # per batch: its adapters (load keys), their slots
     plan = h.sched.planner.plan
 
     def recording_plan(*a, **kw):
         batch = plan(*a, **kw)
-        seen.append({r.lora for r in batch.reqs if r.lora})
+        seen.append(({r.lora_key for r in batch.reqs if r.lora_key}, {r.lora for r in batch.reqs if r.lora_key}))
         return batch
 
     h.sched.planner.plan = recording_plan
     try:
-        for slot, name in enumerate([None, *adapters]):
+        for key, name in enumerate([None, *adapters]):
             for i, p in enumerate(prompts):
-                h.submit(f"{name}-{i}", p, GREEDY, lora=slot)
-        records = h.run(overlap=True)
+                h.submit(f"{name}-{i}", p, GREEDY, lora=key)
+        records = h.run(overlap=overlap)
         for name in [None, *adapters]:
             for i in range(len(prompts)):
                 assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i)
-        assert max(len(s) for s in seen) == 1 and set().union(*seen) == {1, 2, 3}
+        assert max(len(keys) for keys, _ in seen) == slots
+        assert set().union(*(keys for keys, _ in seen)) == {1, 2, 3}
+        assert set().union(*(used for _, used in seen)) == set(range(1, slots + 1))
+        assert h.sched.lora is not None and h.sched.lora.placements >= 3 - slots
         h.assert_all_free()
     finally:
         h.close()
@@ -209,16 +215,18 @@ def test_served_adapters(adapters, references, stories_path):
 
 
 def test_load_and_unload_at_run_time_under_traffic(adapters, references, stories_path, tmp_path):
-    """Two slots (--max-loaded-loras 2, rank up to 8): one adapter from the start, one loaded at
-    run time; a full server refuses a third; an adapter with a request running is not unloaded;
-    once unloaded, another loaded into its slot answers with its own tokens (not the old
-    adapter's weights, nor its cached prefix), while base-model streams run throughout unchanged."""
+    """Two adapters at once (--max-loaded-loras 2, rank up to 8) taking turns in one device slot
+    (--max-loras-per-batch 1): one from the start, one loaded at run time; a full server refuses a
+    third; once one is unloaded, another loaded in its place answers with its own tokens (not the
+    old adapter's weights, nor its cached prefix), and so does the first after it, while
+    base-model streams run throughout unchanged."""
     import threading
 
     prompts, want = references
     make_adapter(stories_path, tmp_path / "ko8", 8, 8, ["k_proj", "o_proj"], False, seed=11)
     ko8 = peft_greedy(stories_path, str(tmp_path / "ko8"), prompts[0], 24)
-    server = ServerProcess("--lora-paths", f"qv4={adapters['qv4']}", "--max-loaded-loras", "2", "--max-lora-rank", "8")
+    server = ServerProcess("--lora-paths", f"qv4={adapters['qv4']}", "--max-loaded-loras", "2",
+                           "--max-loras-per-batch", "1", "--max-lora-rank", "8")
     url = server.base_url
 
     def complete(model: str | None, prompt: list[int], n: int = 24, **extra) -> httpx.Response:
@@ -243,9 +251,9 @@ def test_load_and_unload_at_run_time_under_traffic(adapters, references, stories
         assert post("/v1/load_lora_adapter", {"lora_name": "all8", "lora_path": adapters["all8"]}).status_code == 200
         assert complete("all8", prompts[0]).json()["output_ids"] == want[("all8", 0)]
         assert complete("qv4", prompts[0]).json()["output_ids"] == want[("qv4", 0)]
-        # Full: a third adapter waits for a slot. Too big a rank, a wrong directory, a name in use: 400s.
+        # Full: a third adapter waits for room. Too big a rank, a wrong directory, a name in use: 400s.
         r = post("/v1/load_lora_adapter", {"lora_name": "ko8", "lora_path": str(tmp_path / "ko8")})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "no_free_slot"
+        assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_adapters"
         for body, param, words in (
             ({"lora_name": "big", "lora_path": adapters["mlp16"]}, "lora_path", "over --max-lora-rank 8"),
             ({"lora_name": "nope", "lora_path": str(tmp_path)}, "lora_path", "not a PEFT adapter"),
@@ -257,9 +265,10 @@ def test_load_and_unload_at_run_time_under_traffic(adapters, references, stories
         assert post("/v1/unload_lora_adapter", {"lora_name": "all8"}).status_code == 200
         r = complete("all8", prompts[0])
         assert r.status_code == 404 and r.json()["error"]["param"] == "lora_path"
-        # Its slot takes another adapter, which answers with its own tokens on the same prompt.
+        # Its room takes another adapter, which answers with its own tokens on the same prompt.
         assert post("/v1/load_lora_adapter", {"lora_name": "ko8", "lora_path": str(tmp_path / "ko8")}).status_code == 200
         assert complete("ko8", prompts[0]).json()["output_ids"] == ko8
+        assert complete("qv4", prompts[0]).json()["output_ids"] == want[("qv4", 0)]
         assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["stories260K", "qv4", "ko8"]
         r = post("/v1/unload_lora_adapter", {"lora_name": "stories260K"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
@@ -279,10 +288,13 @@ def test_an_adapter_with_requests_running_is_not_unloaded():
     from batonlm.server.lora_adapters import AdapterRegistry
 
     registry = AdapterRegistry(ServerArgs(lora_paths="a=/x,b=/y", max_loaded_loras=3))
-    assert registry.free_slot() == 3 and registry.next_key == 4
+    assert registry.has_room() and registry.next_key == 3
+    registry.loading.add("c")
+    assert not registry.has_room()
+    registry.loading.clear()
     with pytest.raises(APIError, match="has 2 request") as e:
         registry.unload("a", lambda key: 2 if key == 1 else 0)
     assert e.value.code == "adapter_in_use" and "a" in registry.by_name
-    assert registry.unload("a", lambda key: 0).slot == 1 and registry.free_slot() == 1
+    assert registry.unload("a", lambda key: 0).key == 1 and registry.has_room()
     with pytest.raises(APIError, match="does not exist"):
         registry.unload("a", lambda key: 0)
