@@ -50,7 +50,7 @@ def build_executor(
 
         runner.use_decode_graphs(CompiledDecode(
             runner.model, runner.attn, max_bs=spec.compile_max_bs, max_context=spec.context_length,
-            cache_dir=spec.compile_cache_dir,
+            cache_dir=spec.compile_cache_dir, lora=runner.lora,
         ), progress)
     elif spec.cuda_graph_max_bs:
         from batonlm.model_runner.cuda_graph_decode import CudaGraphDecode

@@ -74,7 +74,7 @@ def lora_delta(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Ten
                seg_slot: torch.Tensor, seg_start: torch.Tensor, max_segment: int) -> torch.Tensor:
     if perm.numel() == 0 or max_segment == 0:
         return out
-    x, a, b = x.contiguous(), a.contiguous(), b.contiguous()
+    x = x.contiguous()  # the weights are read through their strides (LoRAWeights.b is a view)
     assert out.stride(1) == 1
     shrunk = torch.empty((perm.shape[0], a.shape[1]), dtype=torch.float32, device=x.device)
     _launch(x, a, shrunk, perm, seg_slot, seg_start, max_segment, gather=True, scatter=False)

@@ -31,6 +31,7 @@ import torch._dynamo
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS, DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
+from batonlm.model_runner.lora import LoRAWeights, RowSlotLoRA
 from batonlm.model_runner.models.base import CausalLM
 
 # The context dimension is compiled dynamic: one graph serves every width, and the width is the
@@ -97,6 +98,7 @@ class _DecodeInputs(NamedTuple):
     positions: torch.Tensor
     out_cache_loc: torch.Tensor
     attn_metadata: tuple[torch.Tensor, dict[int | None, torch.Tensor]]
+    lora: RowSlotLoRA | None = None  # LoRA: every row's adapter delta, fixed shapes (lora.py)
     dp_tokens: None = None  # never DP attention (its MLP gathers every rank's tokens: eager)
 
 
@@ -144,12 +146,15 @@ class PaddedDecodeAttention(AttentionBackend):
 class CompiledDecode(DecodeGraphs):
     def __init__(
         self, model: CausalLM, attn: AttentionBackend, *, max_bs: int, max_context: int, cache_dir: str,
+        lora: LoRAWeights | None = None,
     ) -> None:
         """`attn`: the runner's attention backend, whose KV pool, req-to-token table and geometry
-        (heads, head dim, windows, scale, soft-capping) the step's attention shares."""
+        (heads, head dim, windows, scale, soft-capping) the step's attention shares. `lora`: the
+        runner's LoRA slots (every step then adds each row's adapter delta: RowSlotLoRA)."""
         if not 1 <= max_bs <= COMPILE_MAX_BS:
             raise ValueError(f"the compiled decode step serves 1 to {COMPILE_MAX_BS} rows, not {max_bs}")
         self.model = model
+        self.lora = lora
         kv_pool, req_to_token = attn.kv_pool, attn.req_to_token
         self.attn = PaddedDecodeAttention(kv_pool, req_to_token, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                                           attn.sliding_windows, attn.scale, attn.softcap)
@@ -183,9 +188,11 @@ class CompiledDecode(DecodeGraphs):
         return key_pos
 
     def _forward(self, packed: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-        """packed: [5, B] rows input ids, positions, request slots, lengths, KV slots."""
-        input_ids, positions, req_slots, seq_lens, out_cache_loc = packed.unbind(0)
-        inputs = _DecodeInputs(positions, out_cache_loc, self.attn.metadata(req_slots, seq_lens, key_pos))
+        """packed: [5, B] rows input ids, positions, request slots, lengths, KV slots; with LoRA
+        [6, B], the rows' adapter slots last."""
+        input_ids, positions, req_slots, seq_lens, out_cache_loc = packed[:5].unbind(0)
+        lora = RowSlotLoRA(self.lora, packed[5]) if self.lora is not None else None
+        inputs = _DecodeInputs(positions, out_cache_loc, self.attn.metadata(req_slots, seq_lens, key_pos), lora)
         return self.model.logits(self.model(input_ids, inputs, self.attn))
 
     def prepare(self, progress: Progress) -> float:
@@ -214,7 +221,7 @@ class CompiledDecode(DecodeGraphs):
                     # rows do not alias each other. Any difference (aliased inputs, a tensor
                     # from outside inference mode) compiles a graph no real batch matches.
                     with torch.inference_mode():
-                        packed = torch.zeros((5, lo), dtype=torch.int64, device=self._device)
+                        packed = torch.zeros((self._rows, lo), dtype=torch.int64, device=self._device)
                         packed[3] = 1
                         if lo < hi:
                             torch._dynamo.mark_dynamic(packed, 1, min=lo, max=hi)
@@ -232,5 +239,12 @@ class CompiledDecode(DecodeGraphs):
         width = context_width(batch.max_seq_len, self.max_context)
         # One fresh tensor: the graph's input always has the layout it was compiled for.
         positions = batch.positions if batch.rope_positions is None else batch.rope_positions  # only the rotary reads them
-        packed = torch.stack((batch.input_ids, positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc))
-        return self._step(packed, self._key_positions(width))
+        rows = [batch.input_ids, positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc]
+        if self.lora is not None:
+            slots = batch.lora.row_slots if batch.lora is not None else [0] * batch.batch_size
+            rows.append(torch.tensor(slots, dtype=torch.int64, device=self._device))
+        return self._step(torch.stack(rows), self._key_positions(width))
+
+    @property
+    def _rows(self) -> int:
+        return 5 if self.lora is None else 6

@@ -25,6 +25,7 @@ import torch
 
 from batonlm.model_runner.decode_graphs import DecodeGraphs, Progress, batch_buckets, smallest_bucket
 from batonlm.model_runner.forward_batch import ForwardBatch, RowGroup
+from batonlm.model_runner.lora import RowSlotLoRA
 
 if TYPE_CHECKING:
     from batonlm.model_runner.model_runner import ModelRunner
@@ -47,6 +48,7 @@ class CudaGraphDecode(DecodeGraphs):
         # Static inputs every graph reads ([:b] views); padding rows keep the fill values.
         self.input_ids, self.positions, self.req_slots, self.prefix_lens = buffer(), buffer(), buffer(), buffer()
         self.out_cache_loc, self.seq_lens, self.ones = buffer(), buffer(1), buffer(1)
+        self.lora_slots = buffer()  # LoRA: each row's adapter slot (a graph input; padding rows: the base model)
         self.arange = torch.arange(n, dtype=torch.int64, device=runner.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -62,6 +64,7 @@ class CudaGraphDecode(DecodeGraphs):
             seq_lens=self.seq_lens[:b], extend_starts=self.arange[:b], last_token_index=self.arange[:b],
             max_extend_len=1, max_seq_len=self.max_context, num_tokens=b,
             groups=[RowGroup(slice(0, b), slice(0, b), 1, self.max_context)],
+            lora=RowSlotLoRA(self.runner.lora, self.lora_slots[:b]) if self.runner.lora is not None else None,
         )
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -101,8 +104,12 @@ class CudaGraphDecode(DecodeGraphs):
             (self.out_cache_loc, batch.out_cache_loc),
         ):
             static[:n].copy_(value, non_blocking=True)
+        if self.runner.lora is not None:
+            slots = batch.lora.row_slots if batch.lora is not None else [0] * n
+            self.lora_slots[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
         if b > n:  # padding rows: slot 0, one key at position 0 (the KV pool's padding slot)
-            for static in (self.input_ids, self.positions, self.req_slots, self.prefix_lens, self.out_cache_loc):
+            for static in (self.input_ids, self.positions, self.req_slots, self.prefix_lens, self.out_cache_loc,
+                           self.lora_slots):
                 static[n:b].zero_()
             self.seq_lens[n:b].fill_(1)
         return b

@@ -183,14 +183,17 @@ class LoRAWeights:
         (_, q), (_, kv), (_, m) = shard.q_rows(), shard.kv_rows(), shard.mlp_rows()
         h = cfg.hidden_size
         sizes = {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * m), "down": (m, h)}
-        self.a: dict[tuple[int, str], torch.Tensor] = {}
-        self.b: dict[tuple[int, str], torch.Tensor] = {}
+        self.a: dict[tuple[int, str], torch.Tensor] = {}  # [slots, R', in] (R': the parts' ranks)
+        self.b: dict[tuple[int, str], torch.Tensor] = {}  # [slots, out, R'], a view of b_all
+        self.b_all: dict[tuple[int, str], torch.Tensor] = {}  # [out, slots * R']: every slot's B, one matrix
         for layer in range(cfg.num_layers):
             for fused, parts in FUSED.items():
                 fan_in, out = sizes[fused]
                 n = len(parts)
                 self.a[layer, fused] = torch.zeros(self.slots, n * rank, fan_in, dtype=dtype, device=device)
-                self.b[layer, fused] = torch.zeros(self.slots, out, n * rank, dtype=dtype, device=device)
+                b_all = torch.zeros(out, self.slots, n * rank, dtype=dtype, device=device)
+                self.b[layer, fused] = b_all.permute(1, 0, 2)
+                self.b_all[layer, fused] = b_all.view(out, self.slots * n * rank)
         # Load key -> its A and B per adapted (layer, fused projection), at a slot's layout.
         self.held: dict[int, dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]] = {}
 
@@ -247,7 +250,7 @@ class LoRAWeights:
         for idx in groups.values():
             starts.append(starts[-1] + len(idx))
         return LoRABatch(self, list(groups), starts, to_device(perm, torch.int64, device),
-                         max(len(idx) for idx in groups.values()))
+                         max(len(idx) for idx in groups.values()), row_slots)
 
 
 class LoRABatch:
@@ -255,8 +258,9 @@ class LoRABatch:
     segment s from `starts[s]`, adapter `slots[s]`): the layout of batonlm.kernels.lora."""
 
     def __init__(self, weights: LoRAWeights, slots: list[int], starts: list[int], perm: torch.Tensor,
-                 max_segment: int) -> None:
+                 max_segment: int, row_slots: list[int]) -> None:
         self.weights, self.slots, self.starts, self.perm, self.max_segment = weights, slots, starts, perm, max_segment
+        self.row_slots = row_slots  # each row's slot (a decode batch's: each token's; the graph steps')
         self._device_segments: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def add(self, out: torch.Tensor, layer: int, fused: str, x: torch.Tensor) -> torch.Tensor:
@@ -269,3 +273,25 @@ class LoRABatch:
             self._device_segments = (to_device(self.slots, torch.int64, out.device),
                                      to_device(self.starts, torch.int64, out.device))
         return lora_delta_triton(out, x, a, b, self.perm, *self._device_segments, self.max_segment)
+
+
+class RowSlotLoRA:
+    """The LoRA deltas of a batch with fixed shapes, for the graph-backed decode steps (the
+    compiled CPU step, CUDA graphs), whose inputs cannot decide which matmuls run: each token is
+    shrunk by every slot's A at once, the products of the slots other than its own (`row_slots`,
+    one per token; slot 0 is the base model's zeros) are zeroed, and one matmul by every slot's
+    B (`LoRAWeights.b_all`) expands the rest. That is `slots` times one adapter's work, with no
+    gather and nothing that depends on which adapters the batch holds; a token's delta is the
+    one `LoRABatch.add` gives it, summed with exact zeros."""
+
+    def __init__(self, weights: LoRAWeights, row_slots: torch.Tensor) -> None:
+        self.weights = weights
+        slots = torch.arange(weights.slots, device=row_slots.device)
+        self.keep = (row_slots[:, None] == slots[None, :])[:, :, None]  # [T, slots, 1]
+
+    def add(self, out: torch.Tensor, layer: int, fused: str, x: torch.Tensor) -> torch.Tensor:
+        a, b_all = self.weights.a[layer, fused], self.weights.b_all[layer, fused]
+        slots, rank, fan_in = a.shape
+        shrunk = (x @ a.reshape(slots * rank, fan_in).T).view(-1, slots, rank)
+        shrunk = torch.where(self.keep, shrunk, torch.zeros((), dtype=shrunk.dtype, device=shrunk.device))
+        return out + shrunk.reshape(-1, slots * rank) @ b_all.T

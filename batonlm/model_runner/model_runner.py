@@ -128,7 +128,7 @@ class ModelRunner:
         """Write the batch's KV slots into the req-to-token table, run the model, and return the
         float32 logits of each row's last token ([B, V])."""
         self._write_table(batch)
-        if self.decode_graphs is not None and batch.lora is None and self.decode_graphs.fits(batch):
+        if self.decode_graphs is not None and self.decode_graphs.fits(batch):
             self.graph_steps += 1
             return self.decode_graphs.run(batch)
         return self.model.logits(self._hidden(batch)[batch.last_token_index])

@@ -24,6 +24,7 @@ ADAPTERS = {
     "mlp16": (16, 32, ["gate_proj", "up_proj", "down_proj"], False),
 }
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
+SHORT = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
 
 
 def make_adapter(base_path: str, path, rank: int, alpha: int, targets: list[str], rslora: bool, seed: int) -> None:
@@ -45,6 +46,7 @@ def peft_greedy(base_path: str, adapter: str | None, prompt: list[int], n: int) 
     if adapter is not None:
         model = PeftModel.from_pretrained(model, adapter)
     model.eval()
+    model.generation_config.eos_token_id = None  # as ignore_eos: n tokens, an end-of-text one or not
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n,
                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
@@ -90,6 +92,43 @@ def test_a_mixed_batch_gives_each_request_its_adapters_tokens(adapters, referenc
                 for i in range(len(prompts)):
                     assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
             h.assert_all_free()
+    finally:
+        h.close()
+
+
+def test_the_compiled_step_adds_each_rows_adapter(tiny_models, tmp_path):
+    """The compiled decode step with adapters (RowSlotLoRA: the rows' adapter slots are a graph
+    input) in a batch mixing the base model and three adapters, both loops, two slots for three
+    adapters (placements between steps change no graph): PEFT's tokens, the decodes compiled.
+    On the two-layer test Llama: a graph half the size of stories260K's to compile."""
+    from batonlm.device.spec import cxx_compiler
+
+    if cxx_compiler() is None:
+        pytest.skip("torch.compile needs a C++ compiler on the CPU")
+    base = tiny_models["llama"]
+    paths = {}
+    for seed, (name, (rank, alpha, targets, rslora)) in enumerate(ADAPTERS.items()):
+        make_adapter(base, tmp_path / name, rank, alpha, targets, rslora, seed)
+        paths[name] = str(tmp_path / name)
+    prompts = random_prompts(2, random.Random(9), lo=6, hi=40, vocab=512)
+    want = {(name, i): peft_greedy(base, paths.get(name) if name else None, p, 12)
+            for name in (None, *paths) for i, p in enumerate(prompts)}
+    h = SchedulerHarness(base, lora_paths=lora_paths(paths), max_loras_per_batch=2, compile="on",
+                         compile_cache_dir=str(tmp_path / "inductor"), max_running_requests=8,
+                         cpu_device_worker="inline")
+    try:
+        for overlap in (False, True):
+            for key, name in enumerate([None, *paths]):
+                for i, p in enumerate(prompts):
+                    h.submit(f"{name}-{i}", p, SHORT, at=i, lora=key)
+            records = h.run(overlap=overlap)
+            for name in [None, *paths]:
+                for i in range(len(prompts)):
+                    assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
+            h.assert_all_free()
+        runner = h.sched.device.executor.runner
+        assert runner.decode_graphs is not None and runner.graph_steps > 0
+        assert h.sched.lora is not None and h.sched.lora.placements > 0
     finally:
         h.close()
 

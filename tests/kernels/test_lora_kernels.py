@@ -1,6 +1,8 @@
 """The LoRA delta kernels (interpreted on the CPU) and their torch reference against a float64
 computation token by token: ragged segments, an empty one, zero-padded ranks, tokens of no
-adapter left alone, bfloat16.
+adapter left alone, bfloat16; B read through LoRAWeights' strided layout; and the graph steps'
+fixed-shape form (RowSlotLoRA: every slot's products, all but the token's own zeroed, which adds
+only exact zeros to the same terms).
 
 Tolerance: a float32 dot product of n terms errs by at most n * eps times the sum of the terms'
 magnitudes; the delta is two of them (K terms, then R), so the bound per element is
@@ -8,10 +10,13 @@ magnitudes; the delta is two of them (K terms, then R), so the bound per element
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from batonlm.kernels.lora import lora_delta_reference, lora_delta_triton
+from batonlm.model_runner.lora import RowSlotLoRA
 
 
 def _case(dtype: torch.dtype, seed: int):
@@ -42,14 +47,30 @@ def _float64_truth(out, x, a, b, perm, seg_slot, seg_start):
     return want, bound
 
 
-@pytest.mark.parametrize("kernel", ["reference", "triton"])
+def _as_stored(b: torch.Tensor) -> torch.Tensor:
+    """`b` laid out as LoRAWeights stores it: a [slots, N, R] view of one [N, slots * R] matrix."""
+    return b.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+
+
+@pytest.mark.parametrize("kernel", ["reference", "triton", "triton-stored-b", "row-slots"])
 def test_the_delta_of_every_adapted_token_and_no_other(kernel):
     out, x, a, b, perm, seg_slot, seg_start = _case(torch.float32, 3)
+    if kernel == "row-slots":  # slot 0 is the base model: zeros, as LoRAWeights holds it
+        a[0], b[0] = 0, 0
     want, bound = _float64_truth(out, x, a, b, perm, seg_slot, seg_start)
     got = out.clone()
     if kernel == "reference":
         lora_delta_reference(got, x, a, b, perm, seg_slot, seg_start)
+    elif kernel == "row-slots":  # the graph steps' form: every slot's products, the others' zeroed
+        slots, rank, k = a.shape
+        b_all = b.permute(1, 0, 2).reshape(b.shape[1], slots * rank)
+        row_slots = torch.zeros(out.shape[0], dtype=torch.int64)
+        for s, slot in enumerate(seg_slot):
+            row_slots[perm[seg_start[s] : seg_start[s + 1]]] = slot
+        weights = SimpleNamespace(slots=slots, a={(0, "qkv"): a}, b_all={(0, "qkv"): b_all})
+        got = RowSlotLoRA(weights, row_slots).add(got, 0, "qkv", x)  # type: ignore[arg-type]
     else:
+        b = _as_stored(b) if kernel == "triton-stored-b" else b
         lora_delta_triton(got, x, a, b, perm, torch.tensor(seg_slot), torch.tensor(seg_start), max_segment=19)
     untouched = torch.ones(out.shape[0], dtype=torch.bool)
     untouched[perm] = False
