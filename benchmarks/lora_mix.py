@@ -4,7 +4,8 @@ the adapters (the engine in process, its device as the server's; no HTTP).
 
 Adapters: `--adapters DIR ...` (PEFT directories for MODEL), or random rank-`--rank` ones made
 with peft over q/k/v/o/gate/up/down. Reported per mix, median of `--rounds` alternating rounds:
-output tokens/s and its ratio to the base model's, and the device's time per iteration.
+output tokens/s, its ratio to the base model's on the same engine and to the engine with LoRA off
+(alternating rounds), and the device's time per iteration.
 
     python benchmarks/lora_mix.py [--model DIR] [--streams 16] [--adapters-in-use 0 1 4 8]
         [--device cuda --dtype bfloat16] [--output-json FILE]
@@ -50,7 +51,7 @@ def run_once(sched, io: LocalIO, prompts: list[list[int]], streams: int, in_use:
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for i in range(streams):
         slot = (i % in_use) + 1 if in_use else 0
-        io.submit(GenerateRequest(f"r{i}", prompts[i % len(prompts)], params, lora=slot), sched.iteration)
+        io.submit(GenerateRequest(f"r{i}", prompts[i % len(prompts)], params, lora_key=slot), sched.iteration)
     before, compute_before = sched.timing.as_dict(), getattr(sched.device, "compute_s", 0.0)
     t0 = time.perf_counter()
     sched.event_loop_overlap()
@@ -74,7 +75,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
-                    help="the CPU decode step (a batch with an adapter always runs eagerly)")
+                    help="the CPU decode step (compiled: adapters' deltas inside the graph, RowSlotLoRA)")
     ap.add_argument("--output-json", default=str(RESULTS / "local" / "lora_mix.json"))
     args = ap.parse_args()
 
@@ -92,29 +93,42 @@ def main() -> None:
                                  lora_paths=",".join(f"a{i}={p}" for i, p in enumerate(paths)))
         sched, info = build_scheduler(server_args, io)
         io.bind(lambda: sched.iteration)
+        # The same engine with LoRA off: what serving adapters costs the base model's requests.
+        plain_io = LocalIO(encode=True)
+        plain, _ = build_scheduler(ServerArgs(model=args.model, max_running_requests=args.streams, device=args.device,
+                                              dtype=args.dtype, compile=args.compile), plain_io)
+        plain_io.bind(lambda: plain.iteration)
         runs: dict[int, list[dict]] = {k: [] for k in args.adapters_in_use}
+        plain_runs: list[dict] = []
         try:
             run_once(sched, io, prompts, args.streams, needed, 16)  # warm-up: every adapter once
-            for _ in range(args.rounds):
+            run_once(plain, plain_io, prompts, args.streams, 0, 16)
+            for _ in range(args.rounds):  # alternating: the machine's drift hits every mix alike
+                plain_runs.append(run_once(plain, plain_io, prompts, args.streams, 0, args.new_tokens))
                 for k in args.adapters_in_use:
                     runs[k].append(run_once(sched, io, prompts, args.streams, k, args.new_tokens))
         finally:
             sched.device.close()
+            plain.device.close()
     rows = []
     base = statistics.median(r["tokens_per_s"] for r in runs[args.adapters_in_use[0]])
-    for k, rs in runs.items():
+    plain_tps = statistics.median(r["tokens_per_s"] for r in plain_runs)
+    for k, rs in [("LoRA off", plain_runs), *runs.items()]:
         tps = statistics.median(r["tokens_per_s"] for r in rs)
         rows.append({"adapters_in_use": k, "tokens_per_s": tps, "ratio_to_first": tps / base,
+                     "ratio_to_lora_off": tps / plain_tps,
                      "device_per_iter_ms": statistics.median(r["device_per_iter_ms"] for r in rs)})
     print(f"\nbatonlm LoRA mix: {Path(args.model).name} on {info.device} ({info.dtype}), {args.streams} streams, "
           f"{args.new_tokens} new tokens each, adapters of rank {args.rank if not args.adapters else 'given'}, "
           f"decode step compile {args.compile}, median of {args.rounds} rounds, {os.cpu_count()} CPUs\n")
-    print(f"{'adapters in use':>15} | {'output tokens/s':>15} | {'vs ' + str(args.adapters_in_use[0]):>6} | {'device ms/iter':>14}")
-    print("-" * 60)
+    print(f"{'adapters in use':>15} | {'output tokens/s':>15} | {'vs ' + str(args.adapters_in_use[0]):>6} | "
+          f"{'vs off':>6} | {'device ms/iter':>14}")
+    print("-" * 69)
     for r in rows:
         print(f"{r['adapters_in_use']:>15} | {r['tokens_per_s']:>15.0f} | {r['ratio_to_first']:>6.2f} | "
-              f"{r['device_per_iter_ms']:>14.3f}")
-    print("\n0 adapters: every stream on the base model (slots loaded, none used: the plain path).")
+              f"{r['ratio_to_lora_off']:>6.2f} | {r['device_per_iter_ms']:>14.3f}")
+    print("\nLoRA off: the same engine without adapters. 0 adapters: every stream on the base model, the adapters "
+          "loaded, none used (a compiled step still runs the slots' matmuls, with zero deltas).")
     out = Path(args.output_json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "device": info.device, "dtype": info.dtype, "compile": args.compile,
