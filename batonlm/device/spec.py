@@ -173,10 +173,6 @@ def cxx_compiler() -> str | None:
     return None
 
 
-def is_moe(cfg: ModelConfig) -> bool:
-    return any(cfg.raw.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
-
-
 def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig) -> None:
     """transformers' layers are whole and run eagerly: one rank per replica, no graphs."""
     if args.tp_size > 1 or args.enable_dp_attention:
@@ -212,7 +208,7 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
     # (docs/benchmarks.md, "bfloat16 on the CPU").
     full_precision = args.dtype in ("auto", "float32")
     compile_on = args.compile == "on" or (
-        args.compile == "auto" and full_precision and not is_moe(cfg) and cxx_compiler() is not None)
+        args.compile == "auto" and full_precision and not cfg.is_moe and cxx_compiler() is not None)
     return (min(args.max_running_requests, COMPILE_MAX_BS) if compile_on else 0), 0
 
 
@@ -303,9 +299,9 @@ def _check_lora(args: ServerArgs, cfg: ModelConfig) -> int:
     loaded at run time, --max-lora-rank."""
     from batonlm.model_runner.lora import LoRAError, check_adapter, read_adapter
 
-    if cfg.impl != "native" or is_moe(cfg) or cfg.mla is not None:
-        raise DeviceConfigError("LoRA adapters need a dense model batonlm runs natively (not a mixture of experts, "
-                                "not multi-head latent attention, not the transformers fallback)")
+    if cfg.impl != "native" or cfg.mla is not None:
+        raise DeviceConfigError("LoRA adapters need a model batonlm runs natively, with no multi-head latent "
+                                "attention (not the transformers fallback)")
     ranks = []
     for name, path in args.lora_adapters:
         try:

@@ -125,9 +125,20 @@ def _modules(adapter: AdapterSpec, cfg: ModelConfig) -> Iterator[_Module]:
                                   outs[k])
 
 
+def adapted_projections(cfg: ModelConfig) -> tuple[str, ...]:
+    """The fused projections an adapter may change: all of a dense model's; a mixture of
+    experts' attention only (its experts are not adapted)."""
+    return ("qkv", "o") if cfg.is_moe else tuple(FUSED)
+
+
 def check_adapter(adapter: AdapterSpec, cfg: ModelConfig) -> None:
     """Every adapted module of every layer has its A and B, of the model's shapes, and nothing
     else is adapted (read from the file's header: no weight is loaded)."""
+    allowed = {m for f in adapted_projections(cfg) for m in FUSED[f]}
+    if adapter.targets - allowed:
+        raise LoRAError(f"LoRA adapter {adapter.name!r}: target modules {sorted(adapter.targets - allowed)} are in "
+                        f"the MLP of a mixture-of-experts model; adapters of its attention ({sorted(allowed)}) are "
+                        "served")
     with safe_open(str(Path(adapter.path) / "adapter_model.safetensors"), framework="pt") as sf:
         names = set(sf.keys())
         want: set[str] = set()
@@ -186,8 +197,11 @@ class LoRAWeights:
         self.a: dict[tuple[int, str], torch.Tensor] = {}  # [slots, R', in] (R': the parts' ranks)
         self.b: dict[tuple[int, str], torch.Tensor] = {}  # [slots, out, R'], a view of b_all
         self.b_all: dict[tuple[int, str], torch.Tensor] = {}  # [out, slots * R']: every slot's B, one matrix
+        projections = adapted_projections(cfg)
+        self.mlp = "gate_up" in projections  # whether the MLPs are adapted (decoder.py asks)
         for layer in range(cfg.num_layers):
-            for fused, parts in FUSED.items():
+            for fused in projections:
+                parts = FUSED[fused]
                 fan_in, out = sizes[fused]
                 n = len(parts)
                 self.a[layer, fused] = torch.zeros(self.slots, n * rank, fan_in, dtype=dtype, device=device)

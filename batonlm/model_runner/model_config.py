@@ -92,6 +92,11 @@ class ModelConfig:
         return 1 if self.mla else max(1, self.num_kv_heads // tp)
 
     @property
+    def is_moe(self) -> bool:
+        """A mixture of experts (some or all of its MLPs)."""
+        return any(self.raw.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+    @property
     def long_rope_from(self) -> int | None:
         """LongRoPE's original context: a sequence longer than it is rotated by the long factors
         (layers.RotaryEmbedding's second table); None without LongRoPE (or on transformers' code,

@@ -133,6 +133,49 @@ def test_the_compiled_step_adds_each_rows_adapter(tiny_models, tmp_path):
         h.close()
 
 
+@pytest.mark.parametrize("family", ["qwen2_moe", "mixtral"])
+def test_attention_adapters_on_a_mixture_of_experts(tiny_models, tmp_path, family):
+    """A mixture of experts serves adapters of its attention (q/k/v/o; its experts are not
+    adapted): a batch mixing the base model and two adapters gives PEFT's tokens, both loops.
+    An adapter of its MLP is refused at start, naming the modules."""
+    import json
+    import shutil
+
+    from batonlm.config import ServerArgs
+    from batonlm.device.spec import DeviceConfigError, device_spec
+    from batonlm.model_runner.model_config import ModelConfig
+
+    base = tiny_models[family]
+    specs = {"qkvo8": (8, 16, ["q_proj", "k_proj", "v_proj", "o_proj"], False), "qv4": (4, 8, ["q_proj", "v_proj"], True)}
+    paths = {}
+    for seed, (name, (rank, alpha, targets, rslora)) in enumerate(specs.items()):
+        make_adapter(base, tmp_path / name, rank, alpha, targets, rslora, seed + 20)
+        paths[name] = str(tmp_path / name)
+    prompts = random_prompts(2, random.Random(5), lo=6, hi=40, vocab=512)
+    want = {(name, i): peft_greedy(base, paths.get(name) if name else None, p, 12)
+            for name in (None, *paths) for i, p in enumerate(prompts)}
+    assert want[("qkvo8", 0)] != want[(None, 0)]  # the adapter changes things
+    h = SchedulerHarness(base, lora_paths=lora_paths(paths))
+    try:
+        for overlap in (False, True):
+            for key, name in enumerate([None, *paths]):
+                for i, p in enumerate(prompts):
+                    h.submit(f"{name}-{i}", p, SHORT, at=i, lora=key)
+            records = h.run(overlap=overlap)
+            for name in [None, *paths]:
+                for i in range(len(prompts)):
+                    assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
+            h.assert_all_free()
+    finally:
+        h.close()
+    mlp = tmp_path / "mlp"
+    shutil.copytree(paths["qv4"], mlp)
+    cfg = json.loads((mlp / "adapter_config.json").read_text())
+    (mlp / "adapter_config.json").write_text(json.dumps({**cfg, "target_modules": ["q_proj", "gate_proj", "up_proj"]}))
+    with pytest.raises(DeviceConfigError, match=r"\['gate_proj', 'up_proj'\] are in the MLP of a mixture-of-experts"):
+        device_spec(ServerArgs(model=base, lora_paths=f"mlp={mlp}"), ModelConfig.from_hf(base))
+
+
 def test_ngram_speculation_verifies_with_the_requests_adapter(adapters, stories_path):
     """A verifying request's rows (its newest token and its drafts) run with its adapter: the
     tokens are PEFT's, drafts accepted or not."""

@@ -137,7 +137,7 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(h)
 
     def mlp_forward(self, h: torch.Tensor, dp_tokens: list[int] | None, lora: Any = None) -> torch.Tensor:
-        if lora is not None:  # LoRA: dense MLPs, not split for DP attention (device/spec.py checks)
+        if lora is not None and lora.weights.mlp:  # LoRA on a dense model, not DP attention (spec.py checks)
             mlp, layer = self.mlp, self.self_attn.layer
             assert isinstance(mlp, GatedMLP) and self.dp_mlp is None
             gate, up = lora.add(mlp.gate_up_proj(h), layer, "gate_up", h).split(mlp.intermediate, -1)
