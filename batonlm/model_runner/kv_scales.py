@@ -1,10 +1,12 @@
 """The FP8 KV cache's per-layer scales, read from the checkpoint when it has them.
 
-Checkpoints quantized for an FP8 KV cache (vLLM's and llm-compressor's) hold one float32 scalar
-per layer and kind, `model.layers.N.self_attn.k_scale` and `.v_scale` (older ones a single
-`.kv_scale` for both): the cache stores `k / k_scale` and reads back `stored * k_scale`. The
-weight loader passes over these tensors (`KV_SCALE_SUFFIXES`); they are read here, for the KV
-pool. A layer without one gets 1.0, with one warning line at start-up.
+Checkpoints quantized for an FP8 KV cache hold one float32 scalar per layer and kind: vLLM's and
+llm-compressor's `model.layers.N.self_attn.k_scale` and `.v_scale`, AutoFP8's single `.kv_scale`
+for both, the `k_proj.output_scale` / `v_proj.output_scale` of older compressed-tensors and Quark
+checkpoints, ModelOpt's `k_proj.k_scale` / `v_proj.v_scale` (`KV_SCALE_NAMES`): the cache stores
+`k / k_scale` and reads back `stored * k_scale`. The weight loader passes over these tensors;
+they are read here, for the KV pool. A layer without one gets 1.0, with one warning line at
+start-up.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from batonlm.model_runner.weight_loader import KV_SCALE_SUFFIXES, WeightLoadError, checkpoint_files
+from batonlm.model_runner.weight_loader import (
+    KV_SCALE_NAMES,
+    KV_SCALE_SUFFIXES,
+    WeightLoadError,
+    checkpoint_files,
+)
 
 logger = logging.getLogger(__name__)
 
-_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(k_scale|v_scale|kv_scale)$")
+_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(" + "|".join(map(re.escape, KV_SCALE_NAMES)) + ")$")
 
 
 @dataclass(frozen=True)
@@ -50,14 +57,14 @@ def read_kv_scales(model_dir: str | Path, num_layers: int) -> KVScales:
                 elif not (float(t) > 0 and float(t) != float("inf")):
                     problems.append(f"{name}: {float(t)}, a KV scale must be positive and finite")
                 else:
-                    found[(int(m.group(1)), m.group(2))] = float(t)
+                    found[(int(m.group(1)), KV_SCALE_NAMES[m.group(2)])] = float(t)
     if problems:
         raise WeightLoadError(f"checkpoint in {str(model_dir)!r} has bad KV cache scales: " + "; ".join(problems))
     scales: dict[str, list[float]] = {"k": [], "v": []}
     missing = []
     for layer in range(num_layers):
         for kind in ("k", "v"):
-            value = found.get((layer, f"{kind}_scale"), found.get((layer, "kv_scale")))
+            value = found.get((layer, kind), found.get((layer, "kv")))
             if value is None:
                 missing.append(f"{kind}_scale of layer {layer}")
             scales[kind].append(1.0 if value is None else value)

@@ -27,9 +27,20 @@ logger = logging.getLogger(__name__)
 # Checkpoints above this size get a progress bar.
 PROGRESS_BAR_BYTES = 64 * 1024 * 1024
 # The FP8 KV cache's per-layer scales: not weights; kv_scales.py reads them for the KV pool.
-KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale", "self_attn.kv_scale")
+# The name after `layers.N.self_attn.` -> the scale it is: vLLM's and llm-compressor's own,
+# AutoFP8's one for keys and values, the output scales of k_proj / v_proj (compressed-tensors'
+# older checkpoints, Quark), ModelOpt's on the projections, and a fused qkv_proj's (Phi-3).
+KV_SCALE_NAMES = {
+    "k_scale": "k", "v_scale": "v", "kv_scale": "kv",
+    "k_proj.output_scale": "k", "v_proj.output_scale": "v",
+    "k_proj.k_scale": "k", "v_proj.v_scale": "v", "qkv_proj.k_scale": "k", "qkv_proj.v_scale": "v",
+}
+KV_SCALE_SUFFIXES = tuple(f"self_attn.{name}" for name in KV_SCALE_NAMES)
+# The queries' scales of the same exporters: for attention over FP8 queries, which batonlm does
+# not run (queries stay in the model's dtype); passed over, not refused.
+QUERY_SCALE_SUFFIXES = ("self_attn.q_scale", "self_attn.q_proj.output_scale")
 # Buffers some exporters save that carry no weights, and the tensors read elsewhere.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", *KV_SCALE_SUFFIXES)
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", *KV_SCALE_SUFFIXES, *QUERY_SCALE_SUFFIXES)
 
 
 class WeightLoadError(ValueError):

@@ -114,6 +114,25 @@ def test_scales_from_the_checkpoint(tmp_path):
     assert none.k == none.v == (1.0, 1.0) and len(none.missing) == 4
 
 
+def test_every_exporters_scale_names(tmp_path):
+    """Older compressed-tensors and Quark checkpoints name the scales as k_proj's / v_proj's
+    output scales, ModelOpt as the projections' k_scale / v_scale, a fused qkv_proj (Phi-3) as
+    its own; a query scale (attention over FP8 queries, not run) is passed over by the loader."""
+    from batonlm.model_runner.weight_loader import _IGNORED_SUFFIXES
+
+    path = _checkpoint(tmp_path, {
+        "model.layers.0.self_attn.k_proj.output_scale": torch.tensor(0.5),
+        "model.layers.0.self_attn.v_proj.output_scale": torch.tensor(0.25),
+        "model.layers.1.self_attn.k_proj.k_scale": torch.tensor(2.0),
+        "model.layers.1.self_attn.v_proj.v_scale": torch.tensor(4.0),
+        "model.layers.2.self_attn.qkv_proj.k_scale": torch.tensor(0.125),
+        "model.layers.2.self_attn.qkv_proj.v_scale": torch.tensor(8.0),
+    })
+    scales = read_kv_scales(path, 3)
+    assert scales.k == (0.5, 2.0, 0.125) and scales.v == (0.25, 4.0, 8.0) and not scales.missing
+    assert "model.layers.0.self_attn.q_proj.output_scale".endswith(_IGNORED_SUFFIXES)
+
+
 @pytest.mark.parametrize("name, value, message", [
     ("model.layers.0.self_attn.k_scale", torch.tensor([1.0, 2.0]), "one number, this has shape"),
     ("model.layers.0.self_attn.v_scale", torch.tensor(-1.0), "must be positive and finite"),
@@ -141,7 +160,10 @@ def test_the_weight_loader_accepts_the_scale_tensors(tmp_path, stories_path):
     weights["model.layers.0.self_attn.k_scale"] = torch.tensor(0.5)
     save_file(weights, str(model_dir / "model.safetensors"))
     load_model(ModelConfig.from_hf(model_dir), torch.float32, "cpu")
-    weights["model.layers.0.self_attn.q_scale"] = torch.tensor(0.5)
+    weights["model.layers.0.self_attn.q_scale"] = torch.tensor(0.5)  # a query scale: passed over
+    save_file(weights, str(model_dir / "model.safetensors"))
+    load_model(ModelConfig.from_hf(model_dir), torch.float32, "cpu")
+    weights["model.layers.0.self_attn.z_scale"] = torch.tensor(0.5)
     save_file(weights, str(model_dir / "model.safetensors"))
     with pytest.raises(WeightLoadError, match="1 unexpected tensor"):
         load_model(ModelConfig.from_hf(model_dir), torch.float32, "cpu")
