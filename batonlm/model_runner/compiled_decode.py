@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch._dynamo
@@ -150,7 +150,9 @@ class CompiledDecode(DecodeGraphs):
     ) -> None:
         """`attn`: the runner's attention backend, whose KV pool, req-to-token table and geometry
         (heads, head dim, windows, scale, soft-capping) the step's attention shares. `lora`: the
-        runner's LoRA slots (every step then adds each row's adapter delta: RowSlotLoRA)."""
+        runner's LoRA slots: each range then has a second graph, for batches with adapters, that
+        adds each row's adapter delta (RowSlotLoRA); batches of the base model alone run the
+        first, which has no LoRA."""
         if not 1 <= max_bs <= COMPILE_MAX_BS:
             raise ValueError(f"the compiled decode step serves 1 to {COMPILE_MAX_BS} rows, not {max_bs}")
         self.model = model
@@ -172,13 +174,15 @@ class CompiledDecode(DecodeGraphs):
         torch._dynamo.maybe_mark_dynamic(req_to_token.table, 0)
         torch._dynamo.maybe_mark_dynamic(req_to_token.table, 1)
         self._step: Callable[..., torch.Tensor] | None = None
+        self._step_lora: Callable[..., torch.Tensor] | None = None
 
     def _sizes(self, lo: int, hi: int) -> str:
         """A range's batch sizes this step serves (its graph is compiled for the whole range)."""
         return str(lo) if lo == hi else f"{lo}-{min(hi, self.max_bs)}"
 
     def describe(self) -> str:
-        return "batch sizes " + ", ".join(self._sizes(lo, hi) for lo, hi in self.batch_ranges)
+        sizes = "batch sizes " + ", ".join(self._sizes(lo, hi) for lo, hi in self.batch_ranges)
+        return sizes if self.lora is None else sizes + ", with and without LoRA adapters"
 
     def _key_positions(self, width: int) -> torch.Tensor:
         key_pos = self._key_pos.get(width)
@@ -188,10 +192,18 @@ class CompiledDecode(DecodeGraphs):
         return key_pos
 
     def _forward(self, packed: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-        """packed: [5, B] rows input ids, positions, request slots, lengths, KV slots; with LoRA
-        [6, B], the rows' adapter slots last."""
-        input_ids, positions, req_slots, seq_lens, out_cache_loc = packed[:5].unbind(0)
-        lora = RowSlotLoRA(self.lora, packed[5]) if self.lora is not None else None
+        """packed: [5, B] rows input ids, positions, request slots, lengths, KV slots."""
+        return self._logits(packed, key_pos, None)
+
+    def _forward_lora(self, packed: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        """A batch with LoRA adapters: packed [6, B], the rows' adapter slots last. Its own entry
+        point: dynamo keeps its graphs apart from the plain ones (one code object's cache would
+        mix their guards, and the mixed batches ran 20% slower)."""
+        assert self.lora is not None
+        return self._logits(packed[:5], key_pos, RowSlotLoRA(self.lora, packed[5]))
+
+    def _logits(self, packed: torch.Tensor, key_pos: torch.Tensor, lora: RowSlotLoRA | None) -> torch.Tensor:
+        input_ids, positions, req_slots, seq_lens, out_cache_loc = packed.unbind(0)
         inputs = _DecodeInputs(positions, out_cache_loc, self.attn.metadata(req_slots, seq_lens, key_pos), lora)
         return self.model.logits(self.model(input_ids, inputs, self.attn))
 
@@ -200,7 +212,8 @@ class CompiledDecode(DecodeGraphs):
         CompileFailed."""
         # Inductor reads its cache location when it compiles.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.cache_dir
-        n = len(self.batch_ranges)
+        variants = (5,) if self.lora is None else (5, 6)  # packed rows: without, with LoRA
+        n = len(self.batch_ranges) * len(variants)
         limits = torch._dynamo.config
         # Room for this step's graphs on top of any other model's in the process (a benchmark or
         # a test compiles several: all share `_forward`'s code object and dynamo's limits).
@@ -210,27 +223,31 @@ class CompiledDecode(DecodeGraphs):
         # stories260K step at batch 1 (docs/benchmarks.md), for a longer first compile.
         # In bfloat16 or float16 every op rounds its result as eager does (inductor would keep fused
         # intermediates in float32): the compiled step gives the eager step's, and transformers', tokens.
-        step = torch.compile(self._forward, dynamic=False, fullgraph=True,
-                             options={"cpp_wrapper": True, "emulate_precision_casts": self._half})
+        options: dict[str, str | int | bool | Callable[..., Any]] = {
+            "cpp_wrapper": True, "emulate_precision_casts": self._half}
+        steps = {rows: torch.compile(fn, dynamic=False, fullgraph=True, options=options)
+                 for rows, fn in ((5, self._forward), (6, self._forward_lora))}
         start = time.perf_counter()
         try:
             with _quiet_torch_logs():
-                for i, (lo, hi) in enumerate(self.batch_ranges):
-                    progress(f"compiling the decode step for batch sizes {self._sizes(lo, hi)} ({i + 1}/{n})")
+                graphs = [(lo, hi, rows) for lo, hi in self.batch_ranges for rows in variants]
+                for i, (lo, hi, rows) in enumerate(graphs):
+                    what = " with LoRA" if rows == 6 else ""
+                    progress(f"compiling the decode step for batch sizes {self._sizes(lo, hi)}{what} ({i + 1}/{n})")
                     # Made as run() makes its input: one fresh inference-mode tensor, whose
                     # rows do not alias each other. Any difference (aliased inputs, a tensor
                     # from outside inference mode) compiles a graph no real batch matches.
                     with torch.inference_mode():
-                        packed = torch.zeros((self._rows, lo), dtype=torch.int64, device=self._device)
+                        packed = torch.zeros((rows, lo), dtype=torch.int64, device=self._device)
                         packed[3] = 1
                         if lo < hi:
                             torch._dynamo.mark_dynamic(packed, 1, min=lo, max=hi)
                         for width in {context_width(2, self.max_context), self.max_context}:
-                            step(packed, self._key_positions(width))
+                            steps[rows](packed, self._key_positions(width))
         except Exception as exc:  # any compiler failure means: stay eager
             first_line = (str(exc).strip().splitlines() or [""])[0]
             raise CompileFailed(f"{type(exc).__name__}: {first_line}") from exc
-        self._step = step
+        self._step, self._step_lora = steps[5], steps[6]
         return time.perf_counter() - start
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
@@ -240,11 +257,8 @@ class CompiledDecode(DecodeGraphs):
         # One fresh tensor: the graph's input always has the layout it was compiled for.
         positions = batch.positions if batch.rope_positions is None else batch.rope_positions  # only the rotary reads them
         rows = [batch.input_ids, positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc]
-        if self.lora is not None:
-            slots = batch.lora.row_slots if batch.lora is not None else [0] * batch.batch_size
-            rows.append(torch.tensor(slots, dtype=torch.int64, device=self._device))
-        return self._step(torch.stack(rows), self._key_positions(width))
-
-    @property
-    def _rows(self) -> int:
-        return 5 if self.lora is None else 6
+        if batch.lora is None:
+            return self._step(torch.stack(rows), self._key_positions(width))
+        assert self._step_lora is not None  # adapters in the batch: the graphs with LoRA
+        rows.append(torch.tensor(batch.lora.row_slots, dtype=torch.int64, device=self._device))
+        return self._step_lora(torch.stack(rows), self._key_positions(width))

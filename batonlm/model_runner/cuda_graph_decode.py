@@ -50,13 +50,17 @@ class CudaGraphDecode(DecodeGraphs):
         self.out_cache_loc, self.seq_lens, self.ones = buffer(), buffer(1), buffer(1)
         self.lora_slots = buffer()  # LoRA: each row's adapter slot (a graph input; padding rows: the base model)
         self.arange = torch.arange(n, dtype=torch.int64, device=runner.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        # (bucket, with LoRA) -> its graph and output: with LoRA adapters each bucket has a second
+        # graph, for batches with adapters (the rows' slots an input); the base model's run the first.
+        self.variants = (False,) if runner.lora is None else (False, True)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.logits: dict[tuple[int, bool], torch.Tensor] = {}
 
     def describe(self) -> str:
-        return f"batch buckets {list(self.batch_buckets)}"
+        lora = ", with and without LoRA adapters" if len(self.variants) > 1 else ""
+        return f"batch buckets {list(self.batch_buckets)}{lora}"
 
-    def _batch(self, b: int) -> ForwardBatch:
+    def _batch(self, b: int, lora: bool = False) -> ForwardBatch:
         """The static ForwardBatch of bucket `b`: every row one decode token, its own last."""
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b], out_cache_loc=self.out_cache_loc[:b],
@@ -64,7 +68,7 @@ class CudaGraphDecode(DecodeGraphs):
             seq_lens=self.seq_lens[:b], extend_starts=self.arange[:b], last_token_index=self.arange[:b],
             max_extend_len=1, max_seq_len=self.max_context, num_tokens=b,
             groups=[RowGroup(slice(0, b), slice(0, b), 1, self.max_context)],
-            lora=RowSlotLoRA(self.runner.lora, self.lora_slots[:b]) if self.runner.lora is not None else None,
+            lora=RowSlotLoRA(self.runner.lora, self.lora_slots[:b]) if lora and self.runner.lora is not None else None,
         )
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -79,15 +83,16 @@ class CudaGraphDecode(DecodeGraphs):
         progress(f"capturing CUDA graphs of the decode step for batch sizes {list(self.batch_buckets)}")
         # Largest first: the smaller graphs reuse its memory pool.
         for b in reversed(self.batch_buckets):
-            batch = self._batch(b)
-            for _ in range(WARMUP_RUNS):
-                self._forward(batch)
-            torch.cuda.synchronize(self.runner.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = self._forward(batch)
-            pool = graph.pool()
-            self.graphs[b] = graph
+            for lora in self.variants:
+                batch = self._batch(b, lora)
+                for _ in range(WARMUP_RUNS):
+                    self._forward(batch)
+                torch.cuda.synchronize(self.runner.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[b, lora] = self._forward(batch)
+                pool = graph.pool()
+                self.graphs[b, lora] = graph
         torch.cuda.synchronize(self.runner.device)
         return time.perf_counter() - start
 
@@ -104,9 +109,8 @@ class CudaGraphDecode(DecodeGraphs):
             (self.out_cache_loc, batch.out_cache_loc),
         ):
             static[:n].copy_(value, non_blocking=True)
-        if self.runner.lora is not None:
-            slots = batch.lora.row_slots if batch.lora is not None else [0] * n
-            self.lora_slots[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
+        if batch.lora is not None:  # the graph with LoRA reads them
+            self.lora_slots[:n].copy_(torch.tensor(batch.lora.row_slots, dtype=torch.int64), non_blocking=True)
         if b > n:  # padding rows: slot 0, one key at position 0 (the KV pool's padding slot)
             for static in (self.input_ids, self.positions, self.req_slots, self.prefix_lens, self.out_cache_loc,
                            self.lora_slots):
@@ -115,6 +119,6 @@ class CudaGraphDecode(DecodeGraphs):
         return b
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        b = self.stage(batch)
-        self.graphs[b].replay()
-        return self.logits[b][: batch.batch_size].clone()
+        b, lora = self.stage(batch), batch.lora is not None
+        self.graphs[b, lora].replay()
+        return self.logits[b, lora][: batch.batch_size].clone()

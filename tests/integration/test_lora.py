@@ -99,7 +99,8 @@ def test_a_mixed_batch_gives_each_request_its_adapters_tokens(adapters, referenc
 def test_the_compiled_step_adds_each_rows_adapter(tiny_models, tmp_path):
     """The compiled decode step with adapters (RowSlotLoRA: the rows' adapter slots are a graph
     input) in a batch mixing the base model and three adapters, both loops, two slots for three
-    adapters (placements between steps change no graph): PEFT's tokens, the decodes compiled.
+    adapters (placements between steps change no graph): PEFT's tokens, the decodes compiled;
+    then the base model alone, through the graphs without LoRA.
     On the two-layer test Llama: a graph half the size of stories260K's to compile."""
     from batonlm.device.spec import cxx_compiler
 
@@ -129,6 +130,13 @@ def test_the_compiled_step_adds_each_rows_adapter(tiny_models, tmp_path):
         runner = h.sched.device.executor.runner
         assert runner.decode_graphs is not None and runner.graph_steps > 0
         assert h.sched.lora is not None and h.sched.lora.placements > 0
+        # The base model alone: its decodes run the graphs without LoRA.
+        steps = runner.graph_steps
+        for i, p in enumerate(prompts):
+            h.submit(f"base-{i}", p, SHORT, at=i)
+        records = h.run(overlap=True)
+        assert [records[f"base-{i}"].token_ids for i in range(len(prompts))] == [want[(None, i)] for i in range(2)]
+        assert runner.graph_steps > steps
     finally:
         h.close()
 
