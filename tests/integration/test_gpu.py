@@ -215,26 +215,16 @@ def test_cuda_lora_mixed_batch_in_graphs_and_eager(stories_path, tmp_path):
     """LoRA on a GPU: three PEFT adapters in two slots and the base model in one batch; prefills
     through the Triton segment kernels, decodes through the CUDA graphs (the rows' adapter
     slots a graph input): every request gets PEFT's tokens, in both loops."""
-    from test_lora import ADAPTERS, SHORT, lora_paths, make_adapter, peft_greedy
+    from test_lora import ADAPTERS, SHORT, check_mixed_batch, lora_paths, make_adapters, peft_references
 
-    paths = {}
-    for seed, (name, (rank, alpha, targets, rslora)) in enumerate(ADAPTERS.items()):
-        make_adapter(stories_path, tmp_path / name, rank, alpha, targets, rslora, seed)
-        paths[name] = str(tmp_path / name)
+    paths = make_adapters(stories_path, tmp_path, ADAPTERS)
     prompts = random_prompts(2, random.Random(9), lo=6, hi=40, vocab=512)
-    want = {(name, i): peft_greedy(stories_path, paths.get(name) if name else None, p, 12)
-            for name in (None, *paths) for i, p in enumerate(prompts)}
+    want = peft_references(stories_path, paths, prompts, 12)
     h = SchedulerHarness(stories_path, device="cuda", dtype="float32", sampler="triton",
                          lora_paths=lora_paths(paths), max_loras_per_batch=2)
     try:
-        for overlap in (False, True):
-            for key, name in enumerate([None, *paths]):
-                for i, p in enumerate(prompts):
-                    h.submit(f"{name}-{i}", p, SHORT, at=i, lora=key)
-            records = h.run(overlap=overlap)
-            for name in [None, *paths]:
-                for i in range(len(prompts)):
-                    assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
-            h.assert_all_free()
+        check_mixed_batch(h, paths, prompts, want, SHORT)
+        h.submit("base", prompts[0], SHORT)  # the base model alone: the graphs without LoRA
+        assert h.run(overlap=True)["base"].token_ids == want[(None, 0)]
     finally:
         h.close()

@@ -53,14 +53,39 @@ def peft_greedy(base_path: str, adapter: str | None, prompt: list[int], n: int) 
     return out[0, len(prompt):].tolist()
 
 
-@pytest.fixture(scope="module")
-def adapters(tmp_path_factory, stories_path) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("lora")
+def make_adapters(base_path: str, root, specs: dict, seed: int = 0) -> dict[str, str]:
+    """PEFT adapters on `base_path` in `root`: name -> (rank, alpha, target modules, rsLoRA)."""
     out = {}
-    for seed, (name, (rank, alpha, targets, rslora)) in enumerate(ADAPTERS.items()):
-        make_adapter(stories_path, root / name, rank, alpha, targets, rslora, seed)
+    for i, (name, (rank, alpha, targets, rslora)) in enumerate(specs.items()):
+        make_adapter(base_path, root / name, rank, alpha, targets, rslora, seed + i)
         out[name] = str(root / name)
     return out
+
+
+def peft_references(base_path: str, adapters: dict[str, str], prompts: list[list[int]], n: int) -> dict:
+    """(adapter name or None, prompt index) -> transformers + PEFT's greedy tokens alone."""
+    return {(name, i): peft_greedy(base_path, adapters.get(name) if name else None, p, n)
+            for name in (None, *adapters) for i, p in enumerate(prompts)}
+
+
+def check_mixed_batch(h: SchedulerHarness, adapters: dict[str, str], prompts: list[list[int]], want: dict,
+                      params: SamplingParams, overlaps: tuple[bool, ...] = (False, True)) -> None:
+    """Every prompt on the base model and on each adapter (--lora-paths order: load keys 1..),
+    all in one run per loop: each request's tokens are `want`'s, and nothing is left held."""
+    for overlap in overlaps:
+        for key, name in enumerate([None, *adapters]):
+            for i, p in enumerate(prompts):
+                h.submit(f"{name}-{i}", p, params, at=i, lora=key)
+        records = h.run(overlap=overlap)
+        for name in [None, *adapters]:
+            for i in range(len(prompts)):
+                assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
+        h.assert_all_free()
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, stories_path) -> dict[str, str]:
+    return make_adapters(stories_path, tmp_path_factory.mktemp("lora"), ADAPTERS)
 
 
 def lora_paths(adapters: dict[str, str]) -> str:
@@ -70,9 +95,7 @@ def lora_paths(adapters: dict[str, str]) -> str:
 @pytest.fixture(scope="module")
 def references(adapters, stories_path):
     prompts = random_prompts(2, random.Random(8), lo=6, hi=40, vocab=512)
-    names = [None, *adapters]
-    return prompts, {(name, i): peft_greedy(stories_path, adapters.get(name) if name else None, p, 24)
-                     for name in names for i, p in enumerate(prompts)}
+    return prompts, peft_references(stories_path, adapters, prompts, 24)
 
 
 # Under --tp 2 each rank holds its share of every adapter: A whole and B's rows for q/k/v and
@@ -83,15 +106,7 @@ def test_a_mixed_batch_gives_each_request_its_adapters_tokens(adapters, referenc
     assert want[("qv4", 0)] != want[(None, 0)] and want[("mlp16", 1)] != want[(None, 1)]  # the adapters change things
     h = SchedulerHarness(stories_path, chunked_prefill_size=chunk, lora_paths=lora_paths(adapters), tp_size=tp)
     try:
-        for overlap in (False, True):
-            for slot, name in enumerate([None, *adapters]):
-                for i, p in enumerate(prompts):
-                    h.submit(f"{name}-{i}", p, GREEDY, at=i, lora=slot)
-            records = h.run(overlap=overlap)
-            for name in [None, *adapters]:
-                for i in range(len(prompts)):
-                    assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
-            h.assert_all_free()
+        check_mixed_batch(h, adapters, prompts, want, GREEDY)
     finally:
         h.close()
 
@@ -107,26 +122,14 @@ def test_the_compiled_step_adds_each_rows_adapter(tiny_models, tmp_path):
     if cxx_compiler() is None:
         pytest.skip("torch.compile needs a C++ compiler on the CPU")
     base = tiny_models["llama"]
-    paths = {}
-    for seed, (name, (rank, alpha, targets, rslora)) in enumerate(ADAPTERS.items()):
-        make_adapter(base, tmp_path / name, rank, alpha, targets, rslora, seed)
-        paths[name] = str(tmp_path / name)
+    paths = make_adapters(base, tmp_path, ADAPTERS)
     prompts = random_prompts(2, random.Random(9), lo=6, hi=40, vocab=512)
-    want = {(name, i): peft_greedy(base, paths.get(name) if name else None, p, 12)
-            for name in (None, *paths) for i, p in enumerate(prompts)}
+    want = peft_references(base, paths, prompts, 12)
     h = SchedulerHarness(base, lora_paths=lora_paths(paths), max_loras_per_batch=2, compile="on",
                          compile_cache_dir=str(tmp_path / "inductor"), max_running_requests=8,
                          cpu_device_worker="inline")
     try:
-        for overlap in (False, True):
-            for key, name in enumerate([None, *paths]):
-                for i, p in enumerate(prompts):
-                    h.submit(f"{name}-{i}", p, SHORT, at=i, lora=key)
-            records = h.run(overlap=overlap)
-            for name in [None, *paths]:
-                for i in range(len(prompts)):
-                    assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
-            h.assert_all_free()
+        check_mixed_batch(h, paths, prompts, want, SHORT)
         runner = h.sched.device.executor.runner
         assert runner.decode_graphs is not None and runner.graph_steps > 0
         assert h.sched.lora is not None and h.sched.lora.placements > 0
@@ -155,25 +158,13 @@ def test_attention_adapters_on_a_mixture_of_experts(tiny_models, tmp_path, famil
 
     base = tiny_models[family]
     specs = {"qkvo8": (8, 16, ["q_proj", "k_proj", "v_proj", "o_proj"], False), "qv4": (4, 8, ["q_proj", "v_proj"], True)}
-    paths = {}
-    for seed, (name, (rank, alpha, targets, rslora)) in enumerate(specs.items()):
-        make_adapter(base, tmp_path / name, rank, alpha, targets, rslora, seed + 20)
-        paths[name] = str(tmp_path / name)
+    paths = make_adapters(base, tmp_path, specs, seed=20)
     prompts = random_prompts(2, random.Random(5), lo=6, hi=40, vocab=512)
-    want = {(name, i): peft_greedy(base, paths.get(name) if name else None, p, 12)
-            for name in (None, *paths) for i, p in enumerate(prompts)}
+    want = peft_references(base, paths, prompts, 12)
     assert want[("qkvo8", 0)] != want[(None, 0)]  # the adapter changes things
     h = SchedulerHarness(base, lora_paths=lora_paths(paths))
     try:
-        for overlap in (False, True):
-            for key, name in enumerate([None, *paths]):
-                for i, p in enumerate(prompts):
-                    h.submit(f"{name}-{i}", p, SHORT, at=i, lora=key)
-            records = h.run(overlap=overlap)
-            for name in [None, *paths]:
-                for i in range(len(prompts)):
-                    assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i, overlap)
-            h.assert_all_free()
+        check_mixed_batch(h, paths, prompts, want, SHORT)
     finally:
         h.close()
     mlp = tmp_path / "mlp"
@@ -221,13 +212,7 @@ def test_adapters_take_turns_in_fewer_slots(adapters, references, stories_path, 
 
     h.sched.planner.plan = recording_plan
     try:
-        for key, name in enumerate([None, *adapters]):
-            for i, p in enumerate(prompts):
-                h.submit(f"{name}-{i}", p, GREEDY, lora=key)
-        records = h.run(overlap=overlap)
-        for name in [None, *adapters]:
-            for i in range(len(prompts)):
-                assert records[f"{name}-{i}"].token_ids == want[(name, i)], (name, i)
+        check_mixed_batch(h, adapters, prompts, want, GREEDY, overlaps=(overlap,))
         assert max(len(keys) for keys, _ in seen) == slots
         assert set().union(*(keys for keys, _ in seen)) == {1, 2, 3}
         assert set().union(*(used for _, used in seen)) == set(range(1, slots + 1))
