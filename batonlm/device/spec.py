@@ -94,9 +94,11 @@ def context_length(args: ServerArgs, cfg: ModelConfig) -> int:
     return args.context_length
 
 
-def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str, ctx: int) -> int:
+def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str, ctx: int,
+                 lora_rank: int = 0) -> int:
     """KV slots (tokens) in the memory the KV cache may use, each `KVPool.bytes_per_token` in
-    the cache's dtype (an FP8 cache holds twice bfloat16's tokens); weights in `dtype`."""
+    the cache's dtype (an FP8 cache holds twice bfloat16's tokens); weights in `dtype`, and on
+    a GPU the LoRA adapters' slots (`lora_rank`: theirs; 0: LoRA is off)."""
     if args.max_total_tokens is not None:
         return args.max_total_tokens
     kv_dtype = kv_cache_dtype(args.kv_cache_dtype, dtype)
@@ -110,6 +112,13 @@ def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device:
         per_token = _kv_bytes_per_token(cfg, kv_dtype, tp)
         free, total = torch.cuda.mem_get_info(torch.device(device))
         weights = weight_bytes(cfg, dtype, tp, mlp_split, device)
+        if lora_rank:
+            from batonlm.distributed.layout import TPLayout
+            from batonlm.model_runner.lora import slot_bytes
+
+            shard = TPLayout(0, tp, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                             cfg.vocab_size)
+            weights += slot_bytes(cfg, shard, args.lora_slots, lora_rank, dtype)
         budget = free - weights - int((1 - args.mem_fraction_static) * total)
         if budget <= per_token * ctx:
             raise DeviceConfigError(
@@ -261,7 +270,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         model_impl=cfg.impl,
         dtype=dtype_name,
         device=device,
-        kv_capacity=_kv_capacity(args, cfg, dtype, device, ctx),
+        kv_capacity=_kv_capacity(args, cfg, dtype, device, ctx, lora_rank),
         # Twice the running limit: a finished request's slot is freed one iteration late.
         num_req_slots=2 * args.max_running_requests,
         context_length=ctx,

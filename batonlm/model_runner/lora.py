@@ -182,6 +182,28 @@ def _shards(shard: TPLayout) -> dict[str, tuple[_Shard, ...]]:
     }
 
 
+Shape = tuple[int, int, int]
+
+
+def slot_shapes(cfg: ModelConfig, shard: TPLayout, slots: int, rank: int) -> dict[str, tuple[Shape, Shape]]:
+    """Per adapted fused projection, the shapes of one layer's stacked A [slots + 1, R', in] and
+    B [out, slots + 1, R'] on this rank (R': its parts' ranks side by side)."""
+    (_, q), (_, kv), (_, m) = shard.q_rows(), shard.kv_rows(), shard.mlp_rows()
+    h = cfg.hidden_size
+    sizes = {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * m), "down": (m, h)}
+    out: dict[str, tuple[Shape, Shape]] = {}
+    for fused in adapted_projections(cfg):
+        (fan_in, n_out), r = sizes[fused], len(FUSED[fused]) * rank
+        out[fused] = ((slots + 1, r, fan_in), (n_out, slots + 1, r))
+    return out
+
+
+def slot_bytes(cfg: ModelConfig, shard: TPLayout, slots: int, rank: int, dtype: torch.dtype) -> int:
+    """The device memory `LoRAWeights` holds on a rank: every layer's stacked slots."""
+    per_layer = sum(math.prod(a) + math.prod(b) for a, b in slot_shapes(cfg, shard, slots, rank).values())
+    return cfg.num_layers * per_layer * torch.empty((), dtype=dtype).element_size()
+
+
 class LoRAWeights:
     """The adapters' weights on this rank: every loaded adapter in host memory (`load`, by load
     key), and `slots` device slots (1..slots; slot 0 is the base model) stacked per layer and
@@ -191,23 +213,17 @@ class LoRAWeights:
                  device: torch.device) -> None:
         self.cfg, self.rank, self.slots, self.device = cfg, rank, slots + 1, device
         self.shards = _shards(shard)
-        (_, q), (_, kv), (_, m) = shard.q_rows(), shard.kv_rows(), shard.mlp_rows()
-        h = cfg.hidden_size
-        sizes = {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * m), "down": (m, h)}
         self.a: dict[tuple[int, str], torch.Tensor] = {}  # [slots, R', in] (R': the parts' ranks)
         self.b: dict[tuple[int, str], torch.Tensor] = {}  # [slots, out, R'], a view of b_all
         self.b_all: dict[tuple[int, str], torch.Tensor] = {}  # [out, slots * R']: every slot's B, one matrix
-        projections = adapted_projections(cfg)
-        self.mlp = "gate_up" in projections  # whether the MLPs are adapted (decoder.py asks)
+        shapes = slot_shapes(cfg, shard, slots, rank)
+        self.mlp = "gate_up" in shapes  # whether the MLPs are adapted (decoder.py asks)
         for layer in range(cfg.num_layers):
-            for fused in projections:
-                parts = FUSED[fused]
-                fan_in, out = sizes[fused]
-                n = len(parts)
-                self.a[layer, fused] = torch.zeros(self.slots, n * rank, fan_in, dtype=dtype, device=device)
-                b_all = torch.zeros(out, self.slots, n * rank, dtype=dtype, device=device)
+            for fused, (a_shape, b_shape) in shapes.items():
+                self.a[layer, fused] = torch.zeros(a_shape, dtype=dtype, device=device)
+                b_all = torch.zeros(b_shape, dtype=dtype, device=device)
                 self.b[layer, fused] = b_all.permute(1, 0, 2)
-                self.b_all[layer, fused] = b_all.view(out, self.slots * n * rank)
+                self.b_all[layer, fused] = b_all.view(b_shape[0], -1)
         # Load key -> its A and B per adapted (layer, fused projection), at a slot's layout.
         self.held: dict[int, dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]] = {}
 
