@@ -168,6 +168,9 @@ class SchedulerStats(msgspec.Struct, tag=True, frozen=True):
     device_wait_s: float = 0.0
     device_compute_s: float = 0.0
     batches: int = 0
+    # LoRA: adapters copied into a device slot since start (beyond the --lora-paths ones placed
+    # at start): with fewer slots than loaded adapters, how often they took turns.
+    lora_placements: int = 0
     # Speculative decoding: verification steps (one per verifying request and step), the drafts
     # they checked and accepted, and how many steps accepted 0, 1, ... K drafts.
     spec_verify_steps: int = 0

@@ -149,6 +149,7 @@ class Scheduler(RequestIntake):
             device_wait_s=self.timing.wait_s,
             device_compute_s=self.device.compute_s,
             batches=self.timing.batches,
+            lora_placements=self.lora.placements if self.lora is not None else 0,
             dp_rank=self.config.dp_rank,
             **self.memory.stats_fields(),
             **self.agreement.stats_fields(),

@@ -67,6 +67,9 @@ class ServerMetrics:
                                  "priority since start (--schedule-policy priority), by their priority",
                                  [*labels, "priority"], registry=r)
         self.req_slots_used = Gauge("batonlm_request_slots_used", "Request slots in use", labels, registry=r)
+        self.lora_placements = Gauge("batonlm_lora_adapter_placements", "LoRA adapters copied into a device slot "
+                                     "since start (--max-loras-per-batch slots, fewer than the loaded adapters: "
+                                     "they take turns)", labels, registry=r)
         self.sched_cpu = Gauge("batonlm_scheduler_cpu_seconds", "Scheduler CPU work so far (building batches, "
                                "launching, processing results)", labels, registry=r)
         self.device_wait = Gauge("batonlm_scheduler_device_wait_seconds", "Scheduler time blocked on device results",
@@ -160,6 +163,7 @@ class ServerMetrics:
         self.cache_hit.labels(**self.label).set(stats.cached_prompt_tokens / max(1, stats.admitted_prompt_tokens))
         self.cached_tokens.labels(**self.label).set(stats.cached_prompt_tokens)
         self.retractions.labels(**self.label).set(stats.retractions)
+        self.lora_placements.labels(**self.label).set(stats.lora_placements)
         for priority, count in stats.preemptions.items():
             self.preemptions.labels(**self.label, priority=priority).set(count)
         self.sched_cpu.labels(**self.label).set(stats.scheduler_cpu_s)

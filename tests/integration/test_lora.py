@@ -8,6 +8,7 @@ and bad adapters are refused at start, naming why."""
 from __future__ import annotations
 
 import random
+import re
 
 import httpx
 import pytest
@@ -344,6 +345,10 @@ def test_load_and_unload_at_run_time_under_traffic(adapters, references, stories
         assert post("/v1/load_lora_adapter", {"lora_name": "ko8", "lora_path": str(tmp_path / "ko8")}).status_code == 200
         assert complete("ko8", prompts[0]).json()["output_ids"] == ko8
         assert complete("qv4", prompts[0]).json()["output_ids"] == want[("qv4", 0)]
+        # One slot for two adapters: each of all8, qv4, ko8, qv4 was copied in for its turn.
+        metrics = httpx.get(url + "/metrics").text
+        placed = float(re.search(r'^batonlm_lora_adapter_placements\{[^}]*\} (\S+)$', metrics, re.M).group(1))
+        assert placed >= 4, placed
         assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["stories260K", "qv4", "ko8"]
         r = post("/v1/unload_lora_adapter", {"lora_name": "stories260K"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
