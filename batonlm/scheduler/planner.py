@@ -197,6 +197,10 @@ class BatchPlanner:
         if budget <= 0 or not waiting or any(r.prefilling for r in running):
             return
         reserved = sum(self._future_need(r) for r in running)
+        # LoRA: once a request waits for a device slot, the adapter requests after it wait too
+        # (admitted, they would keep the slots' adapters running and it could wait forever);
+        # the base model's requests still go ahead.
+        held_back = False
         for req in admission_order(waiting, cfg.schedule_policy, mem.cache, cfg.age_bound, cfg.priority_aging_s):
             if len(running) >= cfg.max_running_requests or mem.req_slots.num_free == 0 or budget <= 0:
                 break
@@ -204,9 +208,12 @@ class BatchPlanner:
                 break
             busy: set[int] = set()
             if self.lora is not None and req.lora_key:
+                if held_back:
+                    continue
                 busy = self._running_adapters(running)
                 if not self.lora.can_place(req.lora_key, busy):
-                    continue  # every slot's adapter is running: it waits, others may go first
+                    held_back = True  # every slot's adapter is running: it waits, the base model's go first
+                    continue
             req.long_rope = cfg.long_rope_from is not None and len(req.fill_ids) > cfg.long_rope_from
             mem.match(req)
             need_now = req.fill_len - req.kv_len

@@ -223,6 +223,28 @@ def test_adapters_take_turns_in_fewer_slots(adapters, references, stories_path, 
         h.close()
 
 
+def test_a_waiting_adapter_is_not_overtaken_by_a_busy_one(adapters, stories_path):
+    """One slot, a stream of requests for one adapter and one request for another arriving in
+    between: the slot drains for it (the first adapter's later requests wait behind it) instead
+    of the first adapter holding the slot as long as its requests keep coming; base-model
+    requests are not held back."""
+    h = SchedulerHarness(stories_path, lora_paths=lora_paths(adapters), max_loras_per_batch=1)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+    try:
+        for i in range(16):
+            h.submit(f"qv4-{i}", [1, 400 + i], params, at=i, lora=1)
+        h.submit("all8", [1, 300], params, at=2, lora=2)
+        h.submit("base", [1, 301], params, at=3)
+        records = h.run(overlap=True)
+        first = {rid: rec.token_times[0] for rid, rec in records.items()}
+        later = [f"qv4-{i}" for i in range(3, 16)]  # arrived after all8
+        assert all(first[rid] > first["all8"] for rid in later), sorted(first, key=first.get)
+        assert first["base"] < first["all8"]  # the base model went ahead
+        h.assert_all_free()
+    finally:
+        h.close()
+
+
 def test_the_prefix_cache_is_kept_per_adapter(adapters, references, stories_path):
     prompts, want = references
     h = SchedulerHarness(stories_path, lora_paths=lora_paths(adapters))
