@@ -14,7 +14,7 @@ from batonlm.config import CUDA_GRAPH_MAX_BS, ServerArgs
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS
 from batonlm.model_runner.kv_pool import KVPool, kv_cache_dtype
 from batonlm.model_runner.model_config import ModelConfig
-from batonlm.model_runner.model_loader import DTYPES, resolve_dtype
+from batonlm.model_runner.model_loader import DTYPES, resolve_dtype, tp_layout
 from batonlm.model_runner.weight_size import weight_bytes
 from batonlm.settings import derive
 
@@ -113,12 +113,9 @@ def _kv_capacity(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device:
         free, total = torch.cuda.mem_get_info(torch.device(device))
         weights = weight_bytes(cfg, dtype, tp, mlp_split, device)
         if lora_rank:
-            from batonlm.distributed.layout import TPLayout
             from batonlm.model_runner.lora import slot_bytes
 
-            shard = TPLayout(0, tp, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                             cfg.vocab_size)
-            weights += slot_bytes(cfg, shard, args.lora_slots, lora_rank, dtype)
+            weights += slot_bytes(cfg, tp_layout(cfg, 0, tp), args.lora_slots, lora_rank, dtype)
         budget = free - weights - int((1 - args.mem_fraction_static) * total)
         if budget <= per_token * ctx:
             raise DeviceConfigError(

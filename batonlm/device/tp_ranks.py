@@ -28,9 +28,7 @@ from batonlm.ipc import codec
 from batonlm.ipc.device_messages import (
     BatchLaunch,
     IdleLaunch,
-    LoRADrop,
-    LoRALoad,
-    LoRAPlace,
+    LoRAMessage,
     SampleLaunch,
     WorkerAlive,
     WorkerFailed,
@@ -68,7 +66,7 @@ def _execute(executor: BatchExecutor, msg: object, check: DivergenceCheck | None
     elif isinstance(msg, IdleLaunch):
         executor.run_idle(msg)
         return None
-    elif isinstance(msg, LoRALoad | LoRAPlace | LoRADrop):
+    elif isinstance(msg, LoRAMessage):
         executor.runner.update_lora(msg)
         return None
     else:

@@ -32,6 +32,7 @@ from batonlm.distributed.layout import TPLayout
 from batonlm.kernels.lora import lora_delta_reference, lora_delta_triton
 from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.model_loader import tp_layout
 
 # Fused projection -> its parts (PEFT's target module names), in the order the fused output holds them.
 FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
@@ -91,11 +92,11 @@ def read_adapter(name: str, path: str, max_rank: int) -> AdapterSpec:
 Sizes = dict[str, tuple[int, tuple[int, ...]]]  # fused projection -> (input features, each part's outputs)
 
 
-def fused_sizes(cfg: ModelConfig) -> Sizes:
-    """The fused projections' sizes of a dense decoder (the whole model: the checkpoint's shapes)."""
-    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-    return {"qkv": (cfg.hidden_size, (q, kv, kv)), "o": (q, (cfg.hidden_size,)),
-            "gate_up": (cfg.hidden_size, (inter, inter)), "down": (inter, (cfg.hidden_size,))}
+def fused_sizes(cfg: ModelConfig, shard: TPLayout) -> Sizes:
+    """The fused projections' sizes on a rank of `shard` (one rank of one: the checkpoint's)."""
+    (_, q), (_, kv), (_, m) = shard.q_rows(), shard.kv_rows(), shard.mlp_rows()
+    h = cfg.hidden_size
+    return {"qkv": (h, (q, kv, kv)), "o": (q, (h,)), "gate_up": (h, (m, m)), "down": (m, (h,))}
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class _Module:
 
 
 def _modules(adapter: AdapterSpec, cfg: ModelConfig) -> Iterator[_Module]:
-    sizes = fused_sizes(cfg)
+    sizes = fused_sizes(cfg, tp_layout(cfg, 0, 1))
     for layer in range(cfg.num_layers):
         for fused, parts in FUSED.items():
             fan_in, outs = sizes[fused]
@@ -188,13 +189,11 @@ Shape = tuple[int, int, int]
 def slot_shapes(cfg: ModelConfig, shard: TPLayout, slots: int, rank: int) -> dict[str, tuple[Shape, Shape]]:
     """Per adapted fused projection, the shapes of one layer's stacked A [slots + 1, R', in] and
     B [out, slots + 1, R'] on this rank (R': its parts' ranks side by side)."""
-    (_, q), (_, kv), (_, m) = shard.q_rows(), shard.kv_rows(), shard.mlp_rows()
-    h = cfg.hidden_size
-    sizes = {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * m), "down": (m, h)}
+    sizes = fused_sizes(cfg, shard)
     out: dict[str, tuple[Shape, Shape]] = {}
     for fused in adapted_projections(cfg):
-        (fan_in, n_out), r = sizes[fused], len(FUSED[fused]) * rank
-        out[fused] = ((slots + 1, r, fan_in), (n_out, slots + 1, r))
+        (fan_in, outs), r = sizes[fused], len(FUSED[fused]) * rank
+        out[fused] = ((slots + 1, r, fan_in), (sum(outs), slots + 1, r))
     return out
 
 

@@ -1,5 +1,6 @@
 """What the scheduler does with each message it receives: a new request (checked, seeded, queued
-or handed to the grammar queue), an abort, a stats or cache-flush request, a LoRA adapter's load or unload, a shutdown."""
+or handed to the grammar queue), an abort, a stats or cache-flush request, a LoRA adapter's load
+or unload, a shutdown."""
 
 from __future__ import annotations
 

@@ -197,20 +197,19 @@ class BatchPlanner:
         if budget <= 0 or not waiting or any(r.prefilling for r in running):
             return
         reserved = sum(self._future_need(r) for r in running)
-        # LoRA: once a request waits for a device slot, the adapter requests after it wait too
-        # (admitted, they would keep the slots' adapters running and it could wait forever);
-        # the base model's requests still go ahead.
+        # LoRA: the running requests' adapters keep their slots. Once a request waits for a slot,
+        # the adapter requests after it wait too (admitted, they would keep the slots' adapters
+        # running and it could wait forever); the base model's requests still go ahead.
+        busy = {r.lora_key for r in running if r.lora_key} if self.lora is not None else set()
         held_back = False
         for req in admission_order(waiting, cfg.schedule_policy, mem.cache, cfg.age_bound, cfg.priority_aging_s):
             if len(running) >= cfg.max_running_requests or mem.req_slots.num_free == 0 or budget <= 0:
                 break
             if req.req_slot is not None:  # retracted with a launch still in flight: next time
                 break
-            busy: set[int] = set()
             if self.lora is not None and req.lora_key:
                 if held_back:
                     continue
-                busy = self._running_adapters(running)
                 if not self.lora.can_place(req.lora_key, busy):
                     held_back = True  # every slot's adapter is running: it waits, the base model's go first
                     continue
@@ -228,6 +227,7 @@ class BatchPlanner:
             waiting.remove(req)
             if self.lora is not None and req.lora_key:
                 req.lora = self.lora.slot_for(req.lora_key, busy)
+                busy.add(req.lora_key)
             running.append(req)
             req.waited = 0
             req.slot_sent = False
@@ -238,12 +238,6 @@ class BatchPlanner:
             budget -= n
             if req.prefilling:  # cut into chunks: the rest follows in the next iterations
                 break
-
-    @staticmethod
-    def _running_adapters(running: list[Request]) -> set[int]:
-        """The LoRA adapters (load keys) of the running requests: their slots are not given to
-        another adapter (a batch holds only running requests)."""
-        return {r.lora_key for r in running if r.lora_key}
 
     # ------------------------------------------------------------------ memory
     def _output_estimate(self, req: Request) -> float:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batonlm.distributed.layout import TPLayout
 from batonlm.model_runner.lora import LoRAWeights, slot_bytes
 from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.model_loader import tp_layout
 
 
 def _held(w: LoRAWeights) -> int:
@@ -22,7 +22,7 @@ def test_the_count_is_what_the_slots_hold(request, family, tp):
     path = request.getfixturevalue("stories_path") if family == "stories" else request.getfixturevalue("tiny_models")[family]
     cfg = ModelConfig.from_hf(path)
     for rank in range(tp):
-        shard = TPLayout(rank, tp, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+        shard = tp_layout(cfg, rank, tp)
         w = LoRAWeights(3, 8, cfg, shard, torch.bfloat16, torch.device("cpu"))
         assert slot_bytes(cfg, shard, 3, 8, torch.bfloat16) == _held(w) > 0
         assert w.mlp == (family == "stories")  # a mixture of experts: attention slots only
@@ -38,6 +38,5 @@ def test_a_gpus_kv_budget_leaves_room_for_the_slots(monkeypatch, stories_path):
     plain = spec._kv_capacity(args, cfg, torch.bfloat16, "cuda", cfg.context_length)
     with_lora = spec._kv_capacity(args, cfg, torch.bfloat16, "cuda", cfg.context_length, lora_rank=64)
     per_token = spec._kv_bytes_per_token(cfg, torch.bfloat16)
-    room = slot_bytes(cfg, TPLayout(0, 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                                    cfg.vocab_size), 8, 64, torch.bfloat16)
+    room = slot_bytes(cfg, tp_layout(cfg, 0, 1), 8, 64, torch.bfloat16)
     assert plain - with_lora in (room // per_token, room // per_token + 1)
