@@ -15,7 +15,13 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from batonlm import spawn  # noqa: E402
 from batonlm.config import EMBEDDED_MODEL  # noqa: E402
+
+# The harness builds a scheduler in this process for most integration tests: its device worker is
+# forked from a server process that imported torch once, instead of importing it anew (about a
+# second per start). Servers and engines the tests start use the default, spawn.
+spawn.set_worker_start_method("forkserver")
 
 
 def pytest_collection_modifyitems(config, items):

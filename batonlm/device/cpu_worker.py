@@ -93,7 +93,7 @@ class CpuWorkerDevice(DeviceStream):
 
     def __init__(self, spec: DeviceSpec) -> None:
         self.spec = spec
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("spawn")  # for the pipes: the processes' method is spawn.worker_process's
         self._results: dict[int, BatchResult] = {}
         self._closed = False
         self._failed = False  # a rank failed: close() kills the rest at once
@@ -104,7 +104,7 @@ class CpuWorkerDevice(DeviceStream):
         for rank in spec.local_ranks:
             parent, child = ctx.Pipe(duplex=True)
             name = "batonlm-device" if spec.tp_size == 1 else f"batonlm-tp{rank}"
-            self._procs[rank] = ctx.Process(target=worker_main, args=(child, spec, rank), name=name, daemon=False)
+            self._procs[rank] = spawn.worker_process(worker_main, (child, spec, rank), name)
             spawn.start(self._procs[rank])
             child.close()
             if rank == 0:
@@ -211,7 +211,7 @@ def _die_with_parent() -> None:
     except (OSError, AttributeError):  # not Linux/glibc: the pipe's EOF still ends an idle worker
         pass
     # A parent that died while this interpreter started (a cancelled start) sent no signal.
-    if spawn.parent_pid() != os.getppid():
+    if spawn.parent_gone():
         os._exit(0)
 
 

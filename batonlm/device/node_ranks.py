@@ -34,7 +34,7 @@ CLEAN_EXIT_GRACE_S = 10.0
 def run_node(args: ServerArgs) -> int:
     """Run this node's ranks until the group ends; the exit code."""
     spec = device_spec(args, ModelConfig.from_hf(args.model, args.model_impl, args.quantization))
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("spawn")  # for the pipes: the processes' method is spawn.worker_process's
     procs: dict[int, mp.process.BaseProcess] = {}
     conns: dict[int, Connection] = {}
     stop: dict[str, int | None] = {"signal": None}
@@ -42,7 +42,7 @@ def run_node(args: ServerArgs) -> int:
         signal.signal(sig, lambda s, _f: stop.update(signal=s))
     for rank in spec.local_ranks:  # all of them first: none is ready before every rank has met
         parent, child = ctx.Pipe(duplex=True)
-        procs[rank] = ctx.Process(target=worker_main, args=(child, spec, rank), name=f"batonlm-tp{rank}")
+        procs[rank] = spawn.worker_process(worker_main, (child, spec, rank), f"batonlm-tp{rank}")
         spawn.start(procs[rank])
         child.close()
         conns[rank] = parent
