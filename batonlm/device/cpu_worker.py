@@ -224,7 +224,7 @@ def _libc():
         return None
 
 
-def _keep_freed_memory() -> None:
+def keep_freed_memory() -> None:
     """glibc returns large freed blocks to the OS (mmap/trim), so every forward page-faults its
     multi-megabyte temporaries in again; measured on a 32M-parameter model at batch 64 that
     doubled the step time. Keep them in the heap instead (the worker's footprint is bounded by
@@ -249,7 +249,7 @@ def _check_only_differentiating_guards() -> None:
 def _release_start_up_memory() -> None:
     """Once, after loading and compiling: hand the heap's free pages back to the OS. What
     start-up freed (the checkpoint's read buffers, the compiler's working memory) would stay
-    resident under _keep_freed_memory's threshold for the server's life."""
+    resident under keep_freed_memory's threshold for the server's life."""
     if (libc := _libc()) is not None:
         libc.malloc_trim(0)
 
@@ -266,7 +266,7 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
-    _keep_freed_memory()
+    keep_freed_memory()
     # See factory.cpu_worker_threads: one thread for tiny models, all cores for larger ones.
     torch.set_num_threads(spec.cpu_threads)
     logging.basicConfig(level=os.environ.get("BATONLM_WORKER_LOG_LEVEL", "WARNING"))

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import torch
 import torch._dynamo
 
+from batonlm.kernels import cpu_attention
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS, DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
@@ -103,20 +104,20 @@ class _DecodeInputs(NamedTuple):
 
 
 class PaddedDecodeAttention(AttentionBackend):
-    """Decode attention over [kv_heads, B, L, d] gathered keys with a length mask: every shape
-    depends only on the buckets, so the whole step traces into one graph."""
+    """Decode attention over a [B, L] window of every row's KV slots with a length mask: every
+    shape depends only on the buckets, so the whole step traces into one graph. `in_place`: the
+    CPU kernel reads the keys where they are (kernels/cpu_attention.py), else they are gathered."""
+
+    in_place = False
 
     def metadata(self, req_slots: torch.Tensor, seq_lens: torch.Tensor, key_pos: torch.Tensor):
-        b, s = req_slots.shape[0], key_pos.shape[0]
-        heads_per_kv = self.num_heads // self.num_kv_heads
         valid = key_pos[None, :] < seq_lens[:, None]  # [B, L]
         # Indexed, not sliced: a slice ending at the table's width would pin the dynamic length.
         kv_index = torch.where(valid, self.req_to_token.table[req_slots[:, None], key_pos[None, :]], 0).reshape(-1)
         query_pos = (seq_lens - 1)[:, None]
-        masks = {}
+        masks = {}  # window -> [B, L]: which keys each row attends to
         for window in set(self.sliding_windows):
-            m = valid if window is None else valid & (key_pos[None, :] > query_pos - window)
-            masks[window] = m[None, :, None, :].expand(1, b, heads_per_kv, s)
+            masks[window] = valid if window is None else valid & (key_pos[None, :] > query_pos - window)
         return kv_index, masks
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -128,6 +129,11 @@ class PaddedDecodeAttention(AttentionBackend):
         kvh, d = self.num_kv_heads, self.head_dim
         b = q.shape[0]
         s = kv_index.shape[0] // b
+        mask = masks[self.sliding_windows[layer]]  # [B, L]
+        if self.in_place:  # each key read where it is (kernels/cpu_attention.py)
+            out = torch.ops.batonlm.paged_decode_attention(q.view(b, kvh, -1, d), self.kv_pool.k[layer],
+                                                           self.kv_pool.v[layer], kv_index.view(b, s), mask, self.scale)
+            return out.reshape(b, self.num_heads * d)
         keys, values = self.kv_pool.gather(layer, kv_index)  # dequantized from an FP8 pool, scales baked in
         # [B, kv_heads, L, d] keys and values against [B, kv_heads, group, d] queries: the group's
         # query heads are SDPA's query rows, so grouped-query attention needs no repeated keys.
@@ -138,8 +144,7 @@ class PaddedDecodeAttention(AttentionBackend):
         # element: 137 us a layer at 128 keys on the 25M shape), and the projections around it
         # stay separate loops (benchmarks/decode_step.py: 5.8 -> 3.8 ms a step there; stories260K
         # within noise).
-        mask = masks[self.sliding_windows[layer]].transpose(0, 1)  # [B, 1, group, L]
-        out = self.masked_attention(queries, keys, values, mask)
+        out = self.masked_attention(queries, keys, values, mask[:, None, None, :])  # mask: [B, 1, 1, L]
         return out.reshape(b, self.num_heads * d)
 
 
@@ -160,6 +165,7 @@ class CompiledDecode(DecodeGraphs):
         kv_pool, req_to_token = attn.kv_pool, attn.req_to_token
         self.attn = PaddedDecodeAttention(kv_pool, req_to_token, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                                           attn.sliding_windows, attn.scale, attn.softcap)
+        self.attn.in_place = cpu_attention.supports(kv_pool, attn.softcap)
         self.max_bs = max_bs
         self.batch_ranges = batch_ranges(max_bs)
         self.max_context = max_context

@@ -95,6 +95,8 @@ def test_decode_batches_run_through_the_graphs_without_recompiling(compiled_stor
     runner = h.sched.device.executor.runner
     assert runner.decode_graphs is not None
     assert runner.decode_graphs.batch_ranges == ((1, 1), (2, 64))
+    # Its attention reads the keys in the pool (kernels/cpu_attention.py): a C++ compiler is here.
+    assert runner.decode_graphs.attn.in_place
     compiled_frames, graph_steps = counters["frames"]["ok"], runner.graph_steps
     for i, ids in enumerate(_prompts(5)):
         h.submit(f"r{i}", ids, PARAMS[0], at=i)

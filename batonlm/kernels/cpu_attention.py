@@ -1,0 +1,132 @@
+"""Decode attention over the KV pool on the CPU without gathering the context: a C++ kernel
+(`cpu_attention.cpp`) that reads each row's keys and values in place through its KV slots, and
+its torch reference (gather, then SDPA: what the CPU step ran before).
+
+At 64 rows of 128 keys the gather copied 268 MB a step out of the 25M shape's pool and SDPA read
+it again; the kernel reads it once (docs/benchmarks.md). It is compiled once per machine with the
+C++ compiler inductor uses (`-O3 -march=native -fopenmp`, cached by source, compiler and CPU
+flags) and called as the op `batonlm::paged_decode_attention`, which the compiled decode step
+traces like any other op. Where no compiler works, `available()` is false and the callers keep
+the gather.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from batonlm.model_runner.kv_pool import KVPool
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+
+
+def reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
+              mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, KVH, G, D], pools [KVH, S, D], kv_index and mask [B, L] -> [B, KVH, G, D]: the
+    context gathered, then SDPA over it (a row with nothing unmasked gives zeros)."""
+    b, kvh, _, d = q.shape
+    length = kv_index.shape[1]
+    keys = k_pool.index_select(1, kv_index.reshape(-1)).view(kvh, b, length, d).transpose(0, 1)
+    values = v_pool.index_select(1, kv_index.reshape(-1)).view(kvh, b, length, d).transpose(0, 1)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None, None, :], scale=scale)
+    return torch.where(mask.any(1)[:, None, None, None], out, 0.0)
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor()
+
+
+def _build() -> Path:
+    """The kernel's shared library, compiled into the cache the first time on this machine."""
+    from batonlm.device.spec import cxx_compiler, default_compile_cache_dir
+
+    cxx = cxx_compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++, c++ or clang++; or $CXX)")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), cxx, version, *FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    out_dir = default_compile_cache_dir().parent / "kernels"
+    target = out_dir / f"cpu_attention-{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
+    os.close(fd)
+    try:
+        done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)  # whole or not at all: another process may be building it too
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(str(_build()))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        logger.warning("the CPU attention kernel could not be built (%s): decode attention gathers the context", e)
+        return None
+    fn = lib.batonlm_paged_decode_attention
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+    fn.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether the kernel runs here (built, or buildable, on this machine)."""
+    return _library() is not None
+
+
+def supports(kv_pool: KVPool, softcap: float | None) -> bool:
+    """What the kernel computes: keys and values of their own (not a latent), stored in float32
+    on the CPU, no logit soft-capping."""
+    k = kv_pool.k[0]
+    plain = not kv_pool.latent and not kv_pool.quantized and k.dtype == torch.float32
+    return plain and k.device.type == "cpu" and softcap is None and available()
+
+
+@torch.library.custom_op("batonlm::paged_decode_attention", mutates_args=(), device_types="cpu")
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
+                           mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """`reference`'s result, each key and value read in place (float32, the CPU)."""
+    lib = _library()
+    assert lib is not None, "paged_decode_attention called where the kernel is not available"
+    q, kv_index, mask = q.contiguous(), kv_index.contiguous(), mask.contiguous()
+    assert k_pool.is_contiguous() and v_pool.is_contiguous() and kv_index.dtype == torch.int64 and mask.dtype == torch.bool
+    b, kvh, g, d = q.shape
+    out = torch.empty_like(q)
+    lib.batonlm_paged_decode_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), kv_index.data_ptr(),
+                                       mask.data_ptr(), out.data_ptr(), b, kvh, g, d, kv_index.shape[1],
+                                       k_pool.shape[1], scale)
+    return out
+
+
+@paged_decode_attention.register_fake
+def _(q, k_pool, v_pool, kv_index, mask, scale):
+    return torch.empty_like(q)
