@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from batonlm.config import CUDA_GRAPH_MAX_BS, ServerArgs
+from batonlm.kernels.toolchain import cache_root, cxx_compiler
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS
 from batonlm.model_runner.kv_pool import KVPool, kv_cache_dtype
 from batonlm.model_runner.model_config import ModelConfig
@@ -169,16 +170,6 @@ def default_sampler(device: str) -> str:
     return "triton" if device.startswith("cuda") and triton_sampler_available() else "torch"
 
 
-def cxx_compiler() -> str | None:
-    """The C++ compiler inductor would use on the CPU, if there is one."""
-    import shutil
-
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
 def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig) -> None:
     """transformers' layers are whole and run eagerly: one rank per replica, no graphs."""
     if args.tp_size > 1 or args.enable_dp_attention:
@@ -329,5 +320,4 @@ def free_port() -> int:
 
 
 def default_compile_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "batonlm" / "inductor"
+    return cache_root() / "inductor"

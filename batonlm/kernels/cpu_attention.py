@@ -20,13 +20,12 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from batonlm.model_runner.kv_pool import KVPool
+from batonlm.kernels.toolchain import cache_root, cxx_compiler
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +59,12 @@ def _cpu_flags() -> str:
 
 def _build() -> Path:
     """The kernel's shared library, compiled into the cache the first time on this machine."""
-    from batonlm.device.spec import cxx_compiler, default_compile_cache_dir
-
     cxx = cxx_compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++; or $CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256("\n".join([SOURCE.read_text(), cxx, version, *FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    out_dir = default_compile_cache_dir().parent / "kernels"
+    out_dir = cache_root() / "kernels"
     target = out_dir / f"cpu_attention-{key}.so"
     if target.exists():
         return target
@@ -103,7 +100,15 @@ def available() -> bool:
     return _library() is not None
 
 
-def supports(kv_pool: KVPool, softcap: float | None) -> bool:
+class _Pool(Protocol):
+    """What `supports` reads of a KV pool (model_runner.kv_pool.KVPool)."""
+
+    k: list[torch.Tensor]
+    latent: bool
+    quantized: bool
+
+
+def supports(kv_pool: _Pool, softcap: float | None) -> bool:
     """What the kernel computes: keys and values of their own (not a latent), stored in float32
     on the CPU, no logit soft-capping."""
     k = kv_pool.k[0]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import TEST_FAMILIES, SchedulerHarness
 
-from batonlm.device.spec import cxx_compiler
+from batonlm.kernels.toolchain import cxx_compiler
 
 pytestmark = pytest.mark.skipif(cxx_compiler() is None, reason="torch.compile needs a C++ compiler on the CPU")
 

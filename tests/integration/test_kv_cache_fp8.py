@@ -12,7 +12,7 @@ import torch
 from helpers import SchedulerHarness, random_prompts
 
 from batonlm.device import spec as device_spec_module
-from batonlm.device.spec import cxx_compiler
+from batonlm.kernels.toolchain import cxx_compiler
 from batonlm.sampling_params import SamplingParams
 
 EPS32 = torch.finfo(torch.float32).eps

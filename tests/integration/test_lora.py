@@ -118,7 +118,7 @@ def test_the_compiled_step_adds_each_rows_adapter(tiny_models, tmp_path):
     adapters (placements between steps change no graph): PEFT's tokens, the decodes compiled;
     then the base model alone, through the graphs without LoRA.
     On the two-layer test Llama: a graph half the size of stories260K's to compile."""
-    from batonlm.device.spec import cxx_compiler
+    from batonlm.kernels.toolchain import cxx_compiler
 
     if cxx_compiler() is None:
         pytest.skip("torch.compile needs a C++ compiler on the CPU")

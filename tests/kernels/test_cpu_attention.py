@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batonlm.device.spec import cxx_compiler
 from batonlm.kernels import cpu_attention
+from batonlm.kernels.toolchain import cxx_compiler
 
 pytestmark = pytest.mark.skipif(cxx_compiler() is None, reason="the kernel is built with a C++ compiler")
 U = 2.0**-24  # float32's unit roundoff

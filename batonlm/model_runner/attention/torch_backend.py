@@ -7,7 +7,8 @@ where `group` query heads share a KV head and E is the group's longest extend: S
 (kv head, row) as its batch and a row's query heads and positions as its query length, so
 grouped-query attention needs no expansion of K/V and nothing is copied into another layout.
 One masked SDPA call per layer and group serves prefills of different lengths, chunks on cached
-prefixes, and decodes.
+prefixes, and decodes. On the CPU, in float32 and without soft-capping, a group of decode rows
+instead reads its keys and values where they are in the pool (`kernels/cpu_attention.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from batonlm.kernels import cpu_attention
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch, RowGroup
 
@@ -27,10 +29,16 @@ class GroupMetadata:
     # Token of the group -> padded query row (b * E + i); None when every row has one token.
     query_index: torch.Tensor | None
     masks: dict[int | None, torch.Tensor]  # sliding window (None = full) -> [1, B, group * E, S] bool
-    buffers: tuple[torch.Tensor, torch.Tensor]  # gathered K and V, reused by every layer
+    # Gathered K and V, reused by every layer; None: decode rows read in place (cpu_attention).
+    buffers: tuple[torch.Tensor, torch.Tensor] | None
 
 
 class TorchAttentionBackend(AttentionBackend):
+    @property
+    def in_place(self) -> bool:
+        """Decode rows on the CPU read their keys in the pool (kernels/cpu_attention.py), no gather."""
+        return cpu_attention.supports(self.kv_pool, self.softcap)
+
     def prepare(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = [self._prepare_group(batch, g) for g in batch.groups]
 
@@ -61,7 +69,9 @@ class TorchAttentionBackend(AttentionBackend):
             starts = batch.extend_starts[g.rows] - g.tokens.start
             offset = torch.arange(n, device=device) - starts[rows]
             query_index = rows * e + offset
-        return GroupMetadata(g, kv_index.reshape(-1), query_index, masks, self.kv_pool.gather_buffers(b * s))
+        in_place = self.in_place and e == 1
+        buffers = None if in_place else self.kv_pool.gather_buffers(b * s)
+        return GroupMetadata(g, kv_index.reshape(-1), query_index, masks, buffers)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
@@ -81,6 +91,12 @@ class TorchAttentionBackend(AttentionBackend):
         b, e, s = g.batch_size, g.max_extend_len, g.max_seq_len
         kvh, d = self.num_kv_heads, self.head_dim
         heads_per_kv = self.num_heads // kvh
+        mask = meta.masks[self.sliding_windows[layer]]
+        if meta.buffers is None:  # one query a row: [B, H, d] -> [B, kvh, group, d]
+            out = torch.ops.batonlm.paged_decode_attention(
+                q.view(b, kvh, heads_per_kv, d), self.kv_pool.k[layer], self.kv_pool.v[layer],
+                meta.kv_index.view(b, s), mask[0, :, 0, :], self.scale)
+            return out.reshape(b, self.num_heads * d)
         keys, values = self.kv_pool.gather(layer, meta.kv_index, meta.buffers)
         keys, values = keys.view(kvh, b, s, d), values.view(kvh, b, s, d)
         if meta.query_index is not None:
@@ -89,7 +105,6 @@ class TorchAttentionBackend(AttentionBackend):
             q = padded
         # [B * E, H, d] -> [kvh, B, group * E, d]
         queries = q.reshape(b, e, kvh, heads_per_kv, d).permute(2, 0, 3, 1, 4).reshape(kvh, b, heads_per_kv * e, d)
-        mask = meta.masks[self.sliding_windows[layer]]
         out = self.masked_attention(queries, keys, values, mask)
         # out: [kvh, B, group * E, d]
         out = out.view(kvh, b, heads_per_kv, e, d).permute(1, 3, 0, 2, 4).reshape(b * e, self.num_heads * d)
