@@ -21,7 +21,7 @@ With --profile, each model and batch size also prints the ops that took most of 
 eager and compiled (the compiled step's generated kernels by name).
 
     python benchmarks/decode_step.py [--models stories260K llama-25m llama-100m] [--batch 1 16 64]
-                                     [--dtype bfloat16] [--profile]
+                                     [--dtype bfloat16] [--profile] [--gather]
 """
 
 from __future__ import annotations
@@ -45,13 +45,18 @@ from vs_transformers import RESULTS, ROOT, build_random_llama  # noqa: E402
 from batonlm.config import EMBEDDED_MODEL  # noqa: E402
 from batonlm.device.cpu_worker import keep_freed_memory  # noqa: E402
 from batonlm.device.spec import cpu_worker_threads  # noqa: E402
+from batonlm.kernels import cpu_attention  # noqa: E402
 from batonlm.model_runner.compiled_decode import CompiledDecode  # noqa: E402
 from batonlm.model_runner.forward_batch import ForwardBatch  # noqa: E402
 from batonlm.model_runner.model_config import ModelConfig  # noqa: E402
 from batonlm.model_runner.model_runner import ModelRunner  # noqa: E402
 
+GATHER_ENV = "BATONLM_BENCH_GATHER"  # --gather, seen by the compile-time children too
+
 
 def build(path: str, max_bs: int, context: int, dtype: torch.dtype = torch.float32) -> tuple[ModelRunner, CompiledDecode]:
+    if os.environ.get(GATHER_ENV) == "1":  # the path before kernels/cpu_attention.py, for a side-by-side
+        cpu_attention.supports = lambda kv_pool, softcap: False
     cfg = ModelConfig.from_hf(path)
     runner = ModelRunner(cfg, dtype=dtype, device="cpu", kv_capacity=max_bs * (context + 1),
                          num_req_slots=max_bs, context_length=context + 1, attention_backend="torch", sampler="torch")
@@ -214,12 +219,17 @@ def main() -> None:
                     help="the weights' and the KV cache's dtype, batonlm's and transformers'")
     ap.add_argument("--profile", action="store_true",
                     help="also print each step's heaviest ops, the compiled step's generated kernels by name")
+    ap.add_argument("--gather", action="store_true",
+                    help="decode attention gathers each row's context and runs SDPA over the copy (the CPU "
+                         "attention kernel off): run once with and once without for a side-by-side")
     ap.add_argument("--output-json", default=str(RESULTS / "local" / "decode_step.json"))
     args = ap.parse_args()
     # The device worker's allocator settings: without them glibc returns each step's freed
     # temporaries to the OS and the next step faults them in again (the eager step at 16 rows of
     # the 25M shape measured 30 instead of 19 ms here, beside a step that allocates less).
     keep_freed_memory()
+    if args.gather:
+        os.environ[GATHER_ENV] = "1"
     if args.profile:  # the generated kernels record themselves (compiled in: the cache differs)
         from torch._inductor import config as inductor_config  # not `import torch...`: torch would turn local
 
@@ -233,7 +243,8 @@ def main() -> None:
             results.append(bench_model(name, path, args.batch, args.context, args.steps, args.rounds, tmp,
                                        getattr(torch, args.dtype), args.profile))
 
-    print(f"\ndecode step on a context of {args.context} tokens, {args.dtype}, median of {args.rounds} rounds x "
+    attention = "gathered" if args.gather else "read in place" if cpu_attention.available() else "gathered (no kernel)"
+    print(f"\ndecode step on a context of {args.context} tokens, {args.dtype}, decode attention {attention}, median of {args.rounds} rounds x "
           f"{args.steps} steps; {os.cpu_count()} CPUs, torch {torch.__version__}\n")
     head = (f"{'model':<12} | {'batch':>5} | {'transformers ms':>15} | {'eager ms':>8} | {'compiled ms':>11} | "
             f"{'compiled/eager':>14} | {'compiled/transformers':>21}")
@@ -258,7 +269,7 @@ def main() -> None:
     out = Path(args.output_json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "benchmark": "decode_step", "dtype": args.dtype, "context": args.context, "steps": args.steps, "rounds": args.rounds,
+        "benchmark": "decode_step", "dtype": args.dtype, "attention": attention, "context": args.context, "steps": args.steps, "rounds": args.rounds,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "command": "python benchmarks/decode_step.py " + " ".join(sys.argv[1:]),
         "results": results,

@@ -116,10 +116,10 @@ def supports(kv_pool: _Pool, softcap: float | None) -> bool:
     return plain and k.device.type == "cpu" and softcap is None and available()
 
 
-@torch.library.custom_op("batonlm::paged_decode_attention", mutates_args=(), device_types="cpu")
-def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
-                           mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """`reference`'s result, each key and value read in place (float32, the CPU)."""
+def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
+                     mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """`reference`'s result, each key and value read in place (float32, the CPU). The eager step
+    calls this directly (the op's dispatch costs ~10 us a layer more); a compiled graph calls the op."""
     lib = _library()
     assert lib is not None, "paged_decode_attention called where the kernel is not available"
     q, kv_index, mask = q.contiguous(), kv_index.contiguous(), mask.contiguous()
@@ -130,6 +130,13 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                                        mask.data_ptr(), out.data_ptr(), b, kvh, g, d, kv_index.shape[1],
                                        k_pool.shape[1], scale)
     return out
+
+
+@torch.library.custom_op("batonlm::paged_decode_attention", mutates_args=(), device_types="cpu")
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
+                           mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """`decode_attention` as an op a compiled graph can hold."""
+    return decode_attention(q, k_pool, v_pool, kv_index, mask, scale)
 
 
 @paged_decode_attention.register_fake

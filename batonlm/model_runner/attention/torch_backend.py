@@ -93,7 +93,7 @@ class TorchAttentionBackend(AttentionBackend):
         heads_per_kv = self.num_heads // kvh
         mask = meta.masks[self.sliding_windows[layer]]
         if meta.buffers is None:  # one query a row: [B, H, d] -> [B, kvh, group, d]
-            out = torch.ops.batonlm.paged_decode_attention(
+            out = cpu_attention.decode_attention(
                 q.view(b, kvh, heads_per_kv, d), self.kv_pool.k[layer], self.kv_pool.v[layer],
                 meta.kv_index.view(b, s), mask[0, :, 0, :], self.scale)
             return out.reshape(b, self.num_heads * d)
