@@ -31,6 +31,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import statistics
 import sys
 import tempfile
@@ -80,7 +81,13 @@ def compile_seconds(path: str, max_bs: int, context: int, cache_dir: str, thread
     q = ctx.Queue()
     p = ctx.Process(target=_compile_child, args=(path, max_bs, context, cache_dir, threads, dtype, q))
     p.start()
-    seconds = q.get()
+    while True:  # the child's answer, or its death (a failed compile) instead of waiting forever
+        try:
+            seconds = q.get(timeout=2)
+            break
+        except queue.Empty:
+            if not p.is_alive():
+                raise RuntimeError(f"the compile child exited with {p.exitcode} (its traceback is above)") from None
     p.join()
     return seconds
 

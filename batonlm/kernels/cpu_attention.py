@@ -14,23 +14,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from batonlm.kernels.toolchain import cache_root, cxx_compiler
+from batonlm.kernels.toolchain import build_library
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 
 def reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
@@ -45,47 +41,10 @@ def reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_in
     return torch.where(mask.any(1)[:, None, None, None], out, 0.0)
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor()
-
-
-def _build() -> Path:
-    """The kernel's shared library, compiled into the cache the first time on this machine."""
-    cxx = cxx_compiler()
-    if cxx is None:
-        raise RuntimeError("no C++ compiler (g++, c++ or clang++; or $CXX)")
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), cxx, version, *FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    out_dir = cache_root() / "kernels"
-    target = out_dir / f"cpu_attention-{key}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
-    os.close(fd)
-    try:
-        done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, target)  # whole or not at all: another process may be building it too
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
-
-
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     try:
-        lib = ctypes.CDLL(str(_build()))
+        lib = ctypes.CDLL(str(build_library(SOURCE)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         logger.warning("the CPU attention kernel could not be built (%s): decode attention gathers the context", e)
         return None

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 import torch._dynamo
 
-from batonlm.kernels import cpu_attention
+from batonlm.kernels import cpu_attention, cpu_linear
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS, DecodeGraphs, Progress
 from batonlm.model_runner.forward_batch import ForwardBatch
@@ -166,6 +166,7 @@ class CompiledDecode(DecodeGraphs):
         self.attn = PaddedDecodeAttention(kv_pool, req_to_token, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                                           attn.sliding_windows, attn.scale, attn.softcap)
         self.attn.in_place = cpu_attention.supports(kv_pool, attn.softcap)
+        cpu_linear.available()  # built (or not) before a graph is traced: linear.py reads the answer
         self.max_bs = max_bs
         self.batch_ranges = batch_ranges(max_bs)
         self.max_context = max_context

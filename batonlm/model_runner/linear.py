@@ -13,7 +13,10 @@ features; 165-180 ms a step on the 25M shape, benchmarks/decode_step.py), so mor
 oneDNN's packed GEMM below (4.8-5.8 ms at 2-8 rows).
 
 Only inside `torch.compile` on the CPU (the compiled decode step): eager, the broadcast product
-would be materialised.
+would be materialised. Both are now behind `kernels/cpu_linear.py` for one row of a weight of
+ROW_KERNEL_MIN_ELEMENTS or more, eager and compiled: a C++ kernel that streams each weight row
+once (on another 2-core AVX-512 machine, where MKL's one row ran at bandwidth and inductor's
+reduction at half of it, the kernel matched MKL: 2.3-2.7 vs 4.3-4.9 ms for the 25M shape).
 
 Everywhere else on the CPU, a weight that `pack` has seen goes through oneDNN with the weight
 reordered once into its blocked layout (`batonlm::packed_linear`, an opaque op inside the
@@ -32,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batonlm.kernels import cpu_linear
+
 # Weights packed for oneDNN at most (their packed copy doubles them): a model larger than this
 # (a 1B-parameter model in fp32 is 4 GB) keeps one copy and the BLAS.
 PACK_MAX_BYTES = 2 << 30
@@ -39,6 +44,9 @@ PACK_MAX_BYTES = 2 << 30
 # matrix this large earns back (1 thread, 1 / 16 / 64 rows: [512, 512] 23 / 114 / 367 us through
 # MKL vs 31 / 93 / 331 us; [1536, 512] 86 / 375 / 1197 vs 61 / 260 / 1098 us; [64, 64] 2 vs 15 us).
 PACK_MIN_ELEMENTS = 1 << 19
+# One row through a weight this large or larger goes through kernels/cpu_linear.py (each call
+# costs ~15 us through the op, which a smaller matrix does not earn back).
+ROW_KERNEL_MIN_ELEMENTS = 1 << 18
 
 # Packed weights by the plain weight's (data pointer, shape): the op receives the plain weight
 # (its shape and identity) and multiplies by its packed twin.
@@ -103,11 +111,16 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; on the CPU the reduction (compiled, one row) or oneDNN (a packed weight)."""
+    """F.linear; on the CPU, one row of a large weight through the kernel, else the reduction
+    (compiled, one row) or oneDNN (a packed weight)."""
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
+    one_row = x.numel() == x.shape[-1] and weight.dtype == torch.float32
+    if one_row and weight.numel() >= ROW_KERNEL_MIN_ELEMENTS and cpu_linear.supports(x, weight):
+        y = torch.ops.batonlm.row_linear(x, weight) if torch.compiler.is_compiling() else cpu_linear.row_linear(x, weight)
+        return y if bias is None else y + bias
     if torch.compiler.is_compiling():
-        if x.numel() == x.shape[-1] and weight.dtype == torch.float32:  # one row (25M: 3.0 vs 9.8 ms via MKL)
+        if one_row:  # the reduction (25M: 3.0 vs 9.8 ms via MKL on one machine)
             y = (weight * x.reshape(1, -1)).sum(-1).reshape(*x.shape[:-1], weight.shape[0])
             return y if bias is None else y + bias
         # The packed twin is looked up when the graph runs (its address is unknown while tracing).

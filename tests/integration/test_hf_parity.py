@@ -205,3 +205,26 @@ def test_a_gemma3_multimodal_checkpoint_serves_its_text_decoder(tmp_path):
             _check(h, prompts, max_new, want, arrivals=[i % 3 for i in range(len(prompts))])
         finally:
             h.close()
+
+
+def test_a_model_wide_enough_for_the_cpu_kernels_matches_transformers(tmp_path):
+    """Hidden size 512: one decode row's projections go through kernels/cpu_linear.py (the tiny
+    families' matrices are below its size) and decode attention through kernels/cpu_attention.py;
+    one request at a time (one row), then all at once (rows batched)."""
+    from batonlm.kernels import cpu_attention, cpu_linear
+    from batonlm.model_runner.linear import ROW_KERNEL_MIN_ELEMENTS
+
+    build_tiny_model("llama", tmp_path, hidden_size=512, intermediate_size=512, num_attention_heads=8,
+                     head_dim=64, num_hidden_layers=1, initializer_range=0.05)
+    copy_tokenizer(tmp_path)
+    assert 512 * 512 >= ROW_KERNEL_MIN_ELEMENTS and cpu_linear.available() and cpu_attention.available()
+    rng = random.Random(512)
+    prompts = random_prompts(4, rng, lo=3, hi=60)
+    max_new = [12] * len(prompts)
+    expected = hf_greedy(str(tmp_path), prompts, max_new)
+    h = SchedulerHarness(str(tmp_path))
+    try:
+        _check(h, prompts, max_new, expected, arrivals=[20 * i for i in range(len(prompts))])
+        _check(h, prompts, max_new, expected, arrivals=[0] * len(prompts))
+    finally:
+        h.close()
