@@ -112,7 +112,8 @@ class ServerArgs:
              "1.0 with a warning (docs/quantization.md)")
     attention_backend: str = setting(
         "auto", group=_DEVICE, choices=ATTENTION_BACKEND_CHOICES,
-        help="triton: kernels over the KV pool (auto on CUDA); torch: gather + SDPA (auto on the CPU)")
+        help="triton: kernels over the KV pool (auto on CUDA); torch: SDPA over the gathered context, decode rows "
+             "in float32 reading the pool in place (auto on the CPU)")
     sampler: str = setting("auto", group=_DEVICE, choices=SAMPLER_CHOICES,
                            help="sampling kernels: triton (auto on CUDA) or their torch references (auto on the CPU)")
     cpu_device_worker: str = setting(
