@@ -67,11 +67,17 @@ class _Pool(Protocol):
     quantized: bool
 
 
+# Below this head size the gather and SDPA win: the kernel vectorises over a head's dimensions,
+# and stories260K's heads of 8 made its compiled step at 16 / 64 rows 1.66 / 5.41 ms against
+# 1.03 / 3.01 ms gathering (benchmarks/decode_step.py, one thread); at 64 (the 25M shape) it wins.
+MIN_HEAD_DIM = 16
+
+
 def supports(kv_pool: _Pool, softcap: float | None) -> bool:
-    """What the kernel computes: keys and values of their own (not a latent), stored in float32
-    on the CPU, no logit soft-capping."""
+    """What the kernel computes, where it pays: keys and values of their own (not a latent),
+    stored in float32 on the CPU, heads of MIN_HEAD_DIM or more, no logit soft-capping."""
     k = kv_pool.k[0]
-    plain = not kv_pool.latent and not kv_pool.quantized and k.dtype == torch.float32
+    plain = not kv_pool.latent and not kv_pool.quantized and k.dtype == torch.float32 and k.shape[-1] >= MIN_HEAD_DIM
     return plain and k.device.type == "cpu" and softcap is None and available()
 
 

@@ -95,8 +95,8 @@ def test_decode_batches_run_through_the_graphs_without_recompiling(compiled_stor
     runner = h.sched.device.executor.runner
     assert runner.decode_graphs is not None
     assert runner.decode_graphs.batch_ranges == ((1, 1), (2, 64))
-    # Its attention reads the keys in the pool (kernels/cpu_attention.py): a C++ compiler is here.
-    assert runner.decode_graphs.attn.in_place
+    # Heads of 8: below cpu_attention.MIN_HEAD_DIM, the graph gathers (the wide model below reads in place).
+    assert not runner.decode_graphs.attn.in_place
     compiled_frames, graph_steps = counters["frames"]["ok"], runner.graph_steps
     for i, ids in enumerate(_prompts(5)):
         h.submit(f"r{i}", ids, PARAMS[0], at=i)
@@ -148,5 +148,28 @@ def test_another_batch_limit_and_kv_budget_reuse_the_compiled_graphs(compiled_st
             assert all(len(r.token_ids) == 12 for r in h.run(overlap=True).values())
         assert counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"] == misses
         assert counters["frames"]["ok"] == frames, "a graph was compiled again"
+    finally:
+        h.close()
+
+
+def test_a_model_wide_enough_for_the_cpu_kernels_gives_transformers_tokens_compiled(tmp_path, compile_cache):
+    """Hidden size 512, heads of 64: the one-row graph's projections are kernels/cpu_linear.py's
+    op and both graphs' attention kernels/cpu_attention.py's; greedy tokens are transformers',
+    one request at a time (the one-row graph) and all at once (the 2-64 graph)."""
+    from helpers import build_tiny_model, copy_tokenizer, hf_greedy, random_prompts
+
+    build_tiny_model("llama", tmp_path, hidden_size=512, intermediate_size=512, num_attention_heads=8,
+                     head_dim=64, num_hidden_layers=1, initializer_range=0.05)
+    copy_tokenizer(tmp_path)
+    prompts = random_prompts(4, random.Random(512), lo=3, hi=60)
+    expected = hf_greedy(str(tmp_path), prompts, [12] * len(prompts))
+    h = SchedulerHarness(str(tmp_path), compile="on", compile_cache_dir=compile_cache)
+    try:
+        for arrivals in ([20 * i for i in range(len(prompts))], [0] * len(prompts)):
+            for i, (ids, at) in enumerate(zip(prompts, arrivals)):
+                h.submit(f"r{i}", ids, {"temperature": 0.0, "max_new_tokens": 12}, at=at)
+            records = h.run(overlap=True)
+            assert [records[f"r{i}"].token_ids for i in range(len(prompts))] == expected
+        h.assert_all_free()
     finally:
         h.close()
