@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from batonlm.kernels.toolchain import build_library
-
-logger = logging.getLogger(__name__)
+from batonlm.kernels.toolchain import load_kernel
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 
@@ -42,21 +39,14 @@ def reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_in
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | None:
-    try:
-        lib = ctypes.CDLL(str(build_library(SOURCE)))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        logger.warning("the CPU attention kernel could not be built (%s): decode attention gathers the context", e)
-        return None
-    fn = lib.batonlm_paged_decode_attention
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
-    fn.restype = None
-    return lib
+def _kernel() -> Callable[..., None] | None:
+    return load_kernel(SOURCE, "batonlm_paged_decode_attention", [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float],
+                       "decode attention gathers the context")
 
 
 def available() -> bool:
     """Whether the kernel runs here (built, or buildable, on this machine)."""
-    return _library() is not None
+    return _kernel() is not None
 
 
 class _Pool(Protocol):
@@ -85,15 +75,14 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
                      mask: torch.Tensor, scale: float) -> torch.Tensor:
     """`reference`'s result, each key and value read in place (float32, the CPU). The eager step
     calls this directly (the op's dispatch costs ~10 us a layer more); a compiled graph calls the op."""
-    lib = _library()
-    assert lib is not None, "paged_decode_attention called where the kernel is not available"
+    fn = _kernel()
+    assert fn is not None, "paged_decode_attention called where the kernel is not available"
     q, kv_index, mask = q.contiguous(), kv_index.contiguous(), mask.contiguous()
     assert k_pool.is_contiguous() and v_pool.is_contiguous() and kv_index.dtype == torch.int64 and mask.dtype == torch.bool
     b, kvh, g, d = q.shape
     out = torch.empty_like(q)
-    lib.batonlm_paged_decode_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), kv_index.data_ptr(),
-                                       mask.data_ptr(), out.data_ptr(), b, kvh, g, d, kv_index.shape[1],
-                                       k_pool.shape[1], scale)
+    fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), kv_index.data_ptr(), mask.data_ptr(), out.data_ptr(),
+       b, kvh, g, d, kv_index.shape[1], k_pool.shape[1], scale)
     return out
 
 

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from batonlm.kernels.toolchain import build_library
-
-logger = logging.getLogger(__name__)
+from batonlm.kernels.toolchain import load_kernel
 
 SOURCE = Path(__file__).with_name("cpu_linear.cpp")
 
@@ -35,16 +32,9 @@ def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | None:
-    try:
-        lib = ctypes.CDLL(str(build_library(SOURCE)))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        logger.warning("the CPU one-row projection kernel could not be built (%s): projections use the BLAS", e)
-        return None
-    fn = lib.batonlm_row_linear
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2
-    fn.restype = None
-    return lib
+def _kernel() -> Callable[..., None] | None:
+    return load_kernel(SOURCE, "batonlm_row_linear", [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2,
+                       "projections use the BLAS")
 
 
 # What `available` last answered: a graph being traced reads this (dynamo does not trace into the
@@ -55,7 +45,7 @@ _available = False
 def available() -> bool:
     """Whether the kernel runs here (built, or buildable, on this machine)."""
     global _available
-    _available = _library() is not None
+    _available = _kernel() is not None
     return _available
 
 
@@ -69,13 +59,13 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`reference`'s result for one row (x [..., K] with one row in all), each weight read once."""
-    lib = _library()
-    assert lib is not None, "row_linear called where the kernel is not available"
+    fn = _kernel()
+    assert fn is not None, "row_linear called where the kernel is not available"
     n, k = weight.shape
     assert x.numel() == k and weight.is_contiguous() and x.dtype == weight.dtype == torch.float32
     x = x.contiguous()
     y = x.new_empty((*x.shape[:-1], n))
-    lib.batonlm_row_linear(x.data_ptr(), weight.data_ptr(), y.data_ptr(), n, k)
+    fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), n, k)
     return y
 
 

@@ -4,13 +4,18 @@ a kernel's shared library (`cpu_attention.cpp`, `cpu_linear.cpp`)."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
@@ -64,3 +69,16 @@ def build_library(source: Path) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def load_kernel(source: Path, symbol: str, argtypes: list, instead: str) -> Callable[..., None] | None:
+    """`symbol` of `source`'s library (built the first time), its C signature set; None, with one
+    warning saying what runs `instead`, where it cannot be built or loaded."""
+    try:
+        fn = getattr(ctypes.CDLL(str(build_library(source))), symbol)
+    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
+        logger.warning("the CPU kernel %s could not be built (%s): %s", source.name, e, instead)
+        return None
+    fn.argtypes = argtypes
+    fn.restype = None
+    return fn

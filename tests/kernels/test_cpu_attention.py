@@ -75,10 +75,10 @@ def test_a_compiler_that_fails_leaves_the_kernel_unavailable(tmp_path, monkeypat
     failing.chmod(0o755)
     monkeypatch.setenv("CXX", str(failing))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing built before
-    cpu_attention._library.cache_clear()
+    cpu_attention._kernel.cache_clear()
     try:
         assert not cpu_attention.available()
         assert "could not be built" in caplog.text and "no such thing" in caplog.text
         assert not list((tmp_path / "cache").rglob("*.so"))  # no half-written library left behind
     finally:
-        cpu_attention._library.cache_clear()
+        cpu_attention._kernel.cache_clear()

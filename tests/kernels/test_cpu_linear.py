@@ -78,7 +78,7 @@ def test_a_compiler_that_fails_leaves_linear_on_the_blas(tmp_path, monkeypatch, 
     failing.chmod(0o755)
     monkeypatch.setenv("CXX", str(failing))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    cpu_linear._library.cache_clear()
+    cpu_linear._kernel.cache_clear()
     try:
         assert not cpu_linear.available()
         assert "could not be built" in caplog.text and "no such thing" in caplog.text
@@ -86,4 +86,4 @@ def test_a_compiler_that_fails_leaves_linear_on_the_blas(tmp_path, monkeypatch, 
         assert within_bound(linear(x, w), x, w)  # F.linear instead
         assert not list((tmp_path / "cache").rglob("*.so"))
     finally:
-        cpu_linear._library.cache_clear()
+        cpu_linear._kernel.cache_clear()

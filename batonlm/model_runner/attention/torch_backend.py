@@ -7,7 +7,7 @@ where `group` query heads share a KV head and E is the group's longest extend: S
 (kv head, row) as its batch and a row's query heads and positions as its query length, so
 grouped-query attention needs no expansion of K/V and nothing is copied into another layout.
 One masked SDPA call per layer and group serves prefills of different lengths, chunks on cached
-prefixes, and decodes. On the CPU, in float32 and without soft-capping, a group of decode rows
+prefixes, and decodes. On the CPU (float32, heads of 16 or more, no soft-capping) a group of decode rows
 instead reads its keys and values where they are in the pool (`kernels/cpu_attention.py`).
 """
 
