@@ -7,9 +7,16 @@
 // out  [B, KVH, G, D]  softmax_j(scale * q . k[idx_j]) . v[idx_j] over the unmasked j; zeros
 //                      for a row with none (the padding rows of a compiled batch)
 //
-// One (row, KV head) per OpenMP iteration, in torch's OpenMP runtime (the process has loaded its
-// libgomp.so.1: this library links the same soname). Each key is read once for the group's query
-// heads; the scores are kept whole (L floats a head), then exponentiated, then V is summed.
+// One (row, KV head) per OpenMP iteration, in torch's OpenMP runtime (this library links
+// libtorch_cpu). Each key is read once for the group's query heads; the scores are kept whole
+// (L floats a head), then exponentiated, then V is summed.
+//
+// Registered with torch's dispatcher as batonlm::paged_decode_attention (a CPU kernel and a Meta
+// one for tracing): a compiled graph's C++ wrapper calls it without going through Python.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -71,3 +78,42 @@ extern "C" void batonlm_paged_decode_attention(
     }
   }
 }
+
+namespace {
+
+void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx,
+                  const at::Tensor& mask) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 3 && v.sizes() == k.sizes() && k.size(0) == q.size(1) &&
+                  k.size(2) == q.size(3) && idx.dim() == 2 && idx.size(0) == q.size(0) && mask.sizes() == idx.sizes(),
+              "batonlm::paged_decode_attention: q [B, KVH, G, D], pools [KVH, S, D], kv_index and mask [B, L]; got ",
+              q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ", ", idx.sizes(), ", ", mask.sizes());
+}
+
+at::Tensor paged_decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& idx, const at::Tensor& mask, double scale) {
+  check_shapes(q, k, v, idx, mask);
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
+                  idx.scalar_type() == at::kLong && mask.scalar_type() == at::kBool,
+              "batonlm::paged_decode_attention: float32 q and pools, int64 kv_index, bool mask");
+  TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "batonlm::paged_decode_attention: contiguous pools");
+  const at::Tensor qc = q.contiguous(), ic = idx.contiguous(), mc = mask.contiguous();
+  at::Tensor out = at::empty_like(qc);
+  batonlm_paged_decode_attention(qc.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                 ic.data_ptr<int64_t>(), mc.data_ptr<bool>(), out.data_ptr<float>(), q.size(0),
+                                 q.size(1), q.size(2), q.size(3), idx.size(1), k.size(1), static_cast<float>(scale));
+  return out;
+}
+
+// While a graph is traced: the output's shape only (the context length is symbolic: not read).
+at::Tensor paged_decode_attention_meta(const at::Tensor& q, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                       const at::Tensor&, double) {
+  return at::empty_like(q, at::MemoryFormat::Contiguous);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(batonlm, m) {
+  m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor kv_index, Tensor mask, float scale) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(batonlm, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention_cpu); }
+TORCH_LIBRARY_IMPL(batonlm, Meta, m) { m.impl("paged_decode_attention", &paged_decode_attention_meta); }

@@ -4,24 +4,23 @@ its torch reference (gather, then SDPA: what the CPU step ran before).
 
 At 64 rows of 128 keys the gather copied 268 MB a step out of the 25M shape's pool and SDPA read
 it again; the kernel reads it once (docs/benchmarks.md). It is compiled once per machine with the
-C++ compiler inductor uses (`-O3 -march=native -fopenmp`, cached by source, compiler and CPU
-flags) and called as the op `batonlm::paged_decode_attention`, which the compiled decode step
+C++ compiler inductor uses (`-O3 -march=native -fopenmp`, against torch's headers; cached by
+source, compiler, torch version and CPU flags) and registers the op
+`batonlm::paged_decode_attention` in C++, which the eager step calls and the compiled decode step
 traces like any other op. Where no compiler works, `available()` is false and the callers keep
 the gather.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from batonlm.kernels.toolchain import load_kernel
+from batonlm.kernels.toolchain import load_ops
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 
@@ -39,14 +38,13 @@ def reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_in
 
 
 @functools.cache
-def _kernel() -> Callable[..., None] | None:
-    return load_kernel(SOURCE, "batonlm_paged_decode_attention", [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float],
-                       "decode attention gathers the context")
+def _kernel() -> bool:
+    return load_ops(SOURCE, "decode attention gathers the context")
 
 
 def available() -> bool:
     """Whether the kernel runs here (built, or buildable, on this machine)."""
-    return _kernel() is not None
+    return _kernel()
 
 
 class _Pool(Protocol):
@@ -73,26 +71,9 @@ def supports(kv_pool: _Pool, softcap: float | None) -> bool:
 
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
                      mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """`reference`'s result, each key and value read in place (float32, the CPU). The eager step
-    calls this directly (the op's dispatch costs ~10 us a layer more); a compiled graph calls the op."""
-    fn = _kernel()
-    assert fn is not None, "paged_decode_attention called where the kernel is not available"
-    q, kv_index, mask = q.contiguous(), kv_index.contiguous(), mask.contiguous()
-    assert k_pool.is_contiguous() and v_pool.is_contiguous() and kv_index.dtype == torch.int64 and mask.dtype == torch.bool
-    b, kvh, g, d = q.shape
-    out = torch.empty_like(q)
-    fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), kv_index.data_ptr(), mask.data_ptr(), out.data_ptr(),
-       b, kvh, g, d, kv_index.shape[1], k_pool.shape[1], scale)
-    return out
-
-
-@torch.library.custom_op("batonlm::paged_decode_attention", mutates_args=(), device_types="cpu")
-def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
-                           mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """`decode_attention` as an op a compiled graph can hold."""
-    return decode_attention(q, k_pool, v_pool, kv_index, mask, scale)
-
-
-@paged_decode_attention.register_fake
-def _(q, k_pool, v_pool, kv_index, mask, scale):
-    return torch.empty_like(q)
+    """`reference`'s result, each key and value read in place (float32, the CPU): the op
+    `batonlm::paged_decode_attention`, which the eager step calls and a compiled graph holds
+    (where `available()` said yes: else torch names the missing op)."""
+    if not torch.compiler.is_compiling():  # loaded on first use (a graph is traced after `available`)
+        _kernel()
+    return torch.ops.batonlm.paged_decode_attention(q, k_pool, v_pool, kv_index, mask, scale)

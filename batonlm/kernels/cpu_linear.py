@@ -6,22 +6,20 @@ a 2-core AVX-512 machine the 25M shape's projections (109 MB) took 2.3-2.7 ms a 
 this kernel, 2.4-2.6 through MKL's `F.linear`, 3.6-3.9 through oneDNN with packed weights and
 4.3-4.9 through inductor's reduction (40-47 against 22-30 GB/s); on another machine MKL took
 ~10 ms at one row (docs/benchmarks.md). The kernel reads at bandwidth by construction on any of
-them. Built like `cpu_attention` (once per machine, `toolchain.build_library`) and called
-directly by the eager step, as the op `batonlm::row_linear` inside a compiled graph. Where no
+them. Built like `cpu_attention` (once per machine, `toolchain.build_library`), it registers the
+op `batonlm::row_linear` in C++, which the eager step and compiled graphs call alike. Where no
 compiler works, `available()` is false and `linear` keeps its other paths.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from batonlm.kernels.toolchain import load_kernel
+from batonlm.kernels.toolchain import load_ops
 
 SOURCE = Path(__file__).with_name("cpu_linear.cpp")
 
@@ -32,9 +30,8 @@ def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _kernel() -> Callable[..., None] | None:
-    return load_kernel(SOURCE, "batonlm_row_linear", [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2,
-                       "projections use the BLAS")
+def _kernel() -> bool:
+    return load_ops(SOURCE, "projections use the BLAS")
 
 
 # What `available` last answered: a graph being traced reads this (dynamo does not trace into the
@@ -45,7 +42,7 @@ _available = False
 def available() -> bool:
     """Whether the kernel runs here (built, or buildable, on this machine)."""
     global _available
-    _available = _kernel() is not None
+    _available = _kernel()
     return _available
 
 
@@ -58,23 +55,9 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`reference`'s result for one row (x [..., K] with one row in all), each weight read once."""
-    fn = _kernel()
-    assert fn is not None, "row_linear called where the kernel is not available"
-    n, k = weight.shape
-    assert x.numel() == k and weight.is_contiguous() and x.dtype == weight.dtype == torch.float32
-    x = x.contiguous()
-    y = x.new_empty((*x.shape[:-1], n))
-    fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), n, k)
-    return y
-
-
-@torch.library.custom_op("batonlm::row_linear", mutates_args=(), device_types="cpu")
-def row_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`row_linear` as an op a compiled graph can hold."""
-    return row_linear(x, weight)
-
-
-@row_linear_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    """`reference`'s result for one row (x [..., K] with one row in all), each weight read once:
+    the op, which a compiled graph holds as it is (where `available()` said yes: else torch
+    names the missing op)."""
+    if not torch.compiler.is_compiling():  # loaded on first use (a graph is traced after `available`)
+        _kernel()
+    return torch.ops.batonlm.row_linear(x, weight)

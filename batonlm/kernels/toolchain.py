@@ -1,10 +1,10 @@
 """Where compiled code comes from on the CPU: the C++ compiler (the one inductor would use), the
 per-user cache that inductor's graphs and batonlm's own kernels are built into, and the build of
-a kernel's shared library (`cpu_attention.cpp`, `cpu_linear.cpp`)."""
+a kernel's shared library (`cpu_attention.cpp`, `cpu_linear.cpp`): ops registered with torch's
+dispatcher, built against the headers of the torch that loads them."""
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
@@ -12,12 +12,21 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 logger = logging.getLogger(__name__)
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++20"]
+
+
+def _torch_flags() -> list[str]:
+    """Compile against this torch's headers (its C++ ABI) and link its libraries."""
+    root = Path(torch.__file__).parent
+    lib = root / "lib"
+    return [f"-I{root / 'include'}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu"]
 
 
 def cxx_compiler() -> str | None:
@@ -45,23 +54,24 @@ def _cpu_flags() -> str:
 
 
 def build_library(source: Path) -> Path:
-    """`source`'s shared library (-O3 -march=native, OpenMP: torch's runtime, which the process
-    has loaded under the same soname), compiled into the cache the first time on this machine and
-    kept by source, compiler and CPU flags. RuntimeError (or OSError) when it cannot be built."""
+    """`source`'s shared library (-O3 -march=native, OpenMP and the rest of torch's runtime linked),
+    compiled into the cache the first time on this machine and kept by source, compiler, torch
+    version and CPU flags. RuntimeError (or OSError) when it cannot be built."""
     cxx = cxx_compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++; or $CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\n".join([source.read_text(), cxx, version, *FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    flags = [*FLAGS, *_torch_flags()]
+    key = hashlib.sha256("\n".join([source.read_text(), cxx, version, torch.__version__, *flags, _cpu_flags()]).encode())
     out_dir = cache_root() / "kernels"
-    target = out_dir / f"{source.stem}-{key}.so"
+    target = out_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
     os.close(fd)
     try:
-        done = subprocess.run([cxx, *FLAGS, str(source), "-o", tmp], capture_output=True, text=True)
+        done = subprocess.run([cxx, str(source), "-o", tmp, *flags], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)  # whole or not at all: another process may be building it too
@@ -71,14 +81,12 @@ def build_library(source: Path) -> Path:
     return target
 
 
-def load_kernel(source: Path, symbol: str, argtypes: list, instead: str) -> Callable[..., None] | None:
-    """`symbol` of `source`'s library (built the first time), its C signature set; None, with one
-    warning saying what runs `instead`, where it cannot be built or loaded."""
+def load_ops(source: Path, instead: str) -> bool:
+    """Load the ops `source` registers under torch.ops.batonlm (built the first time); False,
+    with one warning saying what runs `instead`, where it cannot be built or loaded."""
     try:
-        fn = getattr(ctypes.CDLL(str(build_library(source))), symbol)
-    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
+        torch.ops.load_library(str(build_library(source)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         logger.warning("the CPU kernel %s could not be built (%s): %s", source.name, e, instead)
-        return None
-    fn.argtypes = argtypes
-    fn.restype = None
-    return fn
+        return False
+    return True

@@ -44,8 +44,9 @@ PACK_MAX_BYTES = 2 << 30
 # matrix this large earns back (1 thread, 1 / 16 / 64 rows: [512, 512] 23 / 114 / 367 us through
 # MKL vs 31 / 93 / 331 us; [1536, 512] 86 / 375 / 1197 vs 61 / 260 / 1098 us; [64, 64] 2 vs 15 us).
 PACK_MIN_ELEMENTS = 1 << 19
-# One row through a weight this large or larger goes through kernels/cpu_linear.py (each call
-# costs ~15 us through the op, which a smaller matrix does not earn back).
+# One row through a weight this large or larger goes through kernels/cpu_linear.py (a C++ op, ~2 us
+# a call); smaller ones stay in the graph's own fused reduction: stories260K's matrices (at most
+# 32K elements) through the kernel made its compiled one-row step 0.40 ms against 0.36.
 ROW_KERNEL_MIN_ELEMENTS = 1 << 18
 
 # Packed weights by the plain weight's (data pointer, shape): the op receives the plain weight
@@ -117,7 +118,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     one_row = x.numel() == x.shape[-1] and weight.dtype == torch.float32
     if one_row and weight.numel() >= ROW_KERNEL_MIN_ELEMENTS and cpu_linear.supports(x, weight):
-        y = torch.ops.batonlm.row_linear(x, weight) if torch.compiler.is_compiling() else cpu_linear.row_linear(x, weight)
+        y = cpu_linear.row_linear(x, weight)
         return y if bias is None else y + bias
     if torch.compiler.is_compiling():
         if one_row:  # the reduction (25M: 3.0 vs 9.8 ms via MKL on one machine)

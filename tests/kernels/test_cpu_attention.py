@@ -46,7 +46,7 @@ def test_the_kernel_matches_the_float64_reference(rows, kv_heads, group, d, leng
     if rows > 2:
         mask[1] = False  # a padding row: zeros
     scale = d**-0.5
-    got = cpu_attention.paged_decode_attention(q, k, v, idx, mask, scale)
+    got = cpu_attention.decode_attention(q, k, v, idx, mask, scale)
     want = cpu_attention.reference(q.double(), k.double(), v.double(), idx, mask, scale)
     assert got.dtype == torch.float32 and got.shape == q.shape
     bound = error_bound(q, k, v, idx, mask, scale)
@@ -65,8 +65,20 @@ def test_the_op_traces_into_a_compiled_graph():
     def step(q, k, v, idx, mask):
         return torch.ops.batonlm.paged_decode_attention(q * 2, k, v, idx, mask, 0.25) + 1
 
+    assert cpu_attention.available()  # loaded before tracing, as the compiled decode step does
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(q, k, v, idx, mask), step(q, k, v, idx, mask))
+
+
+def test_the_op_names_what_is_wrong_with_its_inputs():
+    """A C++ op: bad shapes and dtypes get torch's error naming the op, not a crash."""
+    assert cpu_attention.available()
+    q, k = torch.randn(2, 2, 1, 16), torch.randn(2, 10, 16)
+    idx, mask = torch.zeros(2, 3, dtype=torch.int64), torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="paged_decode_attention: q \\[B, KVH, G, D\\]"):
+        cpu_attention.decode_attention(q, k[:1], k[:1], idx, mask, 0.25)  # one KV head for two
+    with pytest.raises(RuntimeError, match="paged_decode_attention: float32 q"):
+        cpu_attention.decode_attention(q.double(), k, k, idx, mask, 0.25)
 
 
 def test_a_compiler_that_fails_leaves_the_kernel_unavailable(tmp_path, monkeypatch, caplog):

@@ -87,3 +87,14 @@ def test_a_compiler_that_fails_leaves_linear_on_the_blas(tmp_path, monkeypatch, 
         assert not list((tmp_path / "cache").rglob("*.so"))
     finally:
         cpu_linear._kernel.cache_clear()
+
+
+def test_the_op_names_what_is_wrong_with_its_inputs():
+    """A C++ op: a bad call gets torch's error naming the op, not a crash."""
+    w = torch.randn(8, 16)
+    with pytest.raises(RuntimeError, match="row_linear: x \\[..., K\\] and weight \\[N, K\\]"):
+        cpu_linear.row_linear(torch.randn(1, 15), w)
+    with pytest.raises(RuntimeError, match="row_linear: one row"):
+        cpu_linear.row_linear(torch.randn(2, 16), w)
+    with pytest.raises(RuntimeError, match="row_linear: float32 x and a contiguous float32 weight"):
+        cpu_linear.row_linear(torch.randn(1, 16), torch.randn(16, 8).T)
