@@ -44,3 +44,26 @@ def test_a_worker_sees_the_environment_and_streams_of_its_start(monkeypatch, cap
 def test_an_unknown_start_method_is_refused():
     with pytest.raises(ValueError, match="spawn, forkserver, not 'fork'"):
         spawn.set_worker_start_method("fork")
+
+
+def test_a_spawned_worker_spins_briefly_unless_the_user_chose(monkeypatch, capfd):
+    """libgomp reads GOMP_SPINCOUNT once, in the worker: it must be in the environment the worker
+    starts with; the starting process's own environment is left as it was."""
+    from batonlm.device.cpu_worker import WORKER_GOMP_SPINCOUNT, worker_openmp_env
+
+    monkeypatch.setattr(spawn, "_worker_start", "spawn")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    proc = spawn.worker_process(_report, ("GOMP_SPINCOUNT",), "batonlm-test-worker")
+    with worker_openmp_env():
+        spawn.start(proc)
+    proc.join(60)
+    assert proc.exitcode == 0 and f"env GOMP_SPINCOUNT={WORKER_GOMP_SPINCOUNT}" in capfd.readouterr().out
+    assert "GOMP_SPINCOUNT" not in os.environ
+    monkeypatch.setenv("GOMP_SPINCOUNT", "123")
+    proc = spawn.worker_process(_report, ("GOMP_SPINCOUNT",), "batonlm-test-worker")
+    with worker_openmp_env():
+        spawn.start(proc)
+    proc.join(60)
+    assert proc.exitcode == 0 and "env GOMP_SPINCOUNT=123" in capfd.readouterr().out
+    assert os.environ["GOMP_SPINCOUNT"] == "123"
