@@ -91,10 +91,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     @property
     def has_penalties(self) -> bool:
-        """Whether sampling needs the per-slot penalty tables (token counts, prompt mask)."""
-        return bool(
-            self.logit_bias or self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
-        )
+        """Whether sampling changes the logits before drawing: logit bias or a penalty."""
+        return bool(self.logit_bias) or self.counts_tokens
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether sampling needs the per-slot penalty tables (token counts, prompt mask): a
+        frequency, presence or repetition penalty (logit bias alone does not)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SamplingParams:

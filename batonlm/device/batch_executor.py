@@ -169,7 +169,7 @@ class BatchExecutor:
     ) -> SampleOutput:
         rows = None if launch.output_rows is None else self._tensor(launch.output_rows)
         out = self.runner.sample(
-            logits, batch, all_greedy=launch.all_greedy, any_penalties=launch.any_penalties,
+            logits, batch, all_greedy=launch.all_greedy, any_penalties=launch.any_penalties, any_counts=launch.any_counts,
             top_logprobs=launch.top_logprobs, output_rows=rows,
         )
         verified = None

@@ -40,6 +40,9 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     sample: bool = True
     # Largest number of top alternatives any row wants with its logprobs; -1: no logprobs.
     top_logprobs: int = -1
+    # Some row uses a frequency/presence/repetition penalty (counted tokens). False with
+    # any_penalties: logit bias alone, added without the count tables.
+    any_counts: bool = True
     # (request slot, KV slots of positions 0..n-1): a request starting on a cached prefix.
     table_writes: list[tuple[int, list[int]]] = msgspec.field(default_factory=list)
     # The rows whose sampled token is an output (None: all); a chunk that does not finish its

@@ -180,13 +180,15 @@ class ModelRunner:
     @torch.inference_mode()
     def sample(
         self, logits: torch.Tensor, batch: ForwardBatch, *, all_greedy: bool, any_penalties: bool, top_logprobs: int,
-        output_rows: torch.Tensor | None = None,
+        output_rows: torch.Tensor | None = None, any_counts: bool = True,
     ) -> SampleOutput:
-        """Sample every row; with penalties, count the tokens of the rows whose token is an
-        output (`output_rows`, None: all)."""
+        """Sample every row; with penalties that count tokens, count the tokens of the rows whose
+        token is an output (`output_rows`, None: all)."""
         table = self.sampling_table
-        out = self.sampler.sample(logits, table.gather(batch.req_slots, batch.seq_lens, all_greedy, any_penalties, top_logprobs))
-        if any_penalties:
+        any_counts = any_penalties and any_counts
+        sampling = table.gather(batch.req_slots, batch.seq_lens, all_greedy, any_penalties, top_logprobs, any_counts)
+        out = self.sampler.sample(logits, sampling)
+        if any_counts:
             if output_rows is None:
                 table.record_outputs(batch.req_slots, out.token_ids)
             else:

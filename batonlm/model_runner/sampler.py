@@ -30,6 +30,7 @@ class SamplingBatch:
     banned: torch.Tensor  # [B, S] int64 ids masked to -inf (-1 = padding)
     draw: DrawBatch | None = None  # None: every row is greedy
     penalties: PenaltyBatch | None = None
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit bias alone: ids [B, NB] (-1 = padding), values
     top_logprobs: int = -1  # -1: no logprobs; n >= 0: chosen + n alternatives
 
 
@@ -58,6 +59,8 @@ class Sampler(ABC):
         if pen is not None:
             logits = self.penalize(logits, pen, batch.banned)
         else:
+            if batch.bias is not None:
+                logits = penalties.add_logit_bias(logits, *batch.bias)
             logits = ref.suppress_tokens(logits, batch.banned)
         draw = batch.draw
         ids = self.argmax(logits) if draw is None else self.draw(logits, draw)

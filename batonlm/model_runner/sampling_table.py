@@ -82,7 +82,7 @@ class SlotSamplingTable:
         self.stop_ids = self._set_list(self.stop_ids, slot, stops, torch.int64, -1)
         self.bias_ids = self._set_list(self.bias_ids, slot, list(p.logit_bias), torch.int64, -1)
         self.bias_values = self._set_list(self.bias_values, slot, list(p.logit_bias.values()), torch.float32, 0.0)
-        if p.has_penalties:
+        if p.counts_tokens:
             if self.output_counts is None:
                 shape = (self.num_slots, self.vocab_size)
                 self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
@@ -101,10 +101,11 @@ class SlotSamplingTable:
 
     def gather(
         self, req_slots: torch.Tensor, seq_lens: torch.Tensor, all_greedy: bool, any_penalties: bool,
-        top_logprobs: int = -1,
+        top_logprobs: int = -1, any_counts: bool = True,
     ) -> SamplingBatch:
         """The sampling inputs of a batch whose rows are `req_slots`, each sampling the token
-        that follows `seq_lens` tokens."""
+        that follows `seq_lens` tokens. Penalties that count tokens (`any_counts`) read the count
+        tables in one fused pass with the bias; logit bias alone is only added."""
         banned = self.stop_ids[req_slots]
         if banned.shape[1] or not all_greedy:
             out_index = seq_lens - self.prompt_len[req_slots]  # the output position being sampled
@@ -112,7 +113,9 @@ class SlotSamplingTable:
             under_min = out_index < self.min_new_tokens[req_slots]
             banned = torch.where(under_min[:, None], banned, torch.full_like(banned, -1))
         batch = SamplingBatch(banned=banned, top_logprobs=top_logprobs)
-        if any_penalties:
+        if any_penalties and not any_counts:
+            batch.bias = (self.bias_ids[req_slots], self.bias_values[req_slots])
+        elif any_penalties:
             assert self.output_counts is not None and self.prompt_mask is not None
             batch.penalties = PenaltyBatch(
                 req_slots=req_slots,

@@ -143,6 +143,7 @@ class ScheduleBatch:
             new_slots=[row.req.slot_sampling() for row in self.extend if row.first],
             all_greedy=all(r.params.is_greedy for r in reqs),
             any_penalties=any(r.params.has_penalties for r in reqs),
+            any_counts=any(r.params.counts_tokens for r in reqs),
             sample=not self.delay_sampling,
             top_logprobs=max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=-1),
             table_writes=table_writes,

@@ -229,8 +229,8 @@ class Request:
             seed=self.seed,
             stop_ids=sorted(self.stop_ids),
             prompt_len=self.prompt_len,
-            prompt_ids=self.prompt_ids if p.has_penalties else [],
-            output_ids=list(self.output_ids) if p.has_penalties else [],
+            prompt_ids=self.prompt_ids if p.counts_tokens else [],
+            output_ids=list(self.output_ids) if p.counts_tokens else [],
         )
 
     def __repr__(self) -> str:

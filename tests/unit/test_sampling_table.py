@@ -78,3 +78,25 @@ def test_a_resumed_request_gets_its_output_counts_back():
     table.init_slot(record(1, SamplingParams(frequency_penalty=1.0), prompt=(3, 4), outputs=(9, 9, 12)))
     assert table.output_counts[1, 9] == 2 and table.output_counts[1, 12] == 1
     assert int(table.output_counts[1].sum()) == 3
+
+
+def test_logit_bias_alone_is_added_without_the_count_tables():
+    """Bias without penalties allocates no [slots, V] tables and samples as the fused pass would:
+    the same logits as apply_penalties_reference with zero penalties (one add per id)."""
+    from batonlm.kernels.penalties import PenaltyBatch, add_logit_bias, apply_penalties_reference
+    from batonlm.model_runner.sampler import TorchSampler
+
+    table = SlotSamplingTable(3, V, "cpu")
+    table.init_slot(record(2, SamplingParams(logit_bias={7: 2.5, 0: -100.0, 49: 0.75})))
+    table.init_slot(record(0, SamplingParams(logit_bias={3: 1.0})))  # padded: one id of three
+    assert table.output_counts is None and table.prompt_mask is None
+    batch = table.gather(t([2, 0]), t([4, 4]), all_greedy=True, any_penalties=True, any_counts=False)
+    assert batch.penalties is None and batch.bias is not None
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(3))
+    logits[1, 3] = logits[1].max() - 0.5  # the bias of 1.0 makes id 3 row 1's argmax
+    zeros = torch.zeros(3, V)
+    fused = apply_penalties_reference(logits, PenaltyBatch(
+        t([2, 0]), zeros.int(), zeros.bool(), torch.zeros(2), torch.zeros(2), torch.ones(2), *batch.bias), batch.banned)
+    assert torch.equal(add_logit_bias(logits, *batch.bias), fused) and fused[0, 0] == logits[0, 0] - 100
+    ids = TorchSampler().sample(logits, batch).token_ids.tolist()
+    assert ids == fused.argmax(-1).tolist() and ids[1] == 3 and ids != logits.argmax(-1).tolist()

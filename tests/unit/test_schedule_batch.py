@@ -108,3 +108,13 @@ def test_prompt_logprobs_score_each_chunk_on_the_next_prompt_token():
     assert launch.prompt_logprob_at == list(range(0, 11)) and launch.prompt_logprob_targets == prompt[9:20]
     r.output_ids.append(4)  # resumed after its first output: nothing left to score
     assert ScheduleBatch(2, extend=[ExtendRow(r, 0, 21, first=True)]).to_launch().prompt_logprob_at == []
+
+
+def test_logit_bias_alone_counts_no_tokens():
+    """Bias is added to the logits; only penalties need the prompt and the counted outputs."""
+    biased = request("b", [5, 6, 7], SamplingParams(logit_bias={4: -100.0}), slot=0, kv_slots=[1, 2, 3])
+    launch = ScheduleBatch(0, extend=[whole(biased)]).to_launch()
+    assert launch.any_penalties and not launch.any_counts and launch.new_slots[0].prompt_ids == []
+    counted = request("c", [5, 6], SamplingParams(presence_penalty=0.5), slot=1, kv_slots=[4, 5])
+    launch = ScheduleBatch(0, extend=[whole(biased), whole(counted)]).to_launch()
+    assert launch.any_penalties and launch.any_counts and launch.new_slots[1].prompt_ids == [5, 6]
