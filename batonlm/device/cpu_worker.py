@@ -13,6 +13,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import select
 import sys
 import time
 from collections.abc import Iterator
@@ -146,6 +147,11 @@ class CpuWorkerDevice(DeviceStream):
             raise
         for conn in self._startup.values():
             conn.close()
+        # One poller for every result wait: the pipe, and each rank's exit (its sentinel), watched
+        # together (a selector built per wait, as Connection.poll does, cost more than the wait).
+        self._poller = select.poll()
+        for fd in (self._conn.fileno(), *(p.sentinel for p in self._procs.values())):
+            self._poller.register(fd, select.POLLIN)
         if spec.tp_size > 1:
             logger.info("tensor-parallel ranks of this node ready: %s (rendezvous %s)",
                         ", ".join(f"rank {r} pid {p.pid}" for r, p in self._procs.items()), spec.dist_init_addr)
@@ -170,9 +176,11 @@ class CpuWorkerDevice(DeviceStream):
 
     def _recv(self) -> object:
         try:
-            # Rank 0 reports its own failures and those of ranks on other nodes; a rank of this
-            # node that dies while rank 0 waits on it shows here first.
-            while self._procs[0].is_alive() and not self._conn.poll(0.2):
+            # Rank 0 reports its own failures and those of ranks on other nodes (the pipe has its
+            # message, or its end); a rank of this node that dies while rank 0 waits on it shows
+            # here first (its sentinel).
+            pipe = self._conn.fileno()
+            while not any(fd == pipe for fd, _ in self._poller.poll(200)):
                 self.check_health()
             return codec.decode(self._conn.recv_bytes())
         except (EOFError, OSError) as e:
