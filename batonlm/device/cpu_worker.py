@@ -179,8 +179,13 @@ class CpuWorkerDevice(DeviceStream):
             # Rank 0 reports its own failures and those of ranks on other nodes (the pipe has its
             # message, or its end); a rank of this node that dies while rank 0 waits on it shows
             # here first (its sentinel).
-            pipe = self._conn.fileno()
-            while not any(fd == pipe for fd, _ in self._poller.poll(200)):
+            pipe, rank0 = self._conn.fileno(), self._procs[0].sentinel
+            while True:
+                ready = {fd for fd, _ in self._poller.poll(200)}
+                # Rank 0's end (its sentinel may wake us before its pipe does, and before it can
+                # be reaped): the pipe holds its last message, or closes with it.
+                if pipe in ready or rank0 in ready:
+                    break
                 self.check_health()
             return codec.decode(self._conn.recv_bytes())
         except (EOFError, OSError) as e:
