@@ -154,3 +154,31 @@ def test_deepseek_v3_fp8_blocks_as_released(tiny_models, tmp_path: Path) -> None
     attn = model.model.layers[1].self_attn
     assert isinstance(attn.q_a_proj, Fp8Linear) and isinstance(attn.kv_a_proj_with_mqa, Fp8Linear)
     assert isinstance(attn.kv_b_proj, ProjectionWeight) and attn.kv_b_proj.weight.dtype == torch.float32
+
+
+def test_phi3_fused_projections_in_fp8_blocks(tiny_models, tmp_path: Path) -> None:
+    """Phi-3 stores q/k/v and gate/up fused (`qkv_proj`, `gate_up_proj`), as batonlm holds them:
+    an FP8 block checkpoint of it, read weight-only, gives transformers' logits on the float
+    checkpoint of its dequantized weights (the bound above); kept FP8, each layer's weight and
+    block scales dequantize to that checkpoint's tensor exactly, so its W8A8 rows are the unfused
+    math's (an output row depends on its own weight row and the token's activation groups only)."""
+    from quant_formats import save_dequantized, write_fp8_block_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    fp8, plain = tmp_path / "fp8", tmp_path / "float"
+    block = (16, 16)  # tiny Phi-3: q 64, k/v 32 and gate/up 96 rows each, all whole blocks
+    deq = write_fp8_block_checkpoint(tiny_models["phi3"], fp8, block=block,
+                                     linears=("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    save_dequantized(fp8, deq, plain)
+    ids = torch.tensor([1, 40, 7, 300, 22, 91, 5, 77, 140, 3])
+    hf = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32)
+    with torch.no_grad():
+        want = hf(ids.reshape(1, -1)).logits[0]
+        ours = _prompt_logits(_runner(fp8, resident=False), ids)
+    assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
+    layers = [(name.removesuffix(".local"), m) for name, m in _runner(fp8).model.named_modules()
+              if isinstance(m, Fp8Linear)]  # a row-parallel layer holds its quantized part as .local
+    assert {name.rsplit(".", 1)[-1] for name, _ in layers} == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+    for name, m in layers:
+        scale = m.weight_scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[: m.n, : m.k]
+        assert torch.equal(m.weight_q.float() * scale, deq[name + ".weight"]), name
