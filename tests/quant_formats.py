@@ -256,9 +256,10 @@ def write_gptq_checkpoint(
     sym: bool = True,
     desc_act: bool = False,
     dtype: torch.dtype = torch.bfloat16,
+    linears: tuple[str, ...] = LINEARS,
 ) -> dict[str, torch.Tensor]:
     """A GPTQ checkpoint (checkpoint_format "gptq", as AutoGPTQ and GPTQModel save) of every
-    decoder linear; other tensors are cast to `dtype` (GPTQModel keeps the model's bfloat16;
+    decoder linear (`linears`: their names); other tensors are cast to `dtype` (GPTQModel keeps the model's bfloat16;
 AutoGPTQ saved float16). Scales are float16 either way, as both tools store them.
     desc_act=True orders each matrix's groups by descending input-column norm (a stand-in for the
     Hessian diagonal GPTQ sorts by), so g_idx is a real permutation of groups. Returns the
@@ -271,7 +272,7 @@ AutoGPTQ saved float16). Scales are float16 either way, as both tools store them
     result: dict[str, torch.Tensor] = {}
     deq: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        if not is_quantized_linear(name):
+        if not is_quantized_linear(name, linears):
             result[name] = _keep(t, dtype)
             continue
         prefix = name[: -len(".weight")]

@@ -182,3 +182,24 @@ def test_phi3_fused_projections_in_fp8_blocks(tiny_models, tmp_path: Path) -> No
     for name, m in layers:
         scale = m.weight_scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[: m.n, : m.k]
         assert torch.equal(m.weight_q.float() * scale, deq[name + ".weight"]), name
+
+
+def test_phi3_fused_projections_in_gptq_int4(tiny_models, tmp_path: Path) -> None:
+    """The same for a GPTQ checkpoint (int4, groups of 32, asymmetric): the fused layers' packed
+    columns, scales and zeros split into their parts, dequantized on load and kept as int4."""
+    from quant_formats import save_dequantized, write_gptq_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    gptq, plain = tmp_path / "gptq", tmp_path / "float"
+    deq = write_gptq_checkpoint(tiny_models["phi3"], gptq, group_size=32, sym=False,
+                                linears=("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    assert any("qkv_proj" in k for k in deq) and any("gate_up_proj" in k for k in deq)
+    save_dequantized(gptq, deq, plain)
+    ids = torch.tensor([1, 40, 7, 300, 22, 91, 5, 77, 140, 3])
+    hf = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32)
+    with torch.no_grad():
+        want = hf(ids.reshape(1, -1)).logits[0]
+        for resident in (False, True):
+            ours = _prompt_logits(_runner(gptq, resident), ids)
+            assert (ours - want).abs().max() <= RELATIVE * want.abs().max(), resident
+    assert any(isinstance(m, Int4Linear) for m in _runner(gptq, True).model.modules())
