@@ -400,3 +400,23 @@ def test_an_adapter_with_requests_running_is_not_unloaded():
     assert registry.unload("a", lambda key: 0).key == 1 and registry.has_room()
     with pytest.raises(APIError, match="does not exist"):
         registry.unload("a", lambda key: 0)
+
+
+def test_the_lora_mix_benchmark_runs_end_to_end(tmp_path):
+    """benchmarks/lora_mix.py as its docstring runs it, in small: every mix measured (the base
+    model with LoRA off, adapters loaded but unused, two adapters mixed), each at a rate."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "lora_mix.py"
+    out = tmp_path / "lora_mix.json"
+    done = subprocess.run([sys.executable, str(script), "--streams", "4", "--adapters-in-use", "0", "2",
+                           "--new-tokens", "8", "--rounds", "1", "--compile", "off", "--output-json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["adapters_in_use"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"LoRA off", 0, 2} and rows["LoRA off"]["ratio_to_lora_off"] == 1.0
+    assert all(r["tokens_per_s"] > 0 and r["device_per_iter_ms"] > 0 for r in rows.values())
+    assert "adapters in use" in done.stdout
