@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from batonlm.bench.server_process import ServerProcess
+from batonlm.bench.signal_probe import requests_in_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -61,7 +62,11 @@ def main() -> int:
         threads = [threading.Thread(target=stream, daemon=True) for _ in range(args.streams)]
         for t in threads:
             t.start()
-        time.sleep(2.0)  # every stream admitted and decoding
+        deadline = time.monotonic() + 120
+        while requests_in_server(server.base_url, ("running",)) < args.streams:  # every stream decoding
+            if time.monotonic() > deadline or not any(t.is_alive() for t in threads):
+                raise RuntimeError(f"the streams never all ran (they ended: {Counter(ends)})")
+            time.sleep(0.05)
         os.kill(server.proc.pid, signal.SIGSTOP)
         time.sleep(args.pause)
         os.kill(server.proc.pid, signal.SIGCONT)

@@ -120,7 +120,7 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
         threads = [threading.Thread(target=_stream, args=(url, streams), daemon=True) for _ in range(4)]
         for t in threads:
             t.start()
-        while _in_server(url) < len(threads):  # every stream admitted (running or queued), none still connecting
+        while requests_in_server(url) < len(threads):  # every stream admitted (running or queued), none still connecting
             if time.monotonic() > deadline or not any(t.is_alive() for t in threads):
                 proc.kill()
                 raise RuntimeError(f"the streams never all reached the server (they ended: {streams}):\n{log()}")
@@ -153,14 +153,15 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
     return Outcome(phase, sig.name, setup_name, code, exit_s, left, sorted(streams), text)
 
 
-def _in_server(url: str) -> float:
-    """Requests running or waiting, summed over every scheduler (DP replicas report one each)."""
+def requests_in_server(url: str, states: tuple[str, ...] = ("running", "waiting")) -> float:
+    """Requests in `states` (running, waiting), summed over every scheduler (DP replicas report
+    one each); 0 while the server does not answer."""
     try:
         text = httpx.get(url + "/metrics", timeout=5).text
     except httpx.HTTPError:
         return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(("batonlm_num_requests_running", "batonlm_num_requests_waiting")))
+    names = tuple(f"batonlm_num_requests_{s}" for s in states)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(names))
 
 
 def fill_compile_cache(cache_dir: str) -> None:
