@@ -29,6 +29,8 @@ from batonlm.process_tree import descendants
 
 PHASES = ("loading", "compiling", "warm", "idle", "load", "draining")
 SETUPS = {"1 rank": (), "--tp 2": ("--tp", "2"), "--dp 2": ("--dp", "2")}
+# How long the server's processes get to be gone after it exits.
+LEFT_AFTER_S = 10.0
 # A phase's start-up waits at most this long for its moment.
 MOMENT_TIMEOUT_S = 300.0
 
@@ -56,9 +58,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _stream(url: str, results: list[str]) -> None:
+def _stream(url: str, results: list[str], started: threading.Event) -> None:
     """A long completion stream: "done" ([DONE] after its tokens), "error" (an error event), or
-    how the connection ended."""
+    how the connection ended; `started` is set by its first event (the server took it)."""
     body = {"prompt": "Once", "max_tokens": 480, "ignore_eos": True, "stream": True}
     try:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
@@ -68,6 +70,7 @@ def _stream(url: str, results: list[str]) -> None:
             last = ""
             for line in r.iter_lines():
                 if line.startswith("data: "):
+                    started.set()
                     if '"error"' in line:
                         results.append("error")
                         return
@@ -117,11 +120,14 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
             raise RuntimeError(f"the server never reached {phase!r}:\n{text}")
         time.sleep(0.02)
     if phase in ("load", "draining"):
-        threads = [threading.Thread(target=_stream, args=(url, streams), daemon=True) for _ in range(4)]
+        started = [threading.Event() for _ in range(4)]
+        threads = [threading.Thread(target=_stream, args=(url, streams, e), daemon=True) for e in started]
         for t in threads:
             t.start()
-        while requests_in_server(url) < len(threads):  # every stream admitted (running or queued), none still connecting
-            if time.monotonic() > deadline or not any(t.is_alive() for t in threads):
+        # Every stream taken (its first event), none still connecting. Counting them in the
+        # server instead missed streams that had already ended when the server was fast.
+        while not all(e.is_set() for e in started):
+            if time.monotonic() > deadline or not all(t.is_alive() or e.is_set() for t, e in zip(threads, started)):
                 proc.kill()
                 raise RuntimeError(f"the streams never all reached the server (they ended: {streams}):\n{log()}")
             time.sleep(0.05)
@@ -141,7 +147,12 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
     exit_s = time.monotonic() - t0
     for t in threads:
         t.join(30)
-    time.sleep(0.5)  # children killed with their parent are reaped by then
+    # Children end after their parent: killed with it (PDEATHSIG), or, as multiprocessing's
+    # resource tracker, when the pipes they read close (a second or more under load). Left means
+    # still there after LEFT_AFTER_S.
+    deadline = time.monotonic() + LEFT_AFTER_S
+    while any(_alive(p) for p in seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
     left = sorted(p for p in seen if _alive(p))
     for p in left:  # leave nothing behind, whatever happened
         try:
