@@ -128,11 +128,11 @@ class SchedulerLink:
             return handle
 
         pool = ThreadPoolExecutor(len(req_eps), thread_name_prefix="batonlm-start")
-        try:  # from the first thread's submission on: a stop (KeyboardInterrupt) may land anywhere
-            starts = [self._loop.run_in_executor(pool, launch, i, ep) for i, ep in enumerate(req_eps)]
-            for fut in starts:  # a cancelled start's StartCancelled is expected: never "unretrieved"
-                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-            started = await asyncio.gather(*starts, return_exceptions=True)
+        try:
+            started = await asyncio.gather(
+                *(self._loop.run_in_executor(pool, launch, i, ep) for i, ep in enumerate(req_eps)),
+                return_exceptions=True,
+            )
         except BaseException:
             cancel.set()
             pool.shutdown(wait=True)
