@@ -188,7 +188,7 @@ class SchedulerLink:
         for sock in (*self._pushes, self._pull):
             if sock is not None:
                 sock.close(0)
-        self._ctx.term()
+        self._ctx.destroy(linger=0)  # any socket of the context still open is closed, not waited for
 
     def _scheduler_exited(self, replica: int) -> None:
         """A scheduler died: the server cannot serve (a replica's requests would hang)."""

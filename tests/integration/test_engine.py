@@ -181,14 +181,16 @@ def test_a_failed_start_leaves_nothing_behind(tmp_path, stories_path, monkeypatc
     machine make theirs in the shared one), which must hold none afterwards."""
     import shutil
     import tempfile
+    from pathlib import Path
 
     from batonlm.launcher import SchedulerStartError
 
     d = tmp_path / "m"
     shutil.copytree(stories_path, d)
     (d / "model.safetensors").write_bytes(b"not safetensors")
-    private = tmp_path / "tmp"
-    private.mkdir()
+    # Short: the ipc endpoints inside must fit a unix socket path (107 bytes); pytest's own tmp
+    # path grows with its run counter and worker name, and past that the bind failed instead.
+    private = Path(tempfile.mkdtemp(prefix="bl-"))
     monkeypatch.setenv("TMPDIR", str(private))  # for the scheduler process too
     monkeypatch.setattr(tempfile, "tempdir", str(private))  # tempfile caches the directory it chose
     with pytest.raises(SchedulerStartError):
