@@ -31,6 +31,7 @@ import torch._dynamo
 from batonlm.kernels import cpu_attention, cpu_linear
 from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS, DecodeGraphs, Progress
+from batonlm.model_runner.direct_graph import DirectGraph, GraphCapture
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.lora import LoRAWeights, RowSlotLoRA
 from batonlm.model_runner.models.base import CausalLM
@@ -182,6 +183,9 @@ class CompiledDecode(DecodeGraphs):
         torch._dynamo.maybe_mark_dynamic(req_to_token.table, 1)
         self._step: Callable[..., torch.Tensor] | None = None
         self._step_lora: Callable[..., torch.Tensor] | None = None
+        # (packed rows, one-row batch) -> its graph, called without dynamo (direct_graph.py)
+        self._direct: dict[tuple[int, bool], DirectGraph] = {}
+        self.direct_steps = 0  # steps that ran so
 
     def _sizes(self, lo: int, hi: int) -> str:
         """A range's batch sizes this step serves (its graph is compiled for the whole range)."""
@@ -232,7 +236,8 @@ class CompiledDecode(DecodeGraphs):
         # intermediates in float32): the compiled step gives the eager step's, and transformers', tokens.
         options: dict[str, str | int | bool | Callable[..., Any]] = {
             "cpp_wrapper": True, "emulate_precision_casts": self._half}
-        steps = {rows: torch.compile(fn, dynamic=False, fullgraph=True, options=options)
+        capture = GraphCapture(options)  # inductor, each graph kept to be called directly
+        steps = {rows: torch.compile(fn, dynamic=False, fullgraph=True, backend=capture)
                  for rows, fn in ((5, self._forward), (6, self._forward_lora))}
         start = time.perf_counter()
         try:
@@ -255,6 +260,7 @@ class CompiledDecode(DecodeGraphs):
             first_line = (str(exc).strip().splitlines() or [""])[0]
             raise CompileFailed(f"{type(exc).__name__}: {first_line}") from exc
         self._step, self._step_lora = steps[5], steps[6]
+        self._direct = {(rows, one): g for rows in variants for one, g in capture.direct(rows).items()}
         return time.perf_counter() - start
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
@@ -264,8 +270,13 @@ class CompiledDecode(DecodeGraphs):
         # One fresh tensor: the graph's input always has the layout it was compiled for.
         positions = batch.positions if batch.rope_positions is None else batch.rope_positions  # only the rotary reads them
         rows = [batch.input_ids, positions, batch.req_slots, batch.seq_lens, batch.out_cache_loc]
-        if batch.lora is None:
-            return self._step(torch.stack(rows), self._key_positions(width))
-        assert self._step_lora is not None  # adapters in the batch: the graphs with LoRA
-        rows.append(torch.tensor(batch.lora.row_slots, dtype=torch.int64, device=self._device))
-        return self._step_lora(torch.stack(rows), self._key_positions(width))
+        if batch.lora is not None:  # adapters in the batch: the graphs with LoRA
+            rows.append(torch.tensor(batch.lora.row_slots, dtype=torch.int64, device=self._device))
+        packed, key_pos = torch.stack(rows), self._key_positions(width)
+        direct = self._direct.get((packed.shape[0], packed.shape[1] == 1))
+        if direct is not None:
+            self.direct_steps += 1
+            return direct.run(packed, key_pos)
+        step = self._step if batch.lora is None else self._step_lora
+        assert step is not None
+        return step(packed, key_pos)

@@ -12,6 +12,7 @@ import torch
 from helpers import TEST_FAMILIES, SchedulerHarness
 
 from batonlm.kernels.toolchain import cxx_compiler
+from batonlm.model_runner.forward_batch import ForwardBatch
 
 pytestmark = pytest.mark.skipif(cxx_compiler() is None, reason="torch.compile needs a C++ compiler on the CPU")
 
@@ -98,15 +99,56 @@ def test_decode_batches_run_through_the_graphs_without_recompiling(compiled_stor
     # Heads of 8: below cpu_attention.MIN_HEAD_DIM, the graph gathers (the wide model below reads in place).
     assert not runner.decode_graphs.attn.in_place
     compiled_frames, graph_steps = counters["frames"]["ok"], runner.graph_steps
+    direct_steps = runner.decode_graphs.direct_steps
     for i, ids in enumerate(_prompts(5)):
         h.submit(f"r{i}", ids, PARAMS[0], at=i)
     with torch.compiler.set_stance("fail_on_recompile"):  # a recompile would fail the batch
         records = h.run(overlap=True)
     assert all(len(r.token_ids) == 12 for r in records.values())
-    # 4 requests x 11 decode steps each, in batches of 1..4 rows.
+    # 4 requests x 11 decode steps each, in batches of 1..4 rows, each calling its graph directly.
     assert 11 <= runner.graph_steps - graph_steps <= 44
+    assert runner.decode_graphs.direct_steps - direct_steps == runner.graph_steps - graph_steps
     assert counters["frames"]["ok"] == compiled_frames, "a decode batch was compiled while serving"
     h.assert_all_free()
+
+
+def test_a_graph_called_directly_gives_what_dynamo_gives(compiled_stories):
+    """Compiled, each graph is called without dynamo (direct_graph.py: its arguments as dynamo
+    passed them): the one-row graph and the symbolic one give the logits and write the KV slots
+    that the same graph called through dynamo gives and writes, bit for bit."""
+    runner = compiled_stories.sched.device.executor.runner
+    graphs = runner.decode_graphs
+    direct = dict(graphs._direct)
+    assert set(direct) == {(5, True), (5, False)}  # every graph of the step (no LoRA here)
+    pool = runner.kv_pool.k + runner.kv_pool.v
+    saved, table = [t.clone() for t in pool], runner.req_to_token.table.clone()
+    gen = torch.Generator().manual_seed(3)
+    try:
+        for lengths in ([37], [5, 70, 33]):
+            slots = [1, 3, 2][: len(lengths)]
+            for slot, n in zip(slots, lengths):  # each row's context: scattered KV slots
+                runner.req_to_token.table[slot, :n] = torch.randperm(200, generator=gen)[:n] + 1
+            loc = torch.tensor([300 + i for i in range(len(lengths))])
+            ids = torch.randint(3, runner.cfg.vocab_size, (len(lengths),), generator=gen)
+            batch = ForwardBatch.build(loc, slots, lengths, [1] * len(lengths), "cpu", input_ids=ids)
+            outs = {}
+            for called_directly in (True, False):
+                for t, s in zip(pool, saved):
+                    t.copy_(s)
+                graphs._direct = direct if called_directly else {}
+                steps = graphs.direct_steps
+                with torch.inference_mode():
+                    logits = runner.forward(batch)
+                assert graphs.direct_steps == steps + called_directly
+                outs[called_directly] = logits, [t.clone() for t in pool]
+            assert torch.equal(outs[True][0], outs[False][0])
+            assert all(torch.equal(a, b) for a, b in zip(outs[True][1], outs[False][1]))
+            assert not torch.equal(outs[True][1][0][:, loc], saved[0][:, loc])  # the step wrote its keys
+    finally:
+        graphs._direct = direct
+        for t, s in zip(pool, saved):
+            t.copy_(s)
+        runner.req_to_token.table.copy_(table)
 
 
 def test_a_failing_compiler_leaves_the_step_eager_with_one_warning(stories_path, tmp_path, monkeypatch, capfd):
