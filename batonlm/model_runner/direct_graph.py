@@ -14,6 +14,11 @@ compiled graph itself, with the arguments dynamo would pass:
 
 A graph whose arguments come from anywhere else, or whose frame returns more than the graph's
 one output, stays behind dynamo (`DirectGraph.callable`).
+
+Sizes go in as 0-dim int64 tensors, made once per value: the C++ wrapper (`cpp_wrapper`) hands
+its graph every argument as a tensor, and would otherwise make one from each int at every call
+(13 on stories260K, 0.05 ms a step). `check` runs the graph both ways once and keeps ints where
+the results differ.
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ class DirectGraph:
     """One compiled graph: dynamo calls it while it is compiled and warmed up (the first call's
     arguments are kept), the step calls `run` afterwards."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], compiled: Callable[..., Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], compiled: Callable[..., Any],
+                 sizes_as_tensors: bool = False) -> None:
         self.compiled = compiled
         self.args: list[Any] | None = None
+        self.sizes_as_tensors = sizes_as_tensors
+        self._sizes: dict[int, torch.Tensor] = {}
         # (argument position, "packed" or "key_pos", the size's dim or None for the tensor itself)
         self._per_call: list[tuple[int, str, int | None]] = []
         self.packed_shape: tuple[int, ...] | None = None
@@ -63,12 +71,37 @@ class DirectGraph:
             self.args = list(args)
         return self.compiled(*args)
 
+    def _size(self, n: int) -> int | torch.Tensor:
+        if not self.sizes_as_tensors:
+            return n
+        t = self._sizes.get(n)
+        if t is None:
+            t = self._sizes[n] = torch.tensor(n, dtype=torch.int64)
+        return t
+
+    def check(self) -> None:
+        """Run the graph on its first call's arguments as dynamo passed them and as `run`
+        passes them (the sizes as tensors): where the two differ, or the second fails, sizes go
+        in as ints."""
+        assert self.args is not None
+        if not self.sizes_as_tensors:
+            return
+        given = list(self.args)
+        expected = self.compiled(*given)[0]
+        self.args = [self._size(a) if isinstance(a, int) else a for a in given]
+        try:
+            same = torch.equal(self.compiled(*self.args)[0], expected)
+        except Exception:  # noqa: BLE001 - a wrapper that wants its ints: keep them
+            same = False
+        if not same:
+            self.sizes_as_tensors, self.args = False, given
+
     def run(self, packed: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         args = self.args
         assert args is not None, "a graph runs directly after dynamo has called it once"
         for at, name, dim in self._per_call:
             value = packed if name == "packed" else key_pos
-            args[at] = value if dim is None else value.shape[dim]
+            args[at] = value if dim is None else self._size(value.shape[dim])
         return self.compiled(*args)[0]
 
 
@@ -85,7 +118,7 @@ class GraphCapture:
 
         compiled = compile_fx(gm, example_inputs, config_patches=self.options)
         assert callable(compiled)  # compile_fx's other results are for its export modes
-        graph = DirectGraph(gm, example_inputs, compiled)
+        graph = DirectGraph(gm, example_inputs, compiled, sizes_as_tensors=bool(self.options.get("cpp_wrapper")))
         self.graphs.append(graph)
         return graph
 
@@ -97,5 +130,8 @@ class GraphCapture:
         for g in self.graphs:
             if g.packed_shape is not None and g.packed_shape[0] == rows:
                 by_kind.setdefault(g.packed_shape[1] == 1, []).append(g)
-        return {one: gs[0] for one, gs in by_kind.items()
-                if len(gs) == 1 and gs[0].callable and gs[0].args is not None}
+        direct = {one: gs[0] for one, gs in by_kind.items()
+                  if len(gs) == 1 and gs[0].callable and gs[0].args is not None}
+        for g in direct.values():
+            g.check()
+        return direct

@@ -114,12 +114,13 @@ def test_decode_batches_run_through_the_graphs_without_recompiling(compiled_stor
 
 def test_a_graph_called_directly_gives_what_dynamo_gives(compiled_stories):
     """Compiled, each graph is called without dynamo (direct_graph.py: its arguments as dynamo
-    passed them): the one-row graph and the symbolic one give the logits and write the KV slots
+    passed them, sizes as tensors): the one-row graph and the symbolic one give the logits and write the KV slots
     that the same graph called through dynamo gives and writes, bit for bit."""
     runner = compiled_stories.sched.device.executor.runner
     graphs = runner.decode_graphs
     direct = dict(graphs._direct)
     assert set(direct) == {(5, True), (5, False)}  # every graph of the step (no LoRA here)
+    assert all(g.sizes_as_tensors for g in direct.values())  # the C++ wrapper takes them so
     pool = runner.kv_pool.k + runner.kv_pool.v
     saved, table = [t.clone() for t in pool], runner.req_to_token.table.clone()
     gen = torch.Generator().manual_seed(3)
