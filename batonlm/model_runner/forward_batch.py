@@ -83,29 +83,32 @@ class ForwardBatch:
         """Derive positions and offsets from per-row host lists, copied to the device in one
         tensor (one H2D copy, one allocation) whose slices are the fields."""
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-        starts = [0] * len(extend_lens)
-        acc = 0
-        for i, e in enumerate(extend_lens):
-            starts[i] = acc
-            acc += e
-        if acc == len(extend_lens):  # a decode batch: the token of row b is at b
+        n = len(extend_lens)
+        starts = list(range(n))
+        acc = n
+        decode = all(e == 1 for e in extend_lens)
+        if not decode:
+            acc = 0
+            for i, e in enumerate(extend_lens):
+                starts[i] = acc
+                acc += e
+        if decode:  # the token of row b is at b, all rows one group
             positions = list(prefix_lens)
             last = starts
+            groups = [RowGroup(slice(0, n), slice(0, n), 1, max(seq_lens))] if n else []
         else:
             positions = []
             for p, e in zip(prefix_lens, extend_lens):
                 positions.extend(range(p, p + e))
             last = [s + e - 1 for s, e in zip(starts, extend_lens)]
+            groups = row_groups(extend_lens, seq_lens)
         rope: list[int] = []
         if rope_offsets:  # each token's position plus its row's table offset
             per_token = [o for o, e in zip(rope_offsets, extend_lens) for _ in range(e)]
             rope = [pos + off for pos, off in zip(positions, per_token)]
         fields = (positions, req_slots, prefix_lens, extend_lens, seq_lens, starts, last, rope)
         packed = to_device([x for f in fields for x in f], torch.int64, torch.device(device))
-        views, offset = [], 0
-        for f in fields:
-            views.append(packed[offset : offset + len(f)])
-            offset += len(f)
+        views = packed.split([len(f) for f in fields])  # the fields' views in one call
         positions_t, req_slots_t, prefix_t, extend_t, seq_t, starts_t, last_t, rope_t = views
         return cls(
             input_ids=input_ids,
@@ -120,6 +123,6 @@ class ForwardBatch:
             max_extend_len=max(extend_lens) if extend_lens else 0,
             max_seq_len=max(seq_lens) if seq_lens else 0,
             num_tokens=acc,
-            groups=row_groups(extend_lens, seq_lens),
+            groups=groups,
             rope_positions=rope_t if rope else None,
         )
