@@ -9,6 +9,7 @@ crosses into its process. `check_relations` adds what one field's range cannot s
 
 from __future__ import annotations
 
+import enum
 import re
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -21,6 +22,15 @@ MAX_INT32 = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 TokenId = Annotated[int, Meta(ge=0, le=MAX_INT32)]
+
+
+class LogitChanges(enum.IntEnum):
+    """What sampling does to a row's logits before drawing, cheapest first: a batch does what
+    its most costly row needs (the largest of its rows')."""
+
+    NONE = 0
+    BIAS = 1  # logit bias alone: added, no token counts
+    COUNTED = 2  # a frequency, presence or repetition penalty (and any bias): one pass over the count tables
 
 
 class InvalidSamplingParams(ValueError):
@@ -93,6 +103,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     def has_penalties(self) -> bool:
         """Whether sampling changes the logits before drawing: logit bias or a penalty."""
         return bool(self.logit_bias) or self.counts_tokens
+
+    @property
+    def logit_changes(self) -> LogitChanges:
+        if self.counts_tokens:
+            return LogitChanges.COUNTED
+        return LogitChanges.BIAS if self.logit_bias else LogitChanges.NONE
 
     @property
     def counts_tokens(self) -> bool:

@@ -38,11 +38,12 @@ ROWS = (1, 16, 64)
 def _decode_launch(rows: int) -> bytes:
     from batonlm.ipc import codec
     from batonlm.ipc.device_messages import BatchLaunch
+    from batonlm.sampling_params import LogitChanges
 
     return codec.encode(BatchLaunch(
         batch_id=12345, req_slots=list(range(rows)), prefix_lens=[300 + i for i in range(rows)],
         extend_lens=[1] * rows, from_future=[True] * rows, input_ids=[], out_cache_loc=[4000 + i for i in range(rows)],
-        new_slots=[], all_greedy=True, any_penalties=False,
+        new_slots=[], all_greedy=True, logit_changes=LogitChanges.NONE,
     ))
 
 

@@ -141,7 +141,7 @@ class BatchExecutor:
                                       [launch.prefix_lens[r] for r in rows], [1] * len(rows), self.device,
                                       input_ids=input_ids[flat])
             logits = draft.forward(step)
-            draw = table.gather(step.req_slots, step.seq_lens, launch.all_greedy, False).draw
+            draw = table.gather(step.req_slots, step.seq_lens, launch.all_greedy).draw
             q = spec_verify.request_probs(logits, draw)
             keys = spec_verify.salted(draw.keys, spec_verify.DRAFT_SALT) if draw is not None else \
                 torch.zeros(len(rows), dtype=torch.int64, device=self.device)
@@ -169,7 +169,7 @@ class BatchExecutor:
     ) -> SampleOutput:
         rows = None if launch.output_rows is None else self._tensor(launch.output_rows)
         out = self.runner.sample(
-            logits, batch, all_greedy=launch.all_greedy, any_penalties=launch.any_penalties, any_counts=launch.any_counts,
+            logits, batch, all_greedy=launch.all_greedy, logit_changes=launch.logit_changes,
             top_logprobs=launch.top_logprobs, output_rows=rows,
         )
         verified = None
@@ -193,7 +193,7 @@ class BatchExecutor:
         """Rejection sampling of the draft model's drafts; each group's rows then hold the tokens
         it emits (accepted drafts, then the token after them), their logprobs recomputed."""
         table = self.runner.sampling_table
-        draw = table.gather(batch.req_slots, batch.seq_lens, launch.all_greedy, False).draw
+        draw = table.gather(batch.req_slots, batch.seq_lens, launch.all_greedy).draw
         p_all = spec_verify.request_probs(logits, draw)
         keys = draw.keys if draw is not None else torch.zeros(batch.batch_size, dtype=torch.int64, device=self.device)
         tokens = out.token_ids.clone()

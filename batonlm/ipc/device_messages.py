@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from batonlm.sampling_params import SamplingParams
+from batonlm.sampling_params import LogitChanges, SamplingParams
 
 
 class SlotSampling(msgspec.Struct, array_like=True, frozen=True):
@@ -35,14 +35,11 @@ class BatchLaunch(msgspec.Struct, tag=True, frozen=True):
     out_cache_loc: list[int]
     new_slots: list[SlotSampling]
     all_greedy: bool
-    any_penalties: bool  # some row uses logit bias or a frequency/presence/repetition penalty
+    logit_changes: LogitChanges  # the most any row needs: none, logit bias alone, counted penalties
     # False defers sampling to a later `SampleLaunch` (grammar masks need the newest state).
     sample: bool = True
     # Largest number of top alternatives any row wants with its logprobs; -1: no logprobs.
     top_logprobs: int = -1
-    # Some row uses a frequency/presence/repetition penalty (counted tokens). False with
-    # any_penalties: logit bias alone, added without the count tables.
-    any_counts: bool = True
     # (request slot, KV slots of positions 0..n-1): a request starting on a cached prefix.
     table_writes: list[tuple[int, list[int]]] = msgspec.field(default_factory=list)
     # The rows whose sampled token is an output (None: all); a chunk that does not finish its

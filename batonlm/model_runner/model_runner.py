@@ -21,6 +21,7 @@ from batonlm.model_runner.req_to_token import ReqToTokenPool
 from batonlm.model_runner.sampler import SampleOutput
 from batonlm.model_runner.sampling_table import SlotSamplingTable
 from batonlm.registries import ATTENTION_BACKENDS, SAMPLERS
+from batonlm.sampling_params import LogitChanges
 
 logger = logging.getLogger(__name__)
 
@@ -179,16 +180,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(
-        self, logits: torch.Tensor, batch: ForwardBatch, *, all_greedy: bool, any_penalties: bool, top_logprobs: int,
-        output_rows: torch.Tensor | None = None, any_counts: bool = True,
+        self, logits: torch.Tensor, batch: ForwardBatch, *, all_greedy: bool, logit_changes: LogitChanges,
+        top_logprobs: int, output_rows: torch.Tensor | None = None,
     ) -> SampleOutput:
         """Sample every row; with penalties that count tokens, count the tokens of the rows whose
         token is an output (`output_rows`, None: all)."""
         table = self.sampling_table
-        any_counts = any_penalties and any_counts
-        sampling = table.gather(batch.req_slots, batch.seq_lens, all_greedy, any_penalties, top_logprobs, any_counts)
+        sampling = table.gather(batch.req_slots, batch.seq_lens, all_greedy, logit_changes, top_logprobs)
         out = self.sampler.sample(logits, sampling)
-        if any_counts:
+        if logit_changes == LogitChanges.COUNTED:
             if output_rows is None:
                 table.record_outputs(batch.req_slots, out.token_ids)
             else:

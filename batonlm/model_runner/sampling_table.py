@@ -15,6 +15,7 @@ from batonlm.kernels.penalties import PenaltyBatch
 from batonlm.kernels.sampling import DrawBatch
 from batonlm.model_runner.host_to_device import to_device
 from batonlm.model_runner.sampler import SamplingBatch
+from batonlm.sampling_params import LogitChanges
 
 
 class SlotSamplingTable:
@@ -100,12 +101,12 @@ class SlotSamplingTable:
             penalties.update_output_counts(self.output_counts, req_slots, token_ids)
 
     def gather(
-        self, req_slots: torch.Tensor, seq_lens: torch.Tensor, all_greedy: bool, any_penalties: bool,
-        top_logprobs: int = -1, any_counts: bool = True,
+        self, req_slots: torch.Tensor, seq_lens: torch.Tensor, all_greedy: bool,
+        logit_changes: LogitChanges = LogitChanges.NONE, top_logprobs: int = -1,
     ) -> SamplingBatch:
         """The sampling inputs of a batch whose rows are `req_slots`, each sampling the token
-        that follows `seq_lens` tokens. Penalties that count tokens (`any_counts`) read the count
-        tables in one fused pass with the bias; logit bias alone is only added."""
+        that follows `seq_lens` tokens. Penalties that count tokens read the count tables in one
+        fused pass with the bias; logit bias alone is only added."""
         banned = self.stop_ids[req_slots]
         if banned.shape[1] or not all_greedy:
             out_index = seq_lens - self.prompt_len[req_slots]  # the output position being sampled
@@ -113,9 +114,9 @@ class SlotSamplingTable:
             under_min = out_index < self.min_new_tokens[req_slots]
             banned = torch.where(under_min[:, None], banned, torch.full_like(banned, -1))
         batch = SamplingBatch(banned=banned, top_logprobs=top_logprobs)
-        if any_penalties and not any_counts:
+        if logit_changes == LogitChanges.BIAS:
             batch.bias = (self.bias_ids[req_slots], self.bias_values[req_slots])
-        elif any_penalties:
+        elif logit_changes == LogitChanges.COUNTED:
             assert self.output_counts is not None and self.prompt_mask is not None
             batch.penalties = PenaltyBatch(
                 req_slots=req_slots,

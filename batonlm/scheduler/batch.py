@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batonlm.ipc.device_messages import BatchLaunch
+from batonlm.sampling_params import LogitChanges
 from batonlm.scheduler.request import Request
 
 
@@ -142,8 +143,7 @@ class ScheduleBatch:
             out_cache_loc=out_cache_loc,
             new_slots=[row.req.slot_sampling() for row in self.extend if row.first],
             all_greedy=all(r.params.is_greedy for r in reqs),
-            any_penalties=any(r.params.has_penalties for r in reqs),
-            any_counts=any(r.params.counts_tokens for r in reqs),
+            logit_changes=max((r.params.logit_changes for r in reqs), default=LogitChanges.NONE),
             sample=not self.delay_sampling,
             top_logprobs=max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=-1),
             table_writes=table_writes,

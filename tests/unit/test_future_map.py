@@ -45,12 +45,13 @@ def test_debug_mode_catches_an_unstashed_decode_in_the_device(stories_path):
     from batonlm.device.inline import InlineDevice
     from batonlm.device.spec import DeviceSpec
     from batonlm.ipc.device_messages import BatchLaunch
+    from batonlm.sampling_params import LogitChanges
 
     spec = DeviceSpec(stories_path, "float32", "cpu", 64, 4, 512, "torch", "torch", debug_future_map=True)
     dev = InlineDevice(spec)
     launch = BatchLaunch(
         batch_id=0, req_slots=[1], prefix_lens=[3], extend_lens=[1], from_future=[True],
-        input_ids=[], out_cache_loc=[5], new_slots=[], all_greedy=True, any_penalties=False,
+        input_ids=[], out_cache_loc=[5], new_slots=[], all_greedy=True, logit_changes=LogitChanges.NONE,
     )
     with pytest.raises(FutureMapError):
         dev.launch(launch)

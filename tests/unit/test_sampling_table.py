@@ -5,7 +5,7 @@ import torch
 from batonlm.ipc.device_messages import SlotSampling
 from batonlm.kernels import sampling as ref
 from batonlm.model_runner.sampling_table import SlotSamplingTable
-from batonlm.sampling_params import SamplingParams
+from batonlm.sampling_params import LogitChanges, SamplingParams
 
 V = 50
 
@@ -24,7 +24,7 @@ def test_an_all_greedy_batch_gathers_no_draw_inputs():
     table = SlotSamplingTable(4, V, "cpu")
     table.init_slot(record(0, SamplingParams(temperature=0.0)))
     table.init_slot(record(1, SamplingParams(top_k=1, temperature=0.9)))  # top-k 1 is greedy too
-    batch = table.gather(t([0, 1]), t([3, 4]), all_greedy=True, any_penalties=False)
+    batch = table.gather(t([0, 1]), t([3, 4]), all_greedy=True)
     assert batch.draw is None and batch.penalties is None and batch.banned.shape == (2, 0)
 
 
@@ -32,7 +32,7 @@ def test_draw_inputs_per_row_with_keys_from_seed_and_output_position():
     table = SlotSamplingTable(4, V, "cpu")
     table.init_slot(record(2, SamplingParams(temperature=0.5, top_k=10**6, top_p=0.9, min_p=0.1), seed=-5))
     table.init_slot(record(0, SamplingParams(temperature=0.0, top_k=0)))
-    batch = table.gather(t([2, 0]), t([7, 4]), all_greedy=False, any_penalties=False)
+    batch = table.gather(t([2, 0]), t([7, 4]), all_greedy=False)
     d = batch.draw
     assert d.temperature.tolist() == [0.5, 0.0]
     assert d.top_k.tolist() == [V, -1]  # clamped to the vocabulary; 0 means off
@@ -47,7 +47,7 @@ def test_stop_ids_are_banned_only_while_under_min_new_tokens():
     table.init_slot(record(0, SamplingParams(min_new_tokens=2), stop_ids=[2, 9]))
     table.init_slot(record(1, SamplingParams(), stop_ids=[2]))  # no minimum: nothing banned
     for seq_len, banned0 in ((3, [2, 9]), (4, [2, 9]), (5, [-1, -1])):
-        banned = table.gather(t([0, 1]), t([seq_len, seq_len]), all_greedy=True, any_penalties=False).banned
+        banned = table.gather(t([0, 1]), t([seq_len, seq_len]), all_greedy=True).banned
         assert banned.tolist() == [banned0, [-1, -1]]
 
 
@@ -56,7 +56,7 @@ def test_penalty_state_follows_the_slot_and_is_reset_for_its_next_request():
     p = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5, logit_bias={7: 2.0, 11: -1.0})
     table.init_slot(record(1, p, prompt=(4, 5)))
     table.init_slot(record(0, SamplingParams(presence_penalty=0.25, logit_bias={3: 1.0})))
-    batch = table.gather(t([1, 0]), t([2, 3]), all_greedy=True, any_penalties=True)
+    batch = table.gather(t([1, 0]), t([2, 3]), all_greedy=True, logit_changes=LogitChanges.COUNTED)
     pen = batch.penalties
     assert pen.repetition.tolist() == [1.5, 1.0] and pen.frequency.tolist() == [0.5, 0.0]
     assert pen.presence.tolist() == [0.0, 0.25]
@@ -67,7 +67,7 @@ def test_penalty_state_follows_the_slot_and_is_reset_for_its_next_request():
     assert table.output_counts[1, 9] == 2 and table.output_counts[0, 9] == 1
     # Slot 1's next request has no bias and another prompt: nothing of the last one remains.
     table.init_slot(record(1, SamplingParams(frequency_penalty=1.0), prompt=(6,)))
-    pen = table.gather(t([1]), t([1]), all_greedy=True, any_penalties=True).penalties
+    pen = table.gather(t([1]), t([1]), all_greedy=True, logit_changes=LogitChanges.COUNTED).penalties
     assert pen.bias_ids.tolist() == [[-1, -1]] and int(table.output_counts[1].sum()) == 0
     assert table.prompt_mask[1].nonzero().flatten().tolist() == [6]
 
@@ -90,7 +90,7 @@ def test_logit_bias_alone_is_added_without_the_count_tables():
     table.init_slot(record(2, SamplingParams(logit_bias={7: 2.5, 0: -100.0, 49: 0.75})))
     table.init_slot(record(0, SamplingParams(logit_bias={3: 1.0})))  # padded: one id of three
     assert table.output_counts is None and table.prompt_mask is None
-    batch = table.gather(t([2, 0]), t([4, 4]), all_greedy=True, any_penalties=True, any_counts=False)
+    batch = table.gather(t([2, 0]), t([4, 4]), all_greedy=True, logit_changes=LogitChanges.BIAS)
     assert batch.penalties is None and batch.bias is not None
     logits = torch.randn(2, V, generator=torch.Generator().manual_seed(3))
     logits[1, 3] = logits[1].max() - 0.5  # the bias of 1.0 makes id 3 row 1's argmax

@@ -1,7 +1,7 @@
 """ScheduleBatch.to_launch: what the device is told, row by row, for extend and decode rows."""
 
 from batonlm.ipc import codec
-from batonlm.sampling_params import SamplingParams
+from batonlm.sampling_params import LogitChanges, SamplingParams
 from batonlm.scheduler.batch import ExtendRow, ScheduleBatch
 from batonlm.scheduler.request import Request
 
@@ -37,7 +37,7 @@ def test_extend_rows_then_decode_rows():
     assert launch.input_ids == [5, 6, 7, 8, 9]  # decode inputs come from the FutureMap
     # Prompt tokens go to the first slots of each extend row; the decode row writes position 5.
     assert launch.out_cache_loc == [10, 11, 12, 20, 21, 35]
-    assert not launch.all_greedy and not launch.any_penalties
+    assert not launch.all_greedy and launch.logit_changes == LogitChanges.NONE
     assert launch.top_logprobs == 3 and launch.sample
     assert launch.table_writes == [] and launch.output_rows is None
 
@@ -51,7 +51,7 @@ def test_sampling_records_travel_once_with_the_extend_row():
     assert rec.req_slot == 2 and rec.params == penalized and rec.seed == 2**64 - 1
     assert rec.stop_ids == [2, 9, 40]  # EOS and the request's own, sorted
     assert rec.prompt_len == 3 and rec.prompt_ids == [5, 6, 7]  # penalties need the prompt
-    assert launch.any_penalties and launch.top_logprobs == -1
+    assert launch.logit_changes == LogitChanges.COUNTED and launch.top_logprobs == -1
     assert codec.decode(codec.encode(launch)) == launch  # it crosses the pipe intact
 
 
@@ -114,7 +114,7 @@ def test_logit_bias_alone_counts_no_tokens():
     """Bias is added to the logits; only penalties need the prompt and the counted outputs."""
     biased = request("b", [5, 6, 7], SamplingParams(logit_bias={4: -100.0}), slot=0, kv_slots=[1, 2, 3])
     launch = ScheduleBatch(0, extend=[whole(biased)]).to_launch()
-    assert launch.any_penalties and not launch.any_counts and launch.new_slots[0].prompt_ids == []
+    assert launch.logit_changes == LogitChanges.BIAS and launch.new_slots[0].prompt_ids == []
     counted = request("c", [5, 6], SamplingParams(presence_penalty=0.5), slot=1, kv_slots=[4, 5])
     launch = ScheduleBatch(0, extend=[whole(biased), whole(counted)]).to_launch()
-    assert launch.any_penalties and launch.any_counts and launch.new_slots[1].prompt_ids == [5, 6]
+    assert launch.logit_changes == LogitChanges.COUNTED and launch.new_slots[1].prompt_ids == [5, 6]
