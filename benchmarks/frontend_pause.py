@@ -24,8 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from batonlm.bench.server_process import ServerProcess
-from batonlm.bench.signal_probe import requests_in_server
+from batonlm.bench.server_process import ServerProcess, requests_in_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -75,3 +75,14 @@ class ServerProcess:
             self._final_log = self.log_path.read_text()
             self.log_path.unlink(missing_ok=True)
         return self.proc.returncode
+
+
+def requests_in_server(url: str, states: tuple[str, ...] = ("running", "waiting")) -> float:
+    """Requests in `states` (running, waiting), summed over every scheduler (DP replicas report
+    one each); 0 while the server does not answer."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0.0
+    names = tuple(f"batonlm_num_requests_{s}" for s in states)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(names))

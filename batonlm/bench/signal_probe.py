@@ -164,17 +164,6 @@ def probe(phase: str, sig: signal.Signals, setup: tuple[str, ...] = (), *, setup
     return Outcome(phase, sig.name, setup_name, code, exit_s, left, sorted(streams), text)
 
 
-def requests_in_server(url: str, states: tuple[str, ...] = ("running", "waiting")) -> float:
-    """Requests in `states` (running, waiting), summed over every scheduler (DP replicas report
-    one each); 0 while the server does not answer."""
-    try:
-        text = httpx.get(url + "/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return 0.0
-    names = tuple(f"batonlm_num_requests_{s}" for s in states)
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(names))
-
-
 def fill_compile_cache(cache_dir: str) -> None:
     """A cold start with compiling on (one bucket) to the ready line, so that `warm` finds it full."""
     port = free_port()
