@@ -48,7 +48,9 @@ class Outcome:
 
     @property
     def traceback(self) -> bool:
-        return "Traceback" in self.log
+        """A traceback, or a resource left behind (multiprocessing's resource tracker warns of
+        leaked semaphores or shared memory as the last process exits): nothing a user should see."""
+        return "Traceback" in self.log or "resource_tracker: There appear to be" in self.log
 
 
 def _alive(pid: int) -> bool:

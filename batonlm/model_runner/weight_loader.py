@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,6 +223,10 @@ def load_weights(
     misshapen: list[str] = []
     total = sum(f.stat().st_size for f in files)
     bytes_read = checkpoint_bytes = 0
+    # tqdm's default lock holds a multiprocessing semaphore, which a worker killed while it
+    # loads (a cancelled start) never unlinks: the resource tracker then warns of a leaked
+    # semaphore as the server exits. One thread draws this bar: a thread lock does.
+    tqdm.set_lock(threading.RLock())
     bar = tqdm(
         total=total, unit="B", unit_scale=True, desc="Loading weights", disable=total < PROGRESS_BAR_BYTES
     )
