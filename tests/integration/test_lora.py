@@ -134,6 +134,9 @@ def test_the_compiled_step_adds_each_rows_adapter(tiny_models, tmp_path):
         runner = h.sched.device.executor.runner
         assert runner.decode_graphs is not None and runner.graph_steps > 0
         assert h.sched.lora is not None and h.sched.lora.placements > 0
+        # Every graph, with and without LoRA, is called without dynamo (direct_graph.py).
+        assert set(runner.decode_graphs._direct) == {(rows, one) for rows in (5, 6) for one in (True, False)}
+        assert runner.decode_graphs.direct_steps == runner.graph_steps
         # The base model alone: its decodes run the graphs without LoRA.
         steps = runner.graph_steps
         for i, p in enumerate(prompts):
