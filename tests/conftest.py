@@ -6,6 +6,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Most tests start engines that need no compiled decode step (it costs seconds to build); the
 # tests of that step ask for it, and `BATONLM_COMPILE=on make test` runs everything compiled.
 os.environ.setdefault("BATONLM_COMPILE", "off")
+# Servers and workers of tests running side by side would all pin their workers to the last core
+# (cpu_affinity.py): the tests of it ask for it.
+os.environ.setdefault("BATONLM_CPU_AFFINITY", "off")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

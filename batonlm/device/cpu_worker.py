@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 
 from batonlm import spawn
+from batonlm.device import cpu_affinity
 from batonlm.device.base import (
     DeviceError,
     DeviceStream,
@@ -306,6 +307,7 @@ def worker_main(conn: Connection, spec: DeviceSpec, rank: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
+    cpu_affinity.take(spec.worker_cpus)  # before any thread of its own starts
     keep_freed_memory()
     # See factory.cpu_worker_threads: one thread for tiny models, all cores for larger ones.
     torch.set_num_threads(spec.cpu_threads)

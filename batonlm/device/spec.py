@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from batonlm.config import CUDA_GRAPH_MAX_BS, ServerArgs
+from batonlm.device import cpu_affinity
 from batonlm.kernels.toolchain import cache_root, cxx_compiler
 from batonlm.model_runner.decode_graphs import COMPILE_MAX_BS
 from batonlm.model_runner.kv_pool import KVPool, kv_cache_dtype
@@ -40,6 +41,7 @@ class DeviceSpec:
     model_impl: str = "native"  # or transformers (resolved by ModelConfig.from_hf)
     quantization: str = "auto"  # --quantization (ModelConfig.from_hf resolves it)
     cpu_threads: int = 1  # intra-op threads of the CPU device worker
+    worker_cpus: tuple[int, ...] = ()  # the cores the CPU device worker keeps (cpu_affinity.py; none: any)
     null_step_ms: float = 0.0  # --device null: the modelled time of a device step
     cpu_device_worker: str = "process"  # CPU only: "process" (a worker process) or "inline" (debugging)
     # The decode step (decode_graphs.py): CPU, compiled for batches up to compile_max_bs (0: eager);
@@ -251,6 +253,9 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         device = f"cuda:{dp_rank * args.tp_size}"
     # The cores are shared by this node's ranks of every replica.
     threads = args.cpu_worker_threads or max(1, cpu_worker_threads(cfg) // (len(local) * args.dp_size))
+    one_worker = (device == "cpu" and args.cpu_device_worker == "process" and args.tp_size == 1
+                  and len(local) * args.dp_size == 1)
+    cpus = cpu_affinity.worker_cpus(threads) if one_worker and args.cpu_affinity == "auto" else ()
     return derive(
         DeviceSpec,
         args,
@@ -265,6 +270,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         attention_backend=attention,
         sampler=sampler,
         cpu_threads=threads,
+        worker_cpus=cpus,
         compile_max_bs=compile_max_bs,
         compile_cache_dir=args.compile_cache_dir or str(default_compile_cache_dir()),
         cuda_graph_max_bs=cuda_graph_max_bs,

@@ -146,6 +146,7 @@ class SchedulerInfo(msgspec.Struct, tag=True, frozen=True):
     hidden_size: int = 0  # an embedding's length
     quantization: str = ""  # the weights' quantization, described ("": float weights)
     kv_bytes: int = 0  # the KV pool's memory on one device (a CPU commits only the slots written)
+    worker_cpus: list[int] = msgspec.field(default_factory=list)  # the CPU device worker's own cores (none: any)
 
 
 class SchedulerStats(msgspec.Struct, tag=True, frozen=True):

@@ -79,6 +79,7 @@ def build_scheduler(args: ServerArgs, io, dp_rank: int = 0, dp_dir: str | None =
         embedding_only=cfg.embedding_only,
         hidden_size=cfg.hidden_size,
         quantization=cfg.quantization.description if cfg.quantization else "",
+        worker_cpus=list(spec.worker_cpus),
     )
     return sched, info
 
@@ -128,6 +129,9 @@ def run_scheduler_process(
         io.close()
         sys.exit(1)
     signal.signal(signal.SIGTERM, lambda *_: setattr(sched, "_shutdown", True))
+    from batonlm.device import cpu_affinity
+
+    cpu_affinity.keep_off(info.worker_cpus)  # the worker's cores are its own
     _started.set()
     ready.send_bytes(codec.encode(info))
     ready.close()

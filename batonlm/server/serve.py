@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 
 from batonlm.config import ConfigError, ServerArgs
+from batonlm.device import cpu_affinity
 from batonlm.gc_tuning import tune_for_serving
 from batonlm.launcher import SchedulerStartError, start_scheduler
 from batonlm.logging_setup import configure_logging
@@ -148,6 +149,7 @@ async def _serve(args: ServerArgs, sock: socket.socket) -> int:
         # Listening from the ready line on (refused while loading): a client that connects before
         # uvicorn's loop runs waits in the backlog.
         sock.listen(2048)
+        cpu_affinity.keep_off(info.worker_cpus)  # the device worker's cores are its own
         _log_ready(args, info, sock)
         # From here uvicorn's handlers take SIGINT/SIGTERM (from the start of server.serve), and
         # re-raise them after its graceful shutdown into the handlers it found: those only
