@@ -18,17 +18,19 @@ import os
 logger = logging.getLogger(__name__)
 
 
-def _available() -> list[int]:
+def available_cpus() -> list[int]:
+    """The cores this process may run on (a `taskset` or a container's cpuset narrows them; not
+    Linux: none known)."""
     try:
         return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
+    except (AttributeError, OSError):
         return []
 
 
 def worker_cpus(threads: int) -> tuple[int, ...]:
     """The cores the device worker keeps for its `threads` threads: the last of those this
     process may use; none (no pinning) where its threads take them all."""
-    cpus = _available()
+    cpus = available_cpus()
     return tuple(cpus[-threads:]) if 0 < threads < len(cpus) else ()
 
 
@@ -53,6 +55,6 @@ def take(cpus: tuple[int, ...]) -> None:
 
 def keep_off(cpus: tuple[int, ...] | list[int]) -> None:
     """The scheduler and the frontend: run on every core this process may use but the worker's."""
-    rest = set(_available()) - set(cpus)
+    rest = set(available_cpus()) - set(cpus)
     if cpus and rest:
         _pin(rest)

@@ -155,7 +155,9 @@ def cpu_worker_threads(cfg: ModelConfig) -> int:
     scheduler (which mostly waits) needs a core of its own."""
     if cfg.hidden_size < MULTITHREAD_MIN_HIDDEN:
         return 1
-    return max(1, os.cpu_count() or 1)
+    # The cores this process may use, not the machine's: under `taskset` or a container's cpuset
+    # more threads than cores would take turns on them.
+    return max(1, len(cpu_affinity.available_cpus()) or os.cpu_count() or 1)
 
 
 def default_attention_backend(device: str) -> str:

@@ -17,10 +17,22 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 
 
 def test_the_worker_keeps_the_last_cores_its_threads_need(monkeypatch):
-    monkeypatch.setattr(cpu_affinity, "_available", lambda: [0, 2, 5, 7])
+    monkeypatch.setattr(cpu_affinity, "available_cpus", lambda: [0, 2, 5, 7])
     assert cpu_affinity.worker_cpus(1) == (7,)
     assert cpu_affinity.worker_cpus(3) == (2, 5, 7)
     assert cpu_affinity.worker_cpus(4) == () and cpu_affinity.worker_cpus(8) == ()  # every core: no pinning
+
+
+def test_a_larger_models_worker_takes_the_cores_this_process_may_use(monkeypatch):
+    """Not the machine's count: under `taskset -c 0,2` two threads, not os.cpu_count()'s."""
+    from types import SimpleNamespace
+
+    from batonlm.device.spec import MULTITHREAD_MIN_HIDDEN, cpu_worker_threads
+
+    monkeypatch.setattr(cpu_affinity, "available_cpus", lambda: [0, 2])
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert cpu_worker_threads(SimpleNamespace(hidden_size=MULTITHREAD_MIN_HIDDEN)) == 2
+    assert cpu_worker_threads(SimpleNamespace(hidden_size=MULTITHREAD_MIN_HIDDEN - 1)) == 1
 
 
 def _threads_affinity(worker_cpus: list[int], out) -> None:
