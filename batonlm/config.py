@@ -126,7 +126,8 @@ class ServerArgs:
         "auto", group=_DEVICE, choices=("auto", "off"), env="BATONLM_CPU_AFFINITY",
         help="CPU: auto: where the device worker's threads leave cores free (one replica), the worker keeps the "
              "last cores and the scheduler and the frontend the rest (the OS then never runs them on one core); "
-             "off: the OS places them (the default is $BATONLM_CPU_AFFINITY when set)")
+             "off: the OS places them (and for several servers on one machine, whose workers would share the last "
+             "cores) (the default is $BATONLM_CPU_AFFINITY when set)")
     compile: str = setting(
         "auto", group=_DEVICE, choices=COMPILE_CHOICES, env=COMPILE_ENV,
         help=f"CPU: torch.compile the decode step (two graphs: one row, and 2 to 64 rows) (auto: on for dense float32 models where a C++ "
