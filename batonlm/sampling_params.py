@@ -100,12 +100,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return [msgspec.structs.replace(self, seed=(self.seed + i + 2**63) % 2**64 - 2**63) for i in range(n)]
 
     @property
-    def has_penalties(self) -> bool:
-        """Whether sampling changes the logits before drawing: logit bias or a penalty."""
-        return bool(self.logit_bias) or self.counts_tokens
-
-    @property
     def logit_changes(self) -> LogitChanges:
+        """What sampling does to this request's logits before drawing (LogitChanges)."""
         if self.counts_tokens:
             return LogitChanges.COUNTED
         return LogitChanges.BIAS if self.logit_bias else LogitChanges.NONE

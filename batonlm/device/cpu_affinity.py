@@ -12,10 +12,7 @@ off` leaves every process where the OS puts it.
 
 from __future__ import annotations
 
-import logging
 import os
-
-logger = logging.getLogger(__name__)
 
 
 def available_cpus() -> list[int]:

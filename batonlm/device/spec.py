@@ -255,8 +255,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
         device = f"cuda:{dp_rank * args.tp_size}"
     # The cores are shared by this node's ranks of every replica.
     threads = args.cpu_worker_threads or max(1, cpu_worker_threads(cfg) // (len(local) * args.dp_size))
-    one_worker = (device == "cpu" and args.cpu_device_worker == "process" and args.tp_size == 1
-                  and len(local) * args.dp_size == 1)
+    one_worker = device == "cpu" and args.cpu_device_worker == "process" and args.tp_size == args.dp_size == 1
     cpus = cpu_affinity.worker_cpus(threads) if one_worker and args.cpu_affinity == "auto" else ()
     return derive(
         DeviceSpec,

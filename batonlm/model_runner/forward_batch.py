@@ -84,19 +84,16 @@ class ForwardBatch:
         tensor (one H2D copy, one allocation) whose slices are the fields."""
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         n = len(extend_lens)
-        starts = list(range(n))
-        acc = n
-        decode = all(e == 1 for e in extend_lens)
-        if not decode:
-            acc = 0
-            for i, e in enumerate(extend_lens):
-                starts[i] = acc
-                acc += e
-        if decode:  # the token of row b is at b, all rows one group
+        if all(e == 1 for e in extend_lens):  # a decode batch: the token of row b is at b, one group
+            acc, starts = n, list(range(n))
             positions = list(prefix_lens)
             last = starts
             groups = [RowGroup(slice(0, n), slice(0, n), 1, max(seq_lens))] if n else []
         else:
+            acc, starts = 0, []
+            for e in extend_lens:
+                starts.append(acc)
+                acc += e
             positions = []
             for p, e in zip(prefix_lens, extend_lens):
                 positions.extend(range(p, p + e))

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batonlm.sampling_params import LogitChanges
+
 MAX_PAUSE_STEPS = 16
 DRAFT_ON_DEVICE = -1  # a draft token the draft model writes on the device
 
@@ -163,7 +165,7 @@ class Speculator:
         Constrained requests draft n-grams, their masks following the drafts
         (GrammarQueue.masks); a draft model's drafts are not known on the host when the masks
         are filled, so constrained requests do not use it."""
-        if req.grammar is not None or req.params.has_penalties:
+        if req.grammar is not None or req.params.logit_changes != LogitChanges.NONE:
             return False
         return not (self.config.draft_model and req.matcher is not None)
 

@@ -11,7 +11,7 @@ V = 50
 
 
 def record(slot, params, *, seed=1, stop_ids=(), prompt=(3, 4, 5), outputs=()):
-    pen = params.has_penalties
+    pen = params.counts_tokens  # only counted penalties need the prompt and the outputs
     return SlotSampling(slot, params, seed, sorted(stop_ids), len(prompt), list(prompt) if pen else [],
                         list(outputs) if pen else [])
 
