@@ -4,8 +4,8 @@ For batch 1, 16, 64, 256 x vocabulary 32000, 151936: sampling (Triton; the sort-
 reference; the usual torch sampler: sort, top-k/top-p masks, torch.multinomial), greedy argmax,
 penalties and logprobs (top 5). For M = 1, 16, 64, 256 rows of a 4096 x 4096 linear layer: the
 quantized kernels (FP8 activation quantization, FP8 block-wise and per-channel GEMMs, int4
-weight-only, group 128) against their torch references and the unquantized bfloat16 matmul.
-Times are CUDA-event means after warm-up. Prints a table and
+weight-only, group 128, int8 per-token quantization and the W8A8 int8 GEMM) against their torch
+references and the unquantized bfloat16 matmul. Times are CUDA-event means after warm-up. Prints a table and
 writes benchmarks/results/kernels_gpu.json. Without CUDA it prints "skipped: no CUDA device"
 and exits 0.
 
@@ -110,6 +110,7 @@ def bench_shape(b: int, v: int, iters: int, dev: str = "cuda") -> list[dict]:
 
 def bench_quant(m: int, iters: int, n: int = QUANT_N, k: int = QUANT_K, dev: str = "cuda") -> list[dict]:
     """The quantized linear kernels at M rows of an N x K layer (FP8 rows need compute capability 8.9)."""
+    from batonlm.kernels import int8 as i8
     from batonlm.kernels import quant as q
 
     g = torch.Generator(device=dev).manual_seed(m)
@@ -123,6 +124,16 @@ def bench_quant(m: int, iters: int, n: int = QUANT_N, k: int = QUANT_K, dev: str
         ("bf16 matmul", "torch", lambda: x @ w.T),
         ("int4 gemm", "triton", lambda: q.int4_dequant_matmul(x, qweight, scales, zeros, QUANT_GROUP)),
         ("int4 gemm", "torch reference", lambda: q.int4_dequant_matmul_reference(x, qweight, scales, zeros, QUANT_GROUP)),
+    ]
+    xi_q, xi_s = i8.per_token_quant_int8(x)
+    w_i8 = torch.randint(-128, 128, (n, k), device=dev, generator=g, dtype=torch.int8)
+    w_i8_s = torch.rand(n, device=dev, generator=g) / 100
+    cases += [
+        ("int8 token quant", "triton", lambda: i8.per_token_quant_int8(x)),
+        ("int8 token quant", "torch reference", lambda: i8.per_token_quant_int8_reference(x)),
+        ("int8 w8a8 gemm", "triton", lambda: i8.int8_scaled_matmul(xi_q, xi_s, w_i8, w_i8_s, torch.bfloat16)),
+        ("int8 w8a8 gemm", "torch reference",
+         lambda: i8.int8_scaled_matmul_reference(xi_q, xi_s, w_i8, w_i8_s, torch.bfloat16)),
     ]
     if torch.cuda.get_device_capability() >= (8, 9):
         x_q, x_s = q.per_token_group_quant_fp8(x, QUANT_GROUP)

@@ -2,19 +2,22 @@
 
 Part 1, one projection (K -> N) at M rows, median of `--rounds` (the ways alternating in each
 round): the float matmul (what a checkpoint dequantized on load runs: batonlm's CPU choice for
-weight-only formats), the int4 dequant-GEMM and the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`;
-the torch references on the CPU, which dequantize every call; Triton on CUDA). The CPU choice is
+weight-only formats), the int4 dequant-GEMM, the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`;
+the torch references on the CPU, which dequantize every call; Triton on CUDA) and the W8A8 int8
+GEMM with its per-token activation quantization (`batonlm/kernels/int8.py`: on the CPU oneDNN's
+int8 GEMM through `torch._int_mm`; Triton on CUDA). The CPU choice is
 this table: a dequantize per call costs more than the float matmul it feeds.
 
 Part 2, a random Llama (`--shape`) written as float, W8A8 FP8 in 128x128 blocks (transformers'
-FineGrainedFP8 format), GPTQ int4 (group 128) and served by `batonlm.Engine` (eager step,
+FineGrainedFP8 format), W8A8 int8 (llm-compressor's format, tests/quant_w8a8.py), GPTQ int4
+(group 128) and served by `batonlm.Engine` (eager step,
 overlap loop), plus `--quantization fp8` on the float checkpoint: start-up seconds, checkpoint
 MB, and output tok/s of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill
 included), median of `--rounds`. On CUDA the quantized variants run on the kernels (the
 weights stay quantized); on the CPU int4 and online FP8 run dequantized and W8A8 on the torch
 references.
 
-    python benchmarks/quantization.py [--batch 1 16 64] [--json out.json]
+    python benchmarks/quantization.py [--batch 1 16 64] [--compile on] [--json out.json]
     python benchmarks/quantization.py --device cuda --dtype bfloat16 [--shape llama3-8b --layers 8]
 """
 
@@ -37,8 +40,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests check against the tools
 from models import stream_tok_s, table  # noqa: E402
 from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
+from quant_w8a8 import write_w8a8_int8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
 
+from batonlm.kernels.int8 import int8_scaled_matmul, per_token_quant_int8  # noqa: E402
 from batonlm.kernels.quant import (  # noqa: E402
     fp8_block_matmul,
     int4_dequant_matmul,
@@ -62,6 +67,8 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
     zeros = torch.full((k // 128, n), 8, dtype=torch.uint8, device=device)
     w_q = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
     w_scale = torch.rand(-(-n // 128), k // 128, generator=g).to(device) / 100
+    w_i8 = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).to(device)
+    w_i8_scale = (torch.rand(n, generator=g) / 100).to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for m in ms:
@@ -71,8 +78,12 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
             x_q, x_s = per_token_group_quant_fp8(x, 128)
             return fp8_block_matmul(x_q, x_s, w_q, w_scale, (128, 128), x.dtype)
 
+        def int8(x=x):
+            x_q, x_s = per_token_quant_int8(x)
+            return int8_scaled_matmul(x_q, x_s, w_i8, w_i8_scale, x.dtype)
+
         ways = {"float": lambda x=x: F.linear(x, w), "int4 dequant-GEMM": lambda x=x: int4_dequant_matmul(
-            x, qweight, scales, zeros, 128), "fp8 W8A8 block": fp8}
+            x, qweight, scales, zeros, 128), "fp8 W8A8 block": fp8, "int8 W8A8": int8}
         times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(rounds):
             for name, fn in ways.items():
@@ -95,21 +106,23 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
 
 def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
     """name -> (model directory, Engine arguments)."""
-    fp8, gptq = out / "fp8-block", out / "gptq-int4"
+    fp8, int8, gptq = out / "fp8-block", out / "w8a8-int8", out / "gptq-int4"
     write_fp8_block_checkpoint(src, fp8)
+    write_w8a8_int8_checkpoint(src, int8)
     write_gptq_checkpoint(src, gptq, bits=4, group_size=128, sym=True)
-    return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "gptq int4 g128": (str(gptq), {}),
+    return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
+            "gptq int4 g128": (str(gptq), {}),
             "fp8 online (per channel)": (src, {"quantization": "fp8"})}
 
 
 def served(models: dict[str, tuple[str, dict]], batches: list[int], new_tokens: int, rounds: int, device: str,
-           dtype: str) -> list[dict]:
+           dtype: str, compile: str = "off") -> list[dict]:
     from batonlm import Engine
 
     rows = []
     for name, (path, extra) in models.items():
         t0 = time.perf_counter()
-        engine = Engine(path, compile="off", max_running_requests=max(batches), device=device, dtype=dtype, **extra)
+        engine = Engine(path, compile=compile, max_running_requests=max(batches), device=device, dtype=dtype, **extra)
         start = time.perf_counter() - t0
         size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) / 2**20
         try:
@@ -131,6 +144,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--compile", choices=["on", "off"], default="off",
+                    help="Part 2's step: eager (the kernels' path, the default here) or the compiled CPU "
+                         "decode step (what `batonlm serve` runs on a CPU)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     shape = dict(SHAPES[args.shape], **({"num_hidden_layers": args.layers} if args.layers else {}))
@@ -147,13 +163,14 @@ def main() -> None:
                                       "tie_word_embeddings": False, **shape}))
         src = build_random_llama(config, Path(tmp) / "float")
         print(f"\nPart 2: a random Llama ({args.shape}, {shape['num_hidden_layers']} layers) served, "
-              f"{args.new_tokens} new tokens per stream")
-        rows = served(variants(src, Path(tmp)), args.batch, args.new_tokens, args.rounds, args.device, args.dtype)
+              f"{args.new_tokens} new tokens per stream, {'compiled' if args.compile == 'on' else 'eager'} step")
+        rows = served(variants(src, Path(tmp)), args.batch, args.new_tokens, args.rounds, args.device, args.dtype,
+                      args.compile)
     print(table(rows))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"shape": shape, "device": where, "dtype": args.dtype, "layers": layers,
-                                         "served": rows}, indent=2))
+                                         "compile": args.compile, "served": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def build_meta_model(
 ) -> tuple[CausalLM, list[Any]]:
     """The native model as `load_model` builds it, on the meta device (nothing allocated, only
     the quantized checkpoint's headers read): its float parameters in `dtype`, and the quantized
-    projections that stay quantized (`resident`; default: on CUDA, and for W8A8 FP8 everywhere)
+    projections that stay quantized (`resident`; default: on CUDA, and for W8A8 everywhere)
     swapped for their quantized layers, returned beside it for loading."""
     model_class = MODEL_ARCHITECTURES[cfg.architecture]
     tp = tp or TPGroup.single()
@@ -56,7 +56,7 @@ def build_meta_model(
     quant = cfg.quantization
     layers: list[Any] = []
     if resident is None:  # W8A8's activations are quantized on every device: its outputs are the checkpoint's
-        resident = torch.device(device).type == "cuda" or (quant is not None and quant.act_quant)
+        resident = torch.device(device).type == "cuda" or (quant is not None and quant.act_quant != "none")
     if quant is not None and not quant.online and resident:
         from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
         from batonlm.model_runner.quantization.resident import make_resident
@@ -72,7 +72,7 @@ def load_model(
 ) -> tuple[CausalLM, LoadStats]:
     """The model (this rank's part of it: `shard`, by default the group's rank's; with DP
     attention its share of the MLP among `mlp_group`) and what loading it read. A quantized
-    checkpoint's projections stay quantized (`resident`; default: on CUDA, and for W8A8 FP8
+    checkpoint's projections stay quantized (`resident`; default: on CUDA, and for W8A8
     everywhere) or are dequantized."""
     if cfg.impl == "transformers":
         from batonlm.model_runner.models.transformers_fallback import load_transformers_model

@@ -27,9 +27,9 @@ def _greedy(path: str | Path, prompts: list[list[int]], max_new: list[int], **ar
         h.close()
 
 
-# W8A8 FP8 in blocks (kept FP8 on the CPU too), int4 asymmetric (compressed-tensors, dequantized),
-# GPTQ with activation order (a g_idx permutation, dequantized).
-@pytest.mark.parametrize("name", ["fp8-block", "w4a16-asym", "gptqmodel-w4g64-asym-descact"])
+# W8A8 FP8 in blocks and W8A8 int8 per token (both kept quantized on the CPU too), int4 asymmetric
+# (compressed-tensors, dequantized), GPTQ with activation order (a g_idx permutation, dequantized).
+@pytest.mark.parametrize("name", ["fp8-block", "w8a8", "w4a16-asym", "gptqmodel-w4g64-asym-descact"])
 def test_served_greedy_tokens_are_transformers(name: str) -> None:
     ref = load_file(str(DATA / name / "reference.safetensors"))
     want = ref["greedy_ids"].tolist()  # 16 tokens, or fewer ending in the EOS (2)
@@ -37,12 +37,14 @@ def test_served_greedy_tokens_are_transformers(name: str) -> None:
 
 
 def test_two_ranks_give_one_ranks_tokens(tmp_path: Path) -> None:
-    """GPTQ int4 (group 64: each rank's down_proj columns are whole groups) and W8A8 FP8 in 64x64
-    blocks (each rank's rows and columns are whole blocks: its activation groups are one rank's)."""
+    """GPTQ int4 (group 64: each rank's down_proj columns are whole groups), W8A8 FP8 in 64x64
+    blocks (each rank's rows and columns are whole blocks: its activation groups are one rank's)
+    and W8A8 int8 with static activation scales (every rank's the same; int8 W8A8 per token is
+    not: a row-parallel rank quantizes its own slice of a token, test_quantized_sharding.py)."""
     fp8 = tmp_path / "fp8-block64"
     write_fp8_block_checkpoint(DATA / "fp32-source", fp8, block=(64, 64))
     prompts = random_prompts(4, random.Random(3), lo=2, hi=60)
     max_new = [24, 12, 30, 18]
-    for path in (DATA / "gptqmodel-w4g64", fp8):
+    for path in (DATA / "gptqmodel-w4g64", fp8, DATA / "w8a8-static"):
         one = _greedy(path, prompts, max_new)
         assert _greedy(path, prompts, max_new, tp_size=2, debug_tp_check_every=1) == one, path.name

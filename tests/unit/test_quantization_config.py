@@ -21,6 +21,32 @@ CT_W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "c
                                        "symmetric": True}}}, "ignore": ["lm_head"]}
 
 
+def _ct_int8(**acts) -> dict:
+    int8 = {"num_bits": 8, "type": "int", "symmetric": True}
+    group = {"targets": ["Linear"], "weights": {**int8, "strategy": "channel"}, "input_activations": {**int8, **acts}}
+    return {"quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized",
+                                    "config_groups": {"group_0": group}}}
+
+
+def test_which_activations_w8a8_quantizes(caplog) -> None:
+    """int8 activations the kernels run: symmetric, per token dynamically or per tensor
+    statically; any other int8 scheme loads with one warning and unquantized activations."""
+    assert resolve_quantization(_ct_int8(strategy="token", dynamic=True)).act_quant == "int8"
+    assert resolve_quantization(_ct_int8(strategy="tensor", dynamic=False)).act_quant == "int8"
+    assert resolve_quantization({"quantization_config": FP8_BLOCK}).act_quant == "fp8"
+    assert resolve_quantization({"quantization_config": CT_W4A16}).act_quant == "none"
+    caplog.clear()
+    assert resolve_quantization(_ct_int8(strategy="tensor", dynamic=False, symmetric=False)).act_quant == "none"
+    (record,) = caplog.records
+    assert "asymmetric static tensor" in record.getMessage() and "W8A16" in record.getMessage()
+    mixed = _ct_int8(strategy="token", dynamic=True)
+    mixed["quantization_config"]["config_groups"]["group_1"] = {
+        "targets": ["re:.*down_proj"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}
+    with pytest.raises(QuantizationError, match="both fp8 and int8"):
+        resolve_quantization(mixed)
+
+
 def test_the_checkpoints_method_is_read() -> None:
     assert resolve_quantization({}) is None
     gptq = resolve_quantization({"quantization_config": GPTQ})

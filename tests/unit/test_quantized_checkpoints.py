@@ -1,14 +1,14 @@
 """Quantized checkpoints written by the tools users quantize with (tests/data/quantized/README.md:
 llm-compressor, GPTQModel; two by tests/quant_formats.py) load, and give the logits of what they
 mean: transformers' own quantized inference where it computes that exactly (compressed-tensors,
-including FP8's activation quantization), the dequantized float32 model where transformers'
+including W8A8's activation quantization, FP8 and int8), the dequantized float32 model where transformers'
 kernels round (GPTQ and AWQ run in float16 there; their weights are read back by
 quant_formats.py's readers, checked against GPTQModel's and AutoAWQ's own code).
 
 Bound: the same float32 math in another order. Each logit is a chain of two layers of dot products
 of K <= 384 terms; float32 summation errs by at most ~K * 2^-24 of the sum of |terms| per dot
 product, ~2.3e-5 relative, compounded over a handful of them: 1e-4 of the largest logit (~13).
-A quantized activation (FP8 W8A8) whose value lies at a rounding tie can round the other way in
+A quantized activation (W8A8) whose value lies at a rounding tie can round the other way in
 the other order; none does on this prompt (transformers agrees to the bound).
 """
 
@@ -25,11 +25,11 @@ from safetensors.torch import load_file
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_runner import ModelRunner
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 # transformers (+ compressed-tensors) computes exactly what these mean.
-TRANSFORMERS_EXACT = ("fp8-dynamic", "fp8-block", "w4a16", "w4a16-asym", "w4a16-gptq", "w8a16")
+TRANSFORMERS_EXACT = ("fp8-dynamic", "fp8-block", "w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static")
 GPTQ_AWQ = ("gptqmodel-w4g64", "gptqmodel-w4g64-asym-descact", "gptq-w4g64", "gptqmodel-awq-w4g64", "awq-w4g64")
 RELATIVE = 1e-4
 
@@ -99,15 +99,26 @@ def test_gptq_and_awq_checkpoints_give_the_dequantized_models_logits(name: str, 
         assert (ours - want).abs().max() <= RELATIVE * want.abs().max(), resident
 
 
+def test_w8a8_int8_quantizes_activations_as_the_checkpoint_says() -> None:
+    """The int8 activations are what makes W8A8 the checkpoint's model: its weights alone (run
+    W8A16, as batonlm did before) are far outside the bound from transformers' logits."""
+    ref = _reference("w8a8")
+    ids, want = ref["input_ids"].reshape(-1), ref["logits"]
+    weights_only = _prompt_logits(_runner(DATA / "w8a8", resident=False), ids)
+    assert (weights_only - want).abs().max() > 100 * RELATIVE * want.abs().max()
+    assert (_prompt_logits(_runner(DATA / "w8a8"), ids) - want).abs().max() <= RELATIVE * want.abs().max()
+
+
 def test_the_layers_kernels_cover_stay_quantized() -> None:
-    """On the CPU W8A8 FP8 stays FP8 (its activations are quantized, as the checkpoint says);
-    weight-only formats are dequantized on load unless asked; int8 and activation-ordered groups
-    have no kernel and are always dequantized."""
+    """On the CPU W8A8 stays quantized, FP8 and int8 (its activations are quantized, as the
+    checkpoint says); weight-only formats are dequantized on load unless asked; weight-only int8
+    and activation-ordered groups have no kernel and are always dequantized."""
     def kinds(name: str, resident: bool | None = None) -> set[str]:
         model = _runner(DATA / name, resident).model
-        return {type(m).__name__ for m in model.modules() if isinstance(m, (Fp8Linear, Int4Linear))}
+        return {type(m).__name__ for m in model.modules() if isinstance(m, (Fp8Linear, Int8Linear, Int4Linear))}
 
     assert kinds("fp8-block") == {"Fp8Linear"} and kinds("fp8-dynamic") == {"Fp8Linear"}
+    assert kinds("w8a8") == {"Int8Linear"} and kinds("w8a8-static") == {"Int8Linear"}
     assert kinds("w4a16") == set() and kinds("w4a16", resident=True) == {"Int4Linear"}
     assert kinds("w8a16", resident=True) == set()
     assert kinds("gptqmodel-w4g64-asym-descact", resident=True) == set()

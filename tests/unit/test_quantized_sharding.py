@@ -9,7 +9,9 @@ in float32, their kernels' accumulator: K terms err by K * 2^-24 on each side). 
 per-token activation scales (FP8 dynamic) is the exception: a row-parallel rank quantizes its
 own slice of each token with the slice's own scale, so the ranks' sum differs from the one-rank
 product by activation rounding: each side errs by at most half an e4m3 step, 2^-4 of each
-activation, so they differ by at most 2^-3 * sum |x| |W|.
+activation, so they differ by at most 2^-3 * sum |x| |W|. Int8 W8A8 likewise, with half an int8
+step of the token's (or its slice's) scale, amax / 255, on each activation: at most
+2 / 255 * amax(|x|) * sum |W| apart.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from quant_formats import write_fp8_block_checkpoint
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model, tp_layout
 from batonlm.model_runner.quantization.config import QuantizationError
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 LAYER = "model.layers.1."
@@ -52,6 +54,8 @@ def _models(path: Path, resident: bool, size: int = 2):
     ("w8a16", False, None),
     ("fp8-block64", True, Fp8Linear),
     ("fp8-dynamic", True, Fp8Linear),
+    ("w8a8", True, Int8Linear),
+    ("w8a8-static", True, Int8Linear),  # one input scale for every rank: only float32's rounding apart
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:
     path = fp8_block64 if name == "fp8-block64" else DATA / name
@@ -66,8 +70,10 @@ def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, 
     def close(got, want, x_in, proj, model=full):
         w = _dense_weight(module(model, proj), x_in.shape[1])
         # FP8 layers compute in float32 (their kernels' accumulator): K terms err by K * 2^-24 each side.
-        rounding = x_in.shape[1] * 2.0**-23 if kind is Fp8Linear else 1e-12
+        rounding = x_in.shape[1] * 2.0**-23 if kind in (Fp8Linear, Int8Linear) else 1e-12
         bound = (2.0**-3 if per_token else rounding) * (x_in.abs() @ w.abs().T).max()
+        if name == "w8a8":  # per-token int8 activations
+            bound += 2 / 255 * (x_in.abs().amax(dim=1, keepdim=True) @ w.abs().sum(dim=1, keepdim=True).T).max()
         assert (got - want).abs().max() <= bound, (name, proj)
 
     if kind is not None:
@@ -98,6 +104,8 @@ def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, 
 def _dense_weight(mod, k: int) -> torch.Tensor:
     """The layer's weight as a float64 [N, K] (a quantized layer's by its product with I)."""
     inner = getattr(mod, "local", None) or mod
+    if isinstance(inner, Int8Linear):
+        return inner.weight_q.double() * inner.weight_scale.double()[:, None]
     if isinstance(inner, (Fp8Linear, Int4Linear)):
         from batonlm.kernels.quant import dequantize_fp8, dequantize_fp8_block, dequantize_int4
 

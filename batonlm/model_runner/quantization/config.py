@@ -8,8 +8,11 @@ cannot load raises `QuantizationError` naming the method, the field and what is 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # `--quantization`'s values: auto (the checkpoint's), none, and the methods batonlm loads.
 QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq")
@@ -30,8 +33,9 @@ class QuantConfig:
     symmetric zeros. `checkpoint_format`: GPTQ's zero convention (`gptq`: stored zero = zero - 1,
     the v1 format AutoGPTQ and GPTQModel write; `gptq_v2`: stored as is). `block`: FP8's
     `weight_block_size`. `activation_scheme`: FP8's (static: the checkpoint's `input_scale`;
-    dynamic: per token). `act_quant`: W8A8 FP8, whose layers quantize their inputs too (they
-    stay quantized on every device, so the outputs are the checkpoint's, transformers').
+    dynamic: per token). `act_quant`: what W8A8 layers quantize their inputs to, "fp8" or "int8"
+    ("none": weight-only); such layers stay quantized on every device, so the outputs are the
+    checkpoint's (transformers').
     Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
     of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
 
@@ -43,7 +47,7 @@ class QuantConfig:
     checkpoint_format: str = "gptq"
     block: tuple[int, int] | None = None
     activation_scheme: str = "dynamic"
-    act_quant: bool = False  # the checkpoint's layers quantize their inputs to FP8 (W8A8)
+    act_quant: str = "none"  # "fp8" / "int8": the checkpoint's layers quantize their inputs (W8A8)
 
     @property
     def description(self) -> str:
@@ -53,7 +57,7 @@ class QuantConfig:
             return f"{self.method} int{self.bits} (group {self.group_size}{'' if self.sym else ', asymmetric'})"
         if self.method == "fp8":
             return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks)" if self.block else "(per tensor)")
-        return self.method
+        return self.method + (f" ({self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
 def resolve_quantization(raw: dict[str, Any], flag: str = "auto") -> QuantConfig | None:
@@ -97,7 +101,7 @@ def _fp8(qc: dict[str, Any]) -> QuantConfig:
             raise QuantizationError(f"fp8 quantization_config.weight_block_size {block!r} is not two positive "
                                     "integers")
         block = (block[0], block[1])
-    return QuantConfig("fp8", block=block, activation_scheme=scheme, act_quant=True)
+    return QuantConfig("fp8", block=block, activation_scheme=scheme, act_quant="fp8")
 
 
 def _int_field(qc: dict[str, Any], method: str, key: str, allowed: tuple[int, ...]) -> int:
@@ -157,9 +161,36 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
                                 "one is supported")
     sizes = {g["weights"].get("group_size") for g in groups.values() if g["weights"].get("strategy") == "group"}
     block = blocks.pop() if blocks else None
-    act_quant = any((g.get("input_activations") or {}).get("type") == "float" for g in groups.values())
+    act_quant = _activations(groups)
     return QuantConfig("compressed-tensors", block=(block[0], block[1]) if block else None,
                        group_size=sizes.pop() if len(sizes) == 1 else -1, act_quant=act_quant)
+
+
+def _activations(groups: dict[str, Any]) -> str:
+    """What the config groups quantize activations to: "fp8", "int8" (symmetric, per token
+    dynamically or per tensor statically: what the int8 kernels run) or "none". Other int8
+    activation schemes run unquantized (W8A16), with a warning."""
+    kinds = set()
+    for name, group in groups.items():
+        acts = group.get("input_activations")
+        if not isinstance(acts, dict):
+            continue
+        if acts.get("type") == "float":
+            kinds.add("fp8")
+        elif acts.get("type") == "int" and acts.get("num_bits") == 8:
+            scheme = (acts.get("strategy"), bool(acts.get("dynamic")))
+            if acts.get("symmetric", True) and scheme in (("token", True), ("tensor", False)):
+                kinds.add("int8")
+            else:
+                logger.warning("compressed-tensors config_groups.%s.input_activations: int8 %s%s %s activations "
+                               "are not supported (symmetric per-token dynamic and per-tensor static are); its "
+                               "layers run with unquantized activations (W8A16)", name,
+                               "" if acts.get("symmetric", True) else "asymmetric ",
+                               "dynamic" if scheme[1] else "static", scheme[0])
+    if len(kinds) > 1:
+        raise QuantizationError("compressed-tensors config_groups quantize activations to both fp8 and int8; one "
+                                "kind per checkpoint is supported")
+    return kinds.pop() if kinds else "none"
 
 
 _READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors}

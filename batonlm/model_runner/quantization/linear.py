@@ -1,6 +1,6 @@
-"""Linear layers whose weights stay quantized on the device: FP8 (block-wise, or per channel)
-and int4 (grouped), each a matmul of batonlm/kernels/quant.py (Triton on CUDA, the torch
-references elsewhere). `resident.py` puts them in a model in place of its float projections
+"""Linear layers whose weights stay quantized on the device: FP8 (block-wise, or per channel),
+int8 with int8 activations (W8A8-int8) and int4 (grouped), each a matmul of
+batonlm/kernels/quant.py or int8.py (Triton on CUDA, the torch references elsewhere). `resident.py` puts them in a model in place of its float projections
 and fills them from the checkpoint."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from batonlm.kernels.int8 import int8_scaled_matmul, per_token_quant_int8, static_quant_int8
 from batonlm.kernels.quant import (
     fp8_block_matmul,
     fp8_scaled_matmul,
@@ -53,6 +54,33 @@ class Fp8Linear(nn.Module):
             else:
                 x_q, x_scale = per_token_quant_fp8(flat)
             y = fp8_scaled_matmul(x_q, x_scale, self.weight_q, self.weight_scale, x.dtype, self.bias)
+        return y.reshape(*x.shape[:-1], self.n)
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T (+ bias) with W [N, K] int8 and one float32 scale per output channel, the
+    activations quantized to int8 per token (or with `static` by a checkpoint's one input
+    scale) and multiplied in int32: W8A8-int8 (llm-compressor's W8A8 / INT8 scheme)."""
+
+    weight_q: torch.Tensor
+    weight_scale: torch.Tensor
+    input_scale: torch.Tensor | None
+
+    def __init__(self, n: int, k: int, static: bool, bias: bool) -> None:
+        super().__init__()
+        self.n, self.k = n, k
+        self.register_buffer("weight_q", torch.empty(n, k, dtype=torch.int8))
+        self.register_buffer("weight_scale", torch.empty(n, dtype=torch.float32))
+        self.register_buffer("input_scale", torch.empty(1, dtype=torch.float32) if static else None)
+        self.bias = nn.Parameter(torch.empty(n)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.k)
+        if self.input_scale is not None:
+            x_q, x_scale = static_quant_int8(flat, self.input_scale), self.input_scale
+        else:
+            x_q, x_scale = per_token_quant_int8(flat)
+        y = int8_scaled_matmul(x_q, x_scale, self.weight_q, self.weight_scale, x.dtype, self.bias)
         return y.reshape(*x.shape[:-1], self.n)
 
 

@@ -1,10 +1,11 @@
-"""Quantized weights kept quantized on the device (CUDA by default): each decoder projection
-whose checkpoint layers are all FP8, or all 4-bit with consecutive groups, becomes an
-`Fp8Linear` / `Int4Linear` (quantization/linear.py) before the model's memory is allocated, and
+"""Quantized weights kept quantized on the device (CUDA by default, W8A8 everywhere): each
+decoder projection whose checkpoint layers are all FP8, all int8 per channel with int8
+activations (W8A8-int8), or all 4-bit with consecutive groups, becomes an `Fp8Linear` /
+`Int8Linear` / `Int4Linear` (quantization/linear.py) before the model's memory is allocated, and
 is filled here from the checkpoint's own integers and scales: never through a float copy.
 
-A projection the kernels do not cover (int8, activation-ordered groups, mixed formats) stays a
-float layer filled by the dequantizing view. Under tensor parallelism a rank holds the rows or
+A projection the kernels do not cover (weight-only int8, int8 per group or with zeros,
+activation-ordered groups, mixed formats) stays a float layer filled by the dequantizing view. Under tensor parallelism a rank holds the rows or
 columns of every source layer the float loader would give it (`weight_targets`); a slice that
 would split an FP8 block or an int4 group is refused at start-up, naming the layer.
 """
@@ -12,6 +13,7 @@ would split an FP8 block or an int4 group is refused at start-up, naming the lay
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +24,7 @@ from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.formats import QuantizedLinear, int_weights
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
 from batonlm.model_runner.weight_loader import Target
 
 logger = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ class ResidentLayer:
     """A projection made quantized: its module and the checkpoint layers that fill it."""
 
     name: str  # the model's module name (e.g. model.layers.0.self_attn.qkv_proj)
-    module: Fp8Linear | Int4Linear
+    module: Fp8Linear | Int8Linear | Int4Linear
     sources: list[tuple[QuantizedLinear, Target]]
 
 
@@ -63,14 +65,17 @@ def make_resident(
             continue
         n, k = weight.shape
         storages = {lin.storage for lin, _ in sources}
-        layer: Fp8Linear | Int4Linear
+        layer: Fp8Linear | Int8Linear | Int4Linear
+        static = any(m.endswith(".input_scale") for lin, _ in sources for m in lin.members)
         if storages == {"fp8"}:
             block = quant.block
-            static = any(m.endswith(".input_scale") for lin, _ in sources for m in lin.members)
             for lin, t in sources:
                 _check_fp8_slice(module_name, lin, t, block)
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, block, static, bias=False)
+        elif storages == {"int"} and quant.act_quant == "int8" and all(_int8_per_channel(ckpt, lin) for lin, _ in sources):
+            with torch.device("meta"):
+                layer = Int8Linear(n, k, static, bias=False)
         elif storages <= {"gptq", "awq", "packed"}:
             group = _int4_group(ckpt, module_name, sources, quant)
             if group is None:
@@ -84,9 +89,19 @@ def make_resident(
         _swap(model, module_name, module, layer, dtype)
         out.append(ResidentLayer(module_name, layer, sources))
     if kept:
-        logger.info("%d quantized projection(s) run dequantized (int8, activation-ordered groups or mixed formats), "
+        logger.info("%d quantized projection(s) run dequantized (weight-only int8, int8 per group or with zeros, "
+                    "activation-ordered groups or mixed formats), "
                     "e.g. %s", len(kept), sorted(kept)[0])
     return out
+
+
+def _int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
+    """An int8 layer the W8A8-int8 kernels run: signed codes, no zeros, a scale per output
+    channel or per tensor."""
+    n = lin.shape[0]
+    scale = Checkpoint.shape(ckpt, lin.members[1])
+    return (Checkpoint.dtype(ckpt, f"{lin.prefix}.weight") == "I8" and f"{lin.prefix}.weight_zero_point" not in lin.members
+            and (math.prod(scale) == 1 or tuple(scale) in ((n,), (n, 1))))
 
 
 def _int4_group(
@@ -125,7 +140,8 @@ def _check_fp8_slice(module_name: str, lin: QuantizedLinear, t: Target, block: t
                                 "them into whole blocks is needed")
 
 
-def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int4Linear, dtype: torch.dtype) -> None:
+def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int8Linear | Int4Linear,
+          dtype: torch.dtype) -> None:
     if isinstance(old, RowParallelLinear):  # its bias stays, added once after the ranks' sum
         del old.weight
         old.local = new
@@ -144,6 +160,8 @@ def load_resident(layers: list[ResidentLayer], ckpt: Checkpoint, quant: QuantCon
             for lin, t in layer.sources:
                 if isinstance(layer.module, Fp8Linear):
                     _load_fp8(layer.module, ckpt, lin, t, quant)
+                elif isinstance(layer.module, Int8Linear):
+                    _load_int8(layer.module, ckpt, lin, t)
                 else:
                     _load_int4(layer.module, ckpt, lin, t, quant)
 
@@ -155,24 +173,43 @@ def _narrow(x: torch.Tensor, t: Target, dim: int | None = None) -> torch.Tensor:
 def _load_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     p = f"{lin.prefix}."
     w = _narrow(ckpt.get(p + "weight"), t).to(torch.float8_e4m3fn)
-    scale = ckpt.get(lin.members[1]).to(torch.float32)
     rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
     module.weight_q[rows] = w.to(module.weight_q.device)
     if module.block is not None:
         bn, bk = module.block
+        scale = ckpt.get(lin.members[1]).to(torch.float32)
         if t.dim == 0:
             s = scale[t.start // bn : _cdiv(t.start + t.count, bn)]
             module.weight_scale[t.offset // bn : t.offset // bn + s.shape[0]] = s
         else:
             module.weight_scale.copy_(scale[:, t.start // bk : _cdiv(t.start + t.count, bk)])
     else:
-        full = lin.shape[0]
-        per_channel = scale.reshape(-1).expand(full) if scale.numel() == 1 else scale.reshape(full)
-        module.weight_scale[rows] = per_channel[t.start : t.start + t.count] if t.dim == 0 else per_channel
-    if module.input_scale is not None:  # one scale for the fused input: the largest (nothing clips)
-        given = ckpt.get(p + "input_scale").to(torch.float32).reshape(1) if p + "input_scale" in lin.members else None
-        if given is not None:
-            module.input_scale.copy_(given if t.offset == 0 else torch.maximum(module.input_scale, given))
+        _load_channel_scales(module, ckpt, lin, t)
+    _load_input_scale(module, ckpt, lin, t)
+
+
+def _load_int8(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+    rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
+    module.weight_q[rows] = _narrow(ckpt.get(f"{lin.prefix}.weight"), t).to(module.weight_q.device)
+    _load_channel_scales(module, ckpt, lin, t)
+    _load_input_scale(module, ckpt, lin, t)
+
+
+def _load_channel_scales(module: Fp8Linear | Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+    """A per-channel (or per-tensor) weight scale: this rank's output rows of it, at their offset."""
+    scale = ckpt.get(lin.members[1]).to(torch.float32)
+    full = lin.shape[0]
+    per_channel = scale.reshape(-1).expand(full) if scale.numel() == 1 else scale.reshape(full)
+    rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
+    module.weight_scale[rows] = per_channel[t.start : t.start + t.count] if t.dim == 0 else per_channel
+
+
+def _load_input_scale(module: Fp8Linear | Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+    """A static activation scale; one for a fused input: the largest of its layers' (nothing clips)."""
+    name = f"{lin.prefix}.input_scale"
+    if module.input_scale is not None and name in lin.members:
+        given = ckpt.get(name).to(torch.float32).reshape(1)
+        module.input_scale.copy_(given if t.offset == 0 else torch.maximum(module.input_scale, given))
 
 
 def _load_int4(module: Int4Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:

@@ -57,6 +57,8 @@ LLMC_FIXTURES = {
     "w4a16": ("rtn", "W4A16"),
     "w4a16-asym": ("rtn", "W4A16_ASYM"),
     "w8a16": ("rtn", "W8A16"),
+    "w8a8": ("rtn", "W8A8"),
+    "w8a8-static": ("static", "W8A8 with static per-tensor activations"),
     "w4a16-gptq": ("gptq", "W4A16"),
 }
 
@@ -112,6 +114,17 @@ def make_llmcompressor(names: list[str]) -> None:
         if kind == "rtn":
             recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
             oneshot(model=model, recipe=recipe)
+        elif kind == "static":  # int8 per-channel weights, int8 activations with one calibrated scale
+            from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+            def int8(strategy: str, dynamic: bool) -> QuantizationArgs:
+                return QuantizationArgs(num_bits=8, type="int", strategy=strategy, symmetric=True, dynamic=dynamic)
+
+            group = QuantizationScheme(targets=["Linear"], weights=int8("channel", False),
+                                       input_activations=int8("tensor", False))
+            recipe = QuantizationModifier(config_groups={"group_0": group}, ignore=["lm_head"])
+            ds = calibration_dataset()
+            oneshot(model=model, recipe=recipe, dataset=ds, num_calibration_samples=len(ds), max_seq_length=64)
         else:
             recipe = GPTQModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
             ds = calibration_dataset()

@@ -9,8 +9,8 @@ PROMPT and a greedy continuation.
 Independently, the script dequantizes the checkpoint's tensors from the formats' descriptions
 (compressed-tensors: fp8 * scale, int codes + offset packed low bits first; GPTQ / AWQ: the
 readers in tests/quant_formats.py, checked against the tools by check_packing.py), puts them into
-a plain float32 LlamaForCausalLM (for W8A8 FP8 fixtures, with each Linear's input quantized to
-float8 per token / per 128-group as the scheme says, which transformers does too) and compares the
+a plain float32 LlamaForCausalLM (for W8A8 fixtures, with each Linear's input quantized to
+float8 per token / per 128-group or int8 per token as the scheme says, which transformers does too) and compares the
 logits. With --write, the transformers numbers
 (not ours) are saved: input_ids, logits [T, vocab] float32 and greedy_ids, with the versions and
 the measured difference in the file's metadata.
@@ -64,7 +64,7 @@ def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Ten
     fmt = group.get("format") or qcfg["format"]
     out = {}
     for k in list(t):
-        if fmt == "float-quantized" and k.endswith(".weight_scale"):
+        if fmt in ("float-quantized", "int-quantized") and k.endswith(".weight_scale"):
             p = k[: -len(".weight_scale")]
             w = t[p + ".weight"].to(torch.float32)
             s = t[k].to(torch.float32)
@@ -133,16 +133,25 @@ def dequantized_model(d: Path):
     return model
 
 
-def fp8_activation_args(d: Path) -> dict | None:
-    """The dynamic float8 input_activations args of a compressed-tensors fixture, if any."""
+def activation_args(d: Path) -> dict | None:
+    """The 8-bit (float8 or int8) input_activations args of a compressed-tensors fixture, if any."""
     qcfg = json.loads((d / "config.json").read_text()).get("quantization_config") or {}
     if qcfg.get("quant_method") != "compressed-tensors":
         return None
     (group,) = qcfg["config_groups"].values()
     a = group.get("input_activations")
-    if a and a["type"] == "float" and a["num_bits"] == 8 and a["dynamic"]:
+    if a and a["num_bits"] == 8 and (a["dynamic"] or a["type"] == "int"):
         return a
     return None
+
+
+def add_activation_quant(model, args: dict, d: Path) -> None:
+    if args["type"] == "float":
+        add_fp8_activation_quant(model, args)
+    elif args["dynamic"]:
+        add_int8_activation_quant(model, args)
+    else:
+        add_static_int8_activation_quant(model, load_tensors(d))
 
 
 def add_fp8_activation_quant(model, args: dict) -> None:
@@ -161,6 +170,36 @@ def add_fp8_activation_quant(model, args: dict) -> None:
 
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
+            mod.register_forward_pre_hook(hook)
+
+
+def add_int8_activation_quant(model, args: dict) -> None:
+    """Quantize every decoder Linear's input to int8 and back, per token, symmetric: scale = amax
+    / 127.5 (compressed-tensors' symmetric scale: the half range (127 - -128) / 2), codes
+    round-half-even(x / scale) clamped to [-128, 127] (so the amax itself lands on 127)."""
+    assert args["strategy"] == "token" and args["symmetric"], args
+
+    def hook(mod, inputs):
+        x = inputs[0]
+        s = x.abs().amax(-1, keepdim=True) / 127.5
+        s = torch.where(s == 0, torch.full_like(s, torch.finfo(x.dtype).eps), s)
+        return (torch.round(x / s).clamp(-128, 127) * s,)
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
+            mod.register_forward_pre_hook(hook)
+
+
+def add_static_int8_activation_quant(model, tensors: dict[str, torch.Tensor]) -> None:
+    """Quantize every decoder Linear's input to int8 and back with the checkpoint's one
+    `input_scale` of that layer: round-half-even(x / scale) clamped to [-128, 127], times scale."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
+            scale = tensors[name + ".input_scale"].float()
+
+            def hook(mod, inputs, scale=scale):
+                return (torch.round(inputs[0] / scale).clamp(-128, 127) * scale,)
+
             mod.register_forward_pre_hook(hook)
 
 
@@ -225,9 +264,11 @@ def main() -> None:
         hf_logits, hf_greedy = run(model, ids)
         ref_model = dequantized_model(d)
         meaning = "dequantized fp32 weights"
-        if (act := fp8_activation_args(d)) is not None:
-            add_fp8_activation_quant(ref_model, act)
-            meaning += f" + fp8 e4m3 dynamic activations per {act['strategy']}"
+        if (act := activation_args(d)) is not None:
+            add_activation_quant(ref_model, act, d)
+            kind = "fp8 e4m3" if act["type"] == "float" else "int8"
+            how = "dynamic" if act["dynamic"] else "static"
+            meaning += f" + {kind} {how} activations per {act['strategy']}"
         ref_logits, ref_greedy = run(ref_model, ids)
         diff = (hf_logits - ref_logits).abs().max().item()
         top2 = hf_logits.topk(2, -1).values

@@ -1,0 +1,139 @@
+"""W8A8-int8 linear layers' kernels: activations quantized to int8 at run time, weights int8 with
+one scale per output channel (or per tensor), their product summed exactly in int32. Each a
+plain-torch reference beside a Triton twin (`_triton_int8.py`); `use_triton`: None picks Triton
+for CUDA tensors, torch elsewhere.
+
+Scales are float32 and mean "dequantized = code * scale". Symmetric quantization as
+compressed-tensors defines it (llm-compressor's `W8A8` / `INT8` scheme, and transformers'
+reference for those checkpoints):
+- per token, dynamically (`per_token_quant_int8`): scale = amax / 127.5, the token's largest
+  |x| over the half range (127 - (-128)) / 2 (at least float32's smallest normal, so an all-zero
+  token quantizes to zeros); code = x / scale rounded half to even and clamped to [-128, 127], so
+  +amax lands on 127 and -amax on -128. (vLLM divides by 127; the two differ by at most one code.)
+- per tensor, statically (`static_quant_int8`): the same with a given scale (a checkpoint's
+  `input_scale`), saturating at -128 and 127.
+- `int8_scaled_matmul`: y = (x_q @ w_q^T) * x_scale * w_scale (+ bias). The integer product is
+  exact in int32 (|sum| <= 128^2 K < 2^31 for K < 131072); it is converted to float32 once and
+  multiplied by the two scales in that order (then the bias is added, then the result is
+  converted to `out_dtype`), which the Triton kernel does too, so the two agree bit for bit.
+Activations are 2-D [M, K]; weights are nn.Linear's [N, K]; y = x @ W^T.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# The least scale: float32's smallest normal (an all-zero token divides by it, not by 0).
+MIN_SCALE = torch.finfo(torch.float32).tiny
+INT8_HALF_RANGE = 127.5  # (127 - (-128)) / 2: compressed-tensors' symmetric scale divisor
+QMIN, QMAX = -128, 127
+MAX_K = 131071  # past it the int32 sum of 128 * 128 products could overflow
+
+
+def _fail(name: str, what: str, got: object) -> ValueError:
+    return ValueError(f"{name}: expected {what}, got {got}")
+
+
+def _check_x(x: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise _fail("x", "a 2-D tensor", f"shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise _fail("x", "a floating-point tensor", x.dtype)
+
+
+def _check_scale(t: torch.Tensor, name: str, shapes: list[tuple[int, ...]]) -> None:
+    if t.dtype != torch.float32:
+        raise _fail(name, "float32", t.dtype)
+    if tuple(t.shape) not in shapes:
+        raise _fail(name, " or ".join(str(list(s)) for s in shapes), f"shape {tuple(t.shape)}")
+
+
+def _on_triton(t: torch.Tensor, use_triton: bool | None) -> bool:
+    return t.is_cuda if use_triton is None else use_triton
+
+
+def _codes(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.round(x.float() / scale).clamp(QMIN, QMAX).to(torch.int8)
+
+
+def per_token_quant_int8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_x(x)
+    amax = x.float().abs().amax(dim=1, keepdim=True) if x.shape[1] else x.new_zeros((x.shape[0], 1), dtype=torch.float32)
+    # A tensor divisor: CUDA divides by a Python scalar as a multiply by its reciprocal.
+    scale = (amax / torch.full_like(amax, INT8_HALF_RANGE)).clamp(min=MIN_SCALE)
+    return _codes(x, scale), scale
+
+
+def per_token_quant_int8(x: torch.Tensor, *, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_q int8 [M, K], scale float32 [M, 1])."""
+    if not _on_triton(x, use_triton):
+        return per_token_quant_int8_reference(x)
+    _check_x(x)
+    from batonlm.kernels import _triton_int8
+
+    return _triton_int8.quant_int8(x, MIN_SCALE, INT8_HALF_RANGE)
+
+
+def static_quant_int8_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    _check_x(x)
+    _check_scale(scale, "scale", [(), (1,)])
+    return _codes(x, scale.reshape(()))
+
+
+def static_quant_int8(x: torch.Tensor, scale: torch.Tensor, *, use_triton: bool | None = None) -> torch.Tensor:
+    """x [M, K] / a per-tensor float32 `scale` ([] or [1]), rounded and saturated -> x_q int8."""
+    if not _on_triton(x, use_triton):
+        return static_quant_int8_reference(x, scale)
+    _check_x(x)
+    _check_scale(scale, "scale", [(), (1,)])
+    from batonlm.kernels import _triton_int8
+
+    return _triton_int8.quant_int8(x, MIN_SCALE, INT8_HALF_RANGE, static_scale=scale)[0]
+
+
+def _check_matmul(x_q, x_scale, w_q, w_scale, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two scales as [M or 1, 1] and [N or 1, 1]."""
+    for t, name in ((x_q, "x_q"), (w_q, "w_q")):
+        if t.dim() != 2 or t.dtype != torch.int8:
+            raise _fail(name, "a 2-D int8 tensor", f"{t.dtype} {tuple(t.shape)}")
+    if x_q.shape[1] != w_q.shape[1]:
+        raise _fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {tuple(w_q.shape)}")
+    if x_q.shape[1] > MAX_K:
+        raise _fail("x_q", f"at most {MAX_K} columns (the int32 sum's range)", x_q.shape[1])
+    m, n = x_q.shape[0], w_q.shape[0]
+    _check_scale(x_scale, "x_scale", [(), (1,), (m, 1)])
+    _check_scale(w_scale, "w_scale", [(), (1,), (n,), (n, 1)])
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise _fail("bias", f"shape [{n}]", f"shape {tuple(bias.shape)}")
+    return x_scale.reshape(-1, 1), w_scale.reshape(-1, 1)
+
+
+def int_product(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """x_q [M, K] @ w_q [N, K]^T, int32, exact: the CPU's int8 GEMM (oneDNN, through
+    `torch._int_mm`), elsewhere float64 (every partial sum is an integer below 2^53). K = 1 goes
+    through float64 too: the CPU kernel misreads a one-column weight's transpose (torch 2.13)."""
+    if x_q.device.type == "cpu" and x_q.shape[0] and x_q.shape[1] > 1:
+        return torch._int_mm(x_q.contiguous(), w_q.t())
+    return (x_q.double() @ w_q.double().t()).to(torch.int32)
+
+
+def int8_scaled_matmul_reference(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                                 out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    xs, ws = _check_matmul(x_q, x_scale, w_q, w_scale, bias)
+    y = int_product(x_q, w_q).float() * xs * ws.T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+def int8_scaled_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                       out_dtype: torch.dtype, bias: torch.Tensor | None = None, *,
+                       use_triton: bool | None = None) -> torch.Tensor:
+    """y [M, N] in `out_dtype` = (x_q @ w_q^T) * x_scale * w_scale + bias: x_scale [] / [1] (per
+    tensor) or [M, 1] (per token), w_scale [] / [1] (per tensor) or [N] / [N, 1] (per channel)."""
+    if not _on_triton(x_q, use_triton):
+        return int8_scaled_matmul_reference(x_q, x_scale, w_q, w_scale, out_dtype, bias)
+    xs, ws = _check_matmul(x_q, x_scale, w_q, w_scale, bias)
+    from batonlm.kernels import _triton_int8
+
+    return _triton_int8.int8_matmul(x_q, w_q, xs.contiguous(), ws.contiguous(), out_dtype, bias)
