@@ -39,14 +39,29 @@ def tp_layout(cfg: ModelConfig, rank: int, size: int) -> TPLayout:
     return TPLayout(rank, size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
 
 
+def keeps_quantized(cfg: ModelConfig, device: str | torch.device) -> bool:
+    """Whether a quantized checkpoint's projections stay quantized by default: on CUDA (online
+    FP8 only where the GPU multiplies FP8, compute capability 8.9 or more; elsewhere its rounded
+    weights are dequantized), and W8A8 everywhere (its activations are quantized on every device:
+    its outputs are the checkpoint's)."""
+    quant = cfg.quantization
+    if quant is None:
+        return False
+    if quant.act_quant != "none" and not quant.online:
+        return True
+    if torch.device(device).type != "cuda":
+        return False
+    return not quant.online or (torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
 def build_meta_model(
     cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None,
     shard: TPLayout | None = None, mlp_group: TPGroup | None = None, resident: bool | None = None,
 ) -> tuple[CausalLM, list[Any]]:
     """The native model as `load_model` builds it, on the meta device (nothing allocated, only
     the quantized checkpoint's headers read): its float parameters in `dtype`, and the quantized
-    projections that stay quantized (`resident`; default: on CUDA, and for W8A8 everywhere)
-    swapped for their quantized layers, returned beside it for loading."""
+    projections that stay quantized (`resident`; default: `keeps_quantized`) swapped for their
+    quantized layers, returned beside it for loading."""
     model_class = MODEL_ARCHITECTURES[cfg.architecture]
     tp = tp or TPGroup.single()
     shard = shard or tp_layout(cfg, tp.rank, tp.size)
@@ -55,14 +70,15 @@ def build_meta_model(
     model = model.to(dtype)
     quant = cfg.quantization
     layers: list[Any] = []
-    if resident is None:  # W8A8's activations are quantized on every device: its outputs are the checkpoint's
-        resident = torch.device(device).type == "cuda" or (quant is not None and quant.act_quant != "none")
-    if quant is not None and not quant.online and resident:
-        from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
+    if resident is None:
+        resident = keeps_quantized(cfg, device)
+    if quant is not None and resident:
+        from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint, online_linears
         from batonlm.model_runner.quantization.resident import make_resident
 
         with DequantizedCheckpoint(checkpoint_files(cfg.path), quant) as ckpt:
-            layers = make_resident(model, ckpt, ckpt.linears, quant, weight_targets(model), dtype)
+            linears = online_linears(ckpt) if quant.online else ckpt.linears
+            layers = make_resident(model, ckpt, linears, quant, weight_targets(model), dtype)
     return model, layers
 
 
@@ -72,8 +88,8 @@ def load_model(
 ) -> tuple[CausalLM, LoadStats]:
     """The model (this rank's part of it: `shard`, by default the group's rank's; with DP
     attention its share of the MLP among `mlp_group`) and what loading it read. A quantized
-    checkpoint's projections stay quantized (`resident`; default: on CUDA, and for W8A8
-    everywhere) or are dequantized."""
+    checkpoint's projections stay quantized (`resident`; default: `keeps_quantized`) or are
+    dequantized."""
     if cfg.impl == "transformers":
         from batonlm.model_runner.models.transformers_fallback import load_transformers_model
 

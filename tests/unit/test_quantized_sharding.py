@@ -38,8 +38,8 @@ def fp8_block64(tmp_path_factory) -> Path:
     return out
 
 
-def _models(path: Path, resident: bool, size: int = 2):
-    cfg = ModelConfig.from_hf(path)
+def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto"):
+    cfg = ModelConfig.from_hf(path, quantization=quantization)
     full = load_model(cfg, torch.float64, "cpu", resident=resident)[0]
     ranks = [load_model(cfg, torch.float64, "cpu", shard=tp_layout(cfg, r, size), resident=resident)[0]
              for r in range(size)]
@@ -56,13 +56,14 @@ def _models(path: Path, resident: bool, size: int = 2):
     ("fp8-dynamic", True, Fp8Linear),
     ("w8a8", True, Int8Linear),
     ("w8a8-static", True, Int8Linear),  # one input scale for every rank: only float32's rounding apart
+    ("online-fp8", True, Fp8Linear),  # --quantization fp8 of the float source, kept FP8 (CUDA's default)
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:
-    path = fp8_block64 if name == "fp8-block64" else DATA / name
-    cfg, full, ranks = _models(path, resident)
+    path = {"fp8-block64": fp8_block64, "online-fp8": DATA / "fp32-source"}.get(name, DATA / name)
+    cfg, full, ranks = _models(path, resident, quantization="fp8" if name == "online-fp8" else "auto")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, cfg.hidden_size, generator=g, dtype=torch.float64)
-    per_token = name == "fp8-dynamic"
+    per_token = name in ("fp8-dynamic", "online-fp8")
 
     def module(model, proj):
         return model.get_submodule(LAYER + proj)

@@ -5,7 +5,8 @@ parallelism (a rank's rows or columns of the float weight), fused projections, L
 compiled decode step need nothing of their own (docs/quantization.md: what runs where).
 
 With `--quantization fp8` on a float checkpoint (`QuantConfig.online`), each projection's
-weight is rounded to FP8 e4m3 with one scale per output channel as it is read.
+weight is rounded to FP8 e4m3 with one scale per output channel as it is read (where the
+projections stay FP8, `resident.py` keeps the codes and scales instead: `online_linears`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,26 @@ _PROJECTION = re.compile(r"(_proj|\.experts\.\d+\.w[123])\.weight$")
 FP8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
 
 
-def fp8_round_per_channel(w: torch.Tensor) -> torch.Tensor:
-    """`w` [N, K] rounded to FP8 e4m3 with one scale per row (amax / 448) and back, in float32."""
+def fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`w` [N, K] in FP8 e4m3 with one float32 scale per row (amax / 448; 1 for a zero row):
+    (codes [N, K], scales [N])."""
     w = w.to(torch.float32)
     amax = w.abs().amax(dim=1, keepdim=True)
     scale = torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))
-    q = (w / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.to(torch.float32) * scale
+    return (w / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn), scale[:, 0]
+
+
+def fp8_round_per_channel(w: torch.Tensor) -> torch.Tensor:
+    """`w` [N, K] rounded to FP8 e4m3 with one scale per row (amax / 448) and back, in float32."""
+    q, scale = fp8_per_channel(w)
+    return q.to(torch.float32) * scale[:, None]
+
+
+def online_linears(ckpt: Checkpoint) -> dict[str, QuantizedLinear]:
+    """Every float projection `--quantization fp8` rounds, as a layer that can stay FP8
+    (storage "online": its codes and scales computed from the float weight when it is read)."""
+    return {name: QuantizedLinear(name.removesuffix(".weight"), "online", (name,), (shape[0], shape[1]))
+            for name in ckpt.names() if _PROJECTION.search(name) and len(shape := ckpt.shape(name)) == 2}
 
 
 class DequantizedCheckpoint(Checkpoint):

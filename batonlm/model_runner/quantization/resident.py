@@ -23,6 +23,7 @@ from batonlm.kernels.quant import pack_int4
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
+from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import QuantizedLinear, int_weights
 from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
 from batonlm.model_runner.weight_loader import Target
@@ -76,6 +77,9 @@ def make_resident(
         elif storages == {"int"} and quant.act_quant == "int8" and all(_int8_per_channel(ckpt, lin) for lin, _ in sources):
             with torch.device("meta"):
                 layer = Int8Linear(n, k, static, bias=False)
+        elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
+            with torch.device("meta"):
+                layer = Fp8Linear(n, k, None, static=False, bias=False)
         elif storages <= {"gptq", "awq", "packed"}:
             group = _int4_group(ckpt, module_name, sources, quant)
             if group is None:
@@ -158,7 +162,9 @@ def load_resident(layers: list[ResidentLayer], ckpt: Checkpoint, quant: QuantCon
     with torch.no_grad():
         for layer in layers:
             for lin, t in layer.sources:
-                if isinstance(layer.module, Fp8Linear):
+                if isinstance(layer.module, Fp8Linear) and lin.storage == "online":
+                    _load_online_fp8(layer.module, ckpt, lin, t)
+                elif isinstance(layer.module, Fp8Linear):
                     _load_fp8(layer.module, ckpt, lin, t, quant)
                 elif isinstance(layer.module, Int8Linear):
                     _load_int8(layer.module, ckpt, lin, t)
@@ -186,6 +192,15 @@ def _load_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Targ
     else:
         _load_channel_scales(module, ckpt, lin, t)
     _load_input_scale(module, ckpt, lin, t)
+
+
+def _load_online_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+    """A float weight rounded per channel (over its whole rows, so every rank's columns share the
+    one-rank scales), this rank's part of the codes and scales."""
+    q, scale = fp8_per_channel(ckpt.get(lin.members[0]))
+    rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
+    module.weight_q[rows] = _narrow(q, t).to(module.weight_q.device)
+    module.weight_scale[rows] = scale[t.start : t.start + t.count] if t.dim == 0 else scale
 
 
 def _load_int8(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
