@@ -39,12 +39,12 @@ def sort_by_expert(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> tuple[
     return ids, topk_weights.gather(1, order)
 
 
-def _gated(h: torch.Tensor, act: Activation) -> torch.Tensor:
+def gated(h: torch.Tensor, act: Activation) -> torch.Tensor:
     gate, up = h.chunk(2, dim=-1)
     return act(gate) * up
 
 
-def _weighted_sum(y: torch.Tensor, weights: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def weighted_sum(y: torch.Tensor, weights: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """y [T, K, H] expert outputs (ascending expert order per token), weights [T, K] ->
     [T, H]: (((0 + w0 y0) + w1 y1) + ...), each product rounded to `out_dtype` as transformers'
     index_add does."""
@@ -64,9 +64,30 @@ def fused_moe_reference(
         token, slot = torch.where(topk_ids == e)
         if token.numel() == 0:
             continue
-        y = F.linear(_gated(F.linear(x[token], w13[e]), act), w2[e])
+        y = F.linear(gated(F.linear(x[token], w13[e]), act), w2[e])
         out.index_add_(0, token, (y * topk_weights[token, slot, None]).to(x.dtype))
     return out
+
+
+def grouped_by_expert(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, hidden_out: int,
+    mlp: Callable[[int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """The (token, k) pairs sorted by expert; `mlp(e, rows)` once per expert that has rows (its
+    output [rows, hidden_out]); the token's outputs weighted and summed in ascending expert order."""
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    rows = x[order // k]
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    y = torch.empty((t * k, hidden_out), dtype=x.dtype, device=x.device)
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            y[order[start : start + n]] = mlp(e, rows[start : start + n])
+            start += n
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
 
 
 def fused_moe_grouped(
@@ -74,20 +95,8 @@ def fused_moe_grouped(
     act: Activation = F.silu,
 ) -> torch.Tensor:
     """The (token, k) pairs sorted by expert; one matmul pair per expert that has rows."""
-    t, k = topk_ids.shape
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    flat = ids.flatten()
-    order = flat.argsort(stable=True)
-    rows = x[order // k]
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
-    y = torch.empty((t * k, w2.shape[1]), dtype=x.dtype, device=x.device)
-    start = 0
-    for e, n in enumerate(counts):
-        if n:
-            seg = rows[start : start + n]
-            y[order[start : start + n]] = F.linear(_gated(F.linear(seg, w13[e]), act), w2[e])
-            start += n
-    return _weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    return grouped_by_expert(x, topk_ids, topk_weights, w13.shape[0], w2.shape[1],
+                             lambda e, seg: F.linear(gated(F.linear(seg, w13[e]), act), w2[e]))
 
 
 def fused_moe_dense(
@@ -99,10 +108,10 @@ def fused_moe_dense(
     and adding zeros changes no sum."""
     e = w13.shape[0]
     ids, weights = sort_by_expert(topk_ids, topk_weights)
-    h = _gated(torch.matmul(x.unsqueeze(0), w13.transpose(1, 2)), act)  # [E, T, I]
+    h = gated(torch.matmul(x.unsqueeze(0), w13.transpose(1, 2)), act)  # [E, T, I]
     y = torch.matmul(h, w2.transpose(1, 2))  # [E, T, H]
     dense = torch.zeros(x.shape[0], e, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
-    return _weighted_sum(y.transpose(0, 1), dense, x.dtype)  # over all experts, ascending (zeros exact)
+    return weighted_sum(y.transpose(0, 1), dense, x.dtype)  # over all experts, ascending (zeros exact)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,5 +150,5 @@ def fused_moe_triton(
     ids, weights = sort_by_expert(topk_ids, topk_weights)
     sorted_ids, block_expert = moe_align(ids, w13.shape[0], _triton_moe.BLOCK_M)
     h = _triton_moe.grouped_gemm(x, w13, sorted_ids, block_expert, rows=t * k, a_row_div=k)  # [T*K, 2I]
-    y = _triton_moe.grouped_gemm(_gated(h, act), w2, sorted_ids, block_expert, rows=t * k, a_row_div=1)
-    return _weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    y = _triton_moe.grouped_gemm(gated(h, act), w2, sorted_ids, block_expert, rows=t * k, a_row_div=1)
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)

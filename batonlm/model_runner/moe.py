@@ -31,6 +31,7 @@ from torch import nn
 from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import split_evenly
 from batonlm.kernels import moe as moe_kernels
+from batonlm.kernels import moe_fp8
 from batonlm.model_runner.layers import GatedMLP, activation
 
 
@@ -67,6 +68,38 @@ class FusedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(opts.num_experts, hidden, count))
 
 
+class Fp8Experts(nn.Module):
+    """Every expert's gated MLP kept in FP8 blocks (a W8A8 block checkpoint's experts:
+    DeepSeek-V3, Qwen3-MoE FP8), this rank's slice of their intermediate features, in place of
+    `FusedExperts` (quantization/resident.py swaps it in and fills it). `kernels/moe_fp8.py`:
+    Triton on CUDA, the dense formulation in a compiled step, the grouped one otherwise."""
+
+    w13_q: torch.Tensor
+    w13_scale: torch.Tensor
+    w2_q: torch.Tensor
+    w2_scale: torch.Tensor
+
+    def __init__(self, experts: FusedExperts, block: tuple[int, int]) -> None:
+        super().__init__()
+        self.intermediate, self.rows, self.block = experts.intermediate, experts.rows, block
+        num, two_count, hidden = experts.w13.shape
+        count, (bn, bk) = two_count // 2, block
+        self.register_buffer("w13_q", torch.empty(num, two_count, hidden, dtype=torch.float8_e4m3fn))
+        self.register_buffer("w13_scale", torch.empty(num, -(-two_count // bn), -(-hidden // bk)))
+        self.register_buffer("w2_q", torch.empty(num, hidden, count, dtype=torch.float8_e4m3fn))
+        self.register_buffer("w2_scale", torch.empty(num, -(-hidden // bn), -(-count // bk)))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
+                ) -> torch.Tensor:
+        if x.is_cuda:
+            run = moe_fp8.fused_moe_fp8_triton
+        elif torch.compiler.is_compiling():
+            run = moe_fp8.fused_moe_fp8_dense
+        else:
+            run = moe_fp8.fused_moe_fp8_grouped
+        return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, self.block, ids, weights, act)
+
+
 def _formulation(x: torch.Tensor) -> moe_kernels.MoEFunction:
     if x.is_cuda:
         return moe_kernels.fused_moe_triton
@@ -84,7 +117,7 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(hidden, opts.num_experts, bias=False)
         if opts.score_bias:  # the checkpoint's `gate.e_score_correction_bias`
             self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(opts.num_experts))
-        self.experts = FusedExperts(hidden, opts, tp)
+        self.experts: FusedExperts | Fp8Experts = FusedExperts(hidden, opts, tp)
         self.act = activation(act)
         self.tp = tp
         self.shared_expert: GatedMLP | None = None
@@ -136,7 +169,11 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
-        out = _formulation(x)(x, self.experts.w13, self.experts.w2, ids, weights, self.act)
+        experts = self.experts
+        if isinstance(experts, Fp8Experts):
+            out = experts(x, ids, weights, self.act)
+        else:
+            out = _formulation(x)(x, experts.w13, experts.w2, ids, weights, self.act)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             gate = self.shared_expert_gate

@@ -108,7 +108,7 @@ def weight_targets(model: CausalLM) -> dict[str, Target | list[Target]]:
     starts = {"q_proj": (q_start, q_full), "k_proj": (kv_start, kv_full), "v_proj": (kv_start, kv_full)}
     out: dict[str, Target | list[Target]] = {}
     for param_name, p in model.named_parameters():
-        name = _checkpoint_name(model, param_name)
+        name = checkpoint_name(model, param_name)
         special = model.weight_target(param_name, name, p)
         if special is not None:
             out[name] = special
@@ -143,7 +143,8 @@ def weight_targets(model: CausalLM) -> dict[str, Target | list[Target]]:
 _EXPERT_PARAMS = ("experts.w13", "experts.w2")
 
 
-def _checkpoint_name(model: CausalLM, name: str) -> str:
+def checkpoint_name(model: CausalLM, name: str) -> str:
+    """A parameter's or module's name as the checkpoint spells it."""
     for ours, theirs in model.checkpoint_renames:
         name = name.replace(ours, theirs)
     return name

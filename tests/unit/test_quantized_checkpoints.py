@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_runner import ModelRunner
+from batonlm.model_runner.moe import Fp8Experts
 from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
@@ -148,8 +149,8 @@ def test_deepseek_v3_fp8_blocks_as_released(tiny_models, tmp_path: Path) -> None
     Read weight-only, its logits are bit-equal to the float model of the dequantized weights:
     every tensor found and read into its place (MLA's per-head rows, the experts' fused rows).
     Kept FP8 (W8A8, as on a GPU and for this format's activations everywhere), the projections
-    a layer applies stay FP8; kv_b_proj, whose per-head halves the absorbed attention reads, and
-    the experts are dequantized."""
+    a layer applies stay FP8, the routed experts too (test_quantized_experts.py); kv_b_proj,
+    whose per-head halves the absorbed attention reads, is dequantized."""
     from quant_formats import LINEARS, MLA_LINEARS, save_dequantized, write_fp8_block_checkpoint
 
     from batonlm.model_runner.models.mla import ProjectionWeight
@@ -165,6 +166,7 @@ def test_deepseek_v3_fp8_blocks_as_released(tiny_models, tmp_path: Path) -> None
     attn = model.model.layers[1].self_attn
     assert isinstance(attn.q_a_proj, Fp8Linear) and isinstance(attn.kv_a_proj_with_mqa, Fp8Linear)
     assert isinstance(attn.kv_b_proj, ProjectionWeight) and attn.kv_b_proj.weight.dtype == torch.float32
+    assert isinstance(model.model.layers[1].mlp.experts, Fp8Experts)
 
 
 def test_phi3_fused_projections_in_fp8_blocks(tiny_models, tmp_path: Path) -> None:

@@ -21,12 +21,14 @@ from torch import nn
 
 from batonlm.kernels.quant import pack_int4
 from batonlm.model_runner.checkpoint import Checkpoint
+from batonlm.model_runner.models.base import CausalLM
+from batonlm.model_runner.moe import Fp8Experts, FusedExperts
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import QuantizedLinear, int_weights
 from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
-from batonlm.model_runner.weight_loader import Target
+from batonlm.model_runner.weight_loader import Target, checkpoint_name
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class ResidentLayer:
     """A projection made quantized: its module and the checkpoint layers that fill it."""
 
     name: str  # the model's module name (e.g. model.layers.0.self_attn.qkv_proj)
-    module: Fp8Linear | Int8Linear | Int4Linear
+    module: Fp8Linear | Int8Linear | Int4Linear | Fp8Experts
     sources: list[tuple[QuantizedLinear, Target]]
 
 
@@ -45,7 +47,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def make_resident(
-    model: nn.Module, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], quant: QuantConfig,
+    model: CausalLM, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], quant: QuantConfig,
     targets: dict[str, Target | list[Target]], dtype: torch.dtype,
 ) -> list[ResidentLayer]:
     """Swap every decoder projection of `model` (on the meta device, not allocated yet) that can
@@ -92,11 +94,51 @@ def make_resident(
             continue
         _swap(model, module_name, module, layer, dtype)
         out.append(ResidentLayer(module_name, layer, sources))
+    for module_name, module in list(model.named_modules()):
+        if isinstance(module, FusedExperts):
+            experts = _fp8_experts(model, module_name, module, linears, targets, quant)
+            if experts is None:
+                kept.add(module_name)
+            else:
+                parent, _, child = module_name.rpartition(".")
+                setattr(model.get_submodule(parent), child, experts.module)
+                out.append(experts)
     if kept:
         logger.info("%d quantized projection(s) run dequantized (weight-only int8, int8 per group or with zeros, "
-                    "activation-ordered groups or mixed formats), "
+                    "activation-ordered groups, experts not in FP8 blocks or mixed formats), "
                     "e.g. %s", len(kept), sorted(kept)[0])
     return out
+
+
+def _fp8_experts(
+    model: CausalLM, module_name: str, module: FusedExperts, linears: dict[str, QuantizedLinear],
+    targets: dict[str, Target | list[Target]], quant: QuantConfig,
+) -> ResidentLayer | None:
+    """The experts as `Fp8Experts` when every expert's gate, up and down projections are FP8 in
+    blocks and an expert's intermediate size is whole blocks (else None: dequantized). A rank's
+    slice that would split a block is refused."""
+    if quant.block is None or quant.online:
+        return None
+    prefix = checkpoint_name(model, module_name)
+    names = [f"{prefix}.{e}.{n}.weight" for e in range(module.w13.shape[0]) for n in model.expert_weight_names]
+    if not all(n in linears and linears[n].storage == "fp8" and isinstance(targets.get(n), Target) for n in names):
+        return None
+    bn, bk = quant.block
+    start, count = module.rows
+    if module.intermediate % bn:
+        return None
+    if start % bn or count % bn or start % bk or (count % bk and start + count != module.intermediate):
+        raise QuantizationError(f"{module_name}: this rank's intermediate features [{start}, {start + count}) of "
+                                f"each expert would split its FP8 {bn}x{bk} blocks; a --tp that divides them into "
+                                "whole blocks is needed")
+    with torch.device("meta"):
+        layer = Fp8Experts(module, quant.block)
+    sources = []
+    for n in names:
+        t = targets[n]
+        assert isinstance(t, Target)
+        sources.append((linears[n], t))
+    return ResidentLayer(module_name, layer, sources)
 
 
 def _int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
@@ -162,7 +204,9 @@ def load_resident(layers: list[ResidentLayer], ckpt: Checkpoint, quant: QuantCon
     with torch.no_grad():
         for layer in layers:
             for lin, t in layer.sources:
-                if isinstance(layer.module, Fp8Linear) and lin.storage == "online":
+                if isinstance(layer.module, Fp8Experts):
+                    _load_fp8_expert(layer.module, ckpt, lin, t)
+                elif isinstance(layer.module, Fp8Linear) and lin.storage == "online":
                     _load_online_fp8(layer.module, ckpt, lin, t)
                 elif isinstance(layer.module, Fp8Linear):
                     _load_fp8(layer.module, ckpt, lin, t, quant)
@@ -192,6 +236,23 @@ def _load_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Targ
     else:
         _load_channel_scales(module, ckpt, lin, t)
     _load_input_scale(module, ckpt, lin, t)
+
+
+def _load_fp8_expert(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+    """One expert's gate or up rows (w13, at the target's offset) or down columns (w2): this
+    rank's whole blocks of its codes and scales. The expert: `<experts>.<e>.<name>`."""
+    e = int(lin.prefix.rsplit(".", 2)[-2])
+    bn, bk = module.block
+    w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
+    scale = ckpt.get(lin.members[1]).to(torch.float32)
+    device = module.w13_q.device
+    if t.dim == 0:
+        module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
+        module.w13_scale[e, t.offset // bn : (t.offset + t.count) // bn] = scale[
+            t.start // bn : (t.start + t.count) // bn].to(device)
+    else:
+        module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
+        module.w2_scale[e] = scale[:, t.start // bk : _cdiv(t.start + t.count, bk)].to(device)
 
 
 def _load_online_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:

@@ -1,0 +1,109 @@
+"""Mixture-of-experts with every expert's weights in FP8 blocks (DeepSeek-V3, Qwen3-MoE FP8):
+each expert's gated MLP is `Fp8Linear`'s W8A8 math twice. Its input rows are quantized to FP8
+e4m3 per token and group of bk columns (`per_token_group_quant_fp8`), multiplied by the
+expert's fused gate/up weight with its block scales (`fp8_block_matmul`), gated in the
+activation dtype, quantized again the same way and multiplied by its down weight. The routed
+outputs are summed as `batonlm.kernels.moe` sums them (ascending expert order, each product
+rounded to the activation dtype).
+
+Weights: `w13_q` [E, 2I, H] FP8 (gate rows then up rows) with `w13_scale` [E, 2I / bn, ceil(H /
+bk)], and `w2_q` [E, H, I] with `w2_scale` [E, ceil(H / bn), ceil(I / bk)], float32: weight =
+code * the scale of its (bn, bk) block. I is a multiple of bn, so a block never holds both gate
+and up rows.
+
+Three formulations of the same sum, as for float experts:
+- `fused_moe_fp8_grouped`: one expert at a time over the rows routed to it, through the torch
+  references of `batonlm.kernels.quant` (the reference, and the CPU's eager path);
+- `fused_moe_fp8_dense`: every expert over every token, weighted by exact zeros where not routed
+  (shapes depend on the batch size only: the CPU's compiled step); each row's products are the
+  grouped path's (a row's quantization and product depend on that row alone);
+- `fused_moe_fp8_triton` (CUDA): two grouped GEMM launches over FP8 tiles with the block scales
+  applied per K block (`_triton_moe.grouped_gemm_fp8`), every shape fixed by the batch size (a
+  CUDA graph captures it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from batonlm.kernels.moe import Activation, gated, grouped_by_expert, moe_align, sort_by_expert, weighted_sum
+from batonlm.kernels.quant import (
+    dequantize_fp8_block,
+    fp8_block_matmul_reference,
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_reference,
+)
+
+
+def _check(w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+           block: tuple[int, int]) -> None:
+    e, two_i, h = w13_q.shape
+    bn, bk = block
+    want = {"w13_scale": (e, -(-two_i // bn), -(-h // bk)), "w2_scale": (e, -(-h // bn), -(-w2_q.shape[2] // bk))}
+    for name, t in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
+        if tuple(t.shape) != want[name] or t.dtype != torch.float32:
+            raise ValueError(f"{name}: expected float32 {list(want[name])}, got {t.dtype} {list(t.shape)}")
+    if w2_q.shape != (e, h, two_i // 2) or (two_i // 2) % bn:
+        raise ValueError(f"w2_q: expected [{e}, {h}, {two_i // 2}] with I a multiple of {bn}, got "
+                         f"{list(w2_q.shape)} (I = {two_i // 2})")
+
+
+def _quantized_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    x_q, x_s = per_token_group_quant_fp8_reference(x, block[1])
+    return fp8_block_matmul_reference(x_q, x_s, w_q, w_scale, block, x.dtype)
+
+
+def fused_moe_fp8_grouped(
+    x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+    block: tuple[int, int], topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    _check(w13_q, w13_scale, w2_q, w2_scale, block)
+
+    def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
+        h = gated(_quantized_linear(seg, w13_q[e], w13_scale[e], block), act)
+        return _quantized_linear(h, w2_q[e], w2_scale[e], block)
+
+    return grouped_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], w2_q.shape[1], mlp)
+
+
+def _dequantized_rows(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [..., K] quantized per row and group of columns, and back, in float32."""
+    flat = x.reshape(-1, x.shape[-1])
+    q, s = per_token_group_quant_fp8_reference(flat, group)
+    k = flat.shape[1]
+    return (q.float() * s.repeat_interleave(group, dim=1)[:, :k]).view(x.shape)
+
+
+def fused_moe_fp8_dense(
+    x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+    block: tuple[int, int], topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    _check(w13_q, w13_scale, w2_q, w2_scale, block)
+    e = w13_q.shape[0]
+    w13 = torch.stack([dequantize_fp8_block(w13_q[i], w13_scale[i], block, torch.float32) for i in range(e)])
+    w2 = torch.stack([dequantize_fp8_block(w2_q[i], w2_scale[i], block, torch.float32) for i in range(e)])
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    x_d = _dequantized_rows(x, block[1])  # [T, H]
+    h = gated(torch.matmul(x_d.unsqueeze(0), w13.transpose(1, 2)).to(x.dtype), act)  # [E, T, I]
+    y = torch.matmul(_dequantized_rows(h, block[1]), w2.transpose(1, 2)).to(x.dtype)  # [E, T, H]
+    dense = torch.zeros(x.shape[0], e, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
+    return weighted_sum(y.transpose(0, 1), dense, x.dtype)
+
+
+def fused_moe_fp8_triton(
+    x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+    block: tuple[int, int], topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    """Two grouped FP8 GEMM launches; the activations quantized by the Triton quantizer."""
+    from batonlm.kernels import _triton_moe
+
+    _check(w13_q, w13_scale, w2_q, w2_scale, block)
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    sorted_ids, block_expert = moe_align(ids, w13_q.shape[0], _triton_moe.BLOCK_M)
+    x_q, x_s = per_token_group_quant_fp8(x, block[1], use_triton=True)
+    h = _triton_moe.grouped_gemm_fp8(x_q, x_s, w13_q, w13_scale, block, sorted_ids, block_expert, t * k, k, x.dtype)
+    g_q, g_s = per_token_group_quant_fp8(gated(h, act), block[1], use_triton=True)
+    y = _triton_moe.grouped_gemm_fp8(g_q, g_s, w2_q, w2_scale, block, sorted_ids, block_expert, t * k, 1, x.dtype)
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)

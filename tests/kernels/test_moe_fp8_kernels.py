@@ -1,0 +1,122 @@
+"""Mixture-of-experts over FP8 experts in blocks (batonlm/kernels/moe_fp8.py): the grouped FP8
+GEMM (Triton, interpreted on the CPU) against float64, and the three formulations of the whole
+layer (grouped torch reference, dense, Triton) against a float64 per-expert loop.
+
+Bounds (eps = 2^-23, float32's):
+- One grouped GEMM given FP8 inputs: every product is exact in float64; float32 sums of K terms
+  and the scale multiplications err by at most (K + 4) eps sum |a| |w| (as test_quant_kernels.py).
+- The whole layer: the gated intermediate is quantized to FP8 again. Computed in another order
+  (float32 here, float64 in the truth) it can sit on the other side of an FP8 rounding boundary,
+  so a code may differ by one step, 2^-3 of the value at most for e4m3; through the down
+  projection and the routing weights that is 2^-3 sum_k w_k (|g_k| @ |W2_k|^T), plus the float32
+  rounding of the magnitudes. A wrong expert, block or scale errs by the size of y itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from kernel_helpers import interpreted_only  # noqa: E402
+
+from batonlm.kernels import _triton_moe  # noqa: E402
+from batonlm.kernels.moe import moe_align, sort_by_expert  # noqa: E402
+from batonlm.kernels.moe_fp8 import fused_moe_fp8_dense, fused_moe_fp8_grouped, fused_moe_fp8_triton  # noqa: E402
+from batonlm.kernels.quant import dequantize_fp8_block, per_token_group_quant_fp8_reference  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+EPS32 = torch.finfo(torch.float32).eps
+FORMULATIONS = [pytest.param(fused_moe_fp8_grouped, id="grouped"), pytest.param(fused_moe_fp8_dense, id="dense"),
+                pytest.param(fused_moe_fp8_triton, id="triton", marks=interpreted_only)]
+
+
+def _fp8(g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    return (torch.randn(shape, generator=g) * 64).clamp(-448, 448).to(E4M3)
+
+
+def _case(t: int, k: int, experts: int, hidden: int, inter: int, block: tuple[int, int], seed: int):
+    g = torch.Generator().manual_seed(seed)
+    bn, bk = block
+    x = torch.randn(t, hidden, generator=g) * 2
+    w13_q, w2_q = _fp8(g, (experts, 2 * inter, hidden)), _fp8(g, (experts, hidden, inter))
+    # Scales that differ 10x from block to block: a block read as its neighbour shows.
+    w13_s = (torch.rand(experts, 2 * inter // bn, -(-hidden // bk), generator=g) * 9 + 1) / (64 * hidden**0.5)
+    w2_s = (torch.rand(experts, -(-hidden // bn), -(-inter // bk), generator=g) * 9 + 1) / (64 * inter**0.5)
+    scores = torch.rand(t, experts, generator=g) + torch.linspace(1.0, 0.0, experts)  # a hot expert, cold ones
+    ids = scores.topk(k, dim=1).indices
+    weights = torch.rand(t, k, generator=g) + 0.1
+    return x, w13_q, w13_s, w2_q, w2_s, ids, weights
+
+
+def _dequantized(x: torch.Tensor, group: int) -> torch.Tensor:
+    q, s = per_token_group_quant_fp8_reference(x, group)
+    return q.double() * s.double().repeat_interleave(group, dim=1)[:, : x.shape[1]]
+
+
+def _truth(x, w13_q, w13_s, w2_q, w2_s, block, ids, weights):
+    """(y, the bound's magnitude): the per-expert loop in float64 from the FP8 codes."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    mag = torch.zeros(x.shape, dtype=torch.float64)
+    x_d = _dequantized(x, block[1])
+    for t in range(x.shape[0]):
+        for slot in range(ids.shape[1]):
+            e, w = int(ids[t, slot]), float(weights[t, slot])
+            w13 = dequantize_fp8_block(w13_q[e], w13_s[e], block, torch.float64)
+            w2 = dequantize_fp8_block(w2_q[e], w2_s[e], block, torch.float64)
+            h = x_d[t] @ w13.T
+            gate, up = h.chunk(2)
+            g = F.silu(gate) * up
+            g_d = _dequantized(g.float()[None], block[1])[0]
+            out[t] += w * (g_d @ w2.T)
+            mag[t] += w * ((g.abs() + g_d.abs()) @ w2.abs().T)
+    return out, mag
+
+
+# (tokens, top-k, experts, hidden, intermediate, block): decode's one token, ragged loads, a hidden
+# size with a partial last K block, DeepSeek's 128 x 128 blocks.
+CASES = [(1, 2, 4, 64, 32, (16, 16)), (7, 3, 5, 80, 32, (32, 32)), (19, 2, 6, 96, 64, (32, 64)),
+         (5, 2, 3, 256, 128, (128, 128))]
+
+
+@interpreted_only
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "t{}-k{}-e{}-h{}".format(*c))
+def test_the_grouped_fp8_gemm_equals_float64(case):
+    x, w13_q, w13_s, _, _, ids, weights = _case(*case, seed=sum(case[:5]))
+    t, k = ids.shape
+    block = case[5]
+    x_q, x_s = per_token_group_quant_fp8_reference(x, block[1])
+    ids_sorted, _ = sort_by_expert(ids, weights)
+    sorted_ids, block_expert = moe_align(ids_sorted, w13_q.shape[0], _triton_moe.BLOCK_M)
+    got = _triton_moe.grouped_gemm_fp8(x_q, x_s, w13_q, w13_s, block, sorted_ids, block_expert, t * k, k,
+                                       torch.float32)
+    x_d = _dequantized(x, block[1])
+    for pair in range(t * k):
+        e = int(ids_sorted.flatten()[pair])
+        w = dequantize_fp8_block(w13_q[e], w13_s[e], block, torch.float64)
+        want, mag = x_d[pair // k] @ w.T, x_d[pair // k].abs() @ w.abs().T
+        assert ((got[pair].double() - want).abs() <= (x.shape[1] + 4) * EPS32 * mag).all(), pair
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}".format(*c))
+@pytest.mark.parametrize("moe", FORMULATIONS)
+def test_each_formulation_is_the_fp8_experts_layer(moe, case):
+    x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(*case, seed=sum(case[:5]))
+    block = case[5]
+    got = moe(x, w13_q, w13_s, w2_q, w2_s, block, ids, weights)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    want, mag = _truth(x, w13_q, w13_s, w2_q, w2_s, block, ids, weights)
+    depth = x.shape[1] + w2_q.shape[2] + ids.shape[1]
+    bound = 2.0**-3 * mag + 4 * depth * EPS32 * mag + 1e-30
+    err = (got.double() - want).abs()
+    assert (err <= bound).all(), f"max err {err.max():.3g} at bound {bound.flatten()[err.argmax()]:.3g}"
+
+
+def test_a_bad_shape_is_named():
+    x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(3, 2, 4, 64, 32, (16, 16), seed=1)
+    with pytest.raises(ValueError, match="^w13_scale:"):
+        fused_moe_fp8_grouped(x, w13_q, w13_s[:, :-1], w2_q, w2_s, (16, 16), ids, weights)
+    with pytest.raises(ValueError, match="^w2_q:"):
+        fused_moe_fp8_grouped(x, w13_q, w13_s, w2_q[:, :, :-16], w2_s[:, :, :1], (16, 16), ids, weights)

@@ -1,0 +1,167 @@
+"""MoE experts kept in FP8 blocks (`Fp8Experts`: DeepSeek-V3's and Qwen3-MoE FP8's routed experts)
+instead of dequantized: filled with each expert's own codes and scales (this rank's whole blocks),
+and computing what the kernels of batonlm/kernels/moe_fp8.py compute (checked against float64
+in tests/kernels/test_moe_fp8_kernels.py) on the checkpoint's own tensors.
+
+Bound between ranks and paths: the gated intermediate is quantized to FP8 again, and computed in
+another order it may land one FP8 step away (2^-3 of it at most), through the down projection:
+2^-3 sum_k w_k (|g_k| @ |W2_k|^T), as in the kernel tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from quant_formats import LINEARS, write_fp8_block_checkpoint
+from safetensors.torch import load_file
+
+from batonlm.distributed.group import TPGroup
+from batonlm.kernels.moe_fp8 import fused_moe_fp8_dense, fused_moe_fp8_grouped
+from batonlm.model_runner.model_config import ModelConfig
+from batonlm.model_runner.model_loader import load_model, tp_layout
+from batonlm.model_runner.moe import Fp8Experts, FusedExperts, SparseMoE
+from batonlm.model_runner.quantization.config import QuantizationError
+from batonlm.model_runner.weight_loader import checkpoint_name
+
+BLOCK = (16, 16)
+# family -> the checkpoint's expert projection names (gate, up, down)
+FAMILIES = {"deepseek_v3": ("gate_proj", "up_proj", "down_proj"), "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+            "mixtral": ("w1", "w3", "w2")}
+
+
+@pytest.fixture(scope="module")
+def fp8_moe(tiny_models, tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for family, names in FAMILIES.items():
+        path = tmp_path_factory.mktemp("fp8moe") / family
+        write_fp8_block_checkpoint(tiny_models[family], path, block=BLOCK, linears=LINEARS + names)
+        out[family] = path
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+def _moe_layers(model) -> list[tuple[str, SparseMoE]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, SparseMoE)]
+
+
+def _stacked(tensors: dict[str, torch.Tensor], prefix: str, names: tuple[str, ...], experts: int):
+    """An MoE layer's experts straight from the checkpoint's tensors, stacked as Fp8Experts holds them."""
+    gate, up, down = names
+
+    def get(e: int, n: str, leaf: str) -> torch.Tensor:
+        return tensors[f"{prefix}.{e}.{n}.{leaf}"]
+
+    w13_q = torch.stack([torch.cat([get(e, gate, "weight"), get(e, up, "weight")]) for e in range(experts)])
+    w13_s = torch.stack([torch.cat([get(e, gate, "weight_scale_inv"), get(e, up, "weight_scale_inv")])
+                         for e in range(experts)])
+    w2_q = torch.stack([get(e, down, "weight") for e in range(experts)])
+    w2_s = torch.stack([get(e, down, "weight_scale_inv") for e in range(experts)])
+    return w13_q, w13_s, w2_q, w2_s
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_fp8_experts_hold_and_compute_the_checkpoints_experts(family: str, fp8_moe) -> None:
+    cfg = ModelConfig.from_hf(fp8_moe[family])
+    model = load_model(cfg, torch.float32, "cpu")[0]  # W8A8: kept FP8 on the CPU too
+    layers = _moe_layers(model)
+    assert layers and all(isinstance(m.experts, Fp8Experts) for _, m in layers)
+    tensors = load_file(str(fp8_moe[family] / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    for name, moe in layers:
+        experts = moe.experts
+        assert isinstance(experts, Fp8Experts)
+        prefix = checkpoint_name(model, name + ".experts")
+        want = _stacked(tensors, prefix, FAMILIES[family], experts.w13_q.shape[0])
+        got = (experts.w13_q, experts.w13_scale, experts.w2_q, experts.w2_scale)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
+                                                      b.view(torch.uint8) if b.dtype != torch.float32 else b)
+        x = torch.randn(9, cfg.hidden_size, generator=g)
+        ids, weights = moe.route(x)
+        assert torch.equal(experts(x, ids, weights, moe.act),
+                           fused_moe_fp8_grouped(x, *want, BLOCK, ids, weights, moe.act))
+
+
+def test_a_compiled_step_takes_the_dense_formulation(fp8_moe) -> None:
+    """Traced (as the CPU's compiled decode step traces the model) the layer runs the dense
+    formulation, whose shapes the batch size alone fixes; eager, the grouped one."""
+    model = load_model(ModelConfig.from_hf(fp8_moe["qwen3_moe"]), torch.float32, "cpu")[0]
+    _, moe = _moe_layers(model)[0]
+    experts = moe.experts
+    assert isinstance(experts, Fp8Experts)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+    ids, weights = moe.route(x)
+    args = (experts.w13_q, experts.w13_scale, experts.w2_q, experts.w2_scale, BLOCK, ids, weights, moe.act)
+    traced = torch.compile(lambda x: experts(x, ids, weights, moe.act), backend="eager", fullgraph=True)(x)
+    assert torch.equal(traced, fused_moe_fp8_dense(x, *args))
+    assert torch.equal(experts(x, ids, weights, moe.act), fused_moe_fp8_grouped(x, *args))
+
+
+def test_two_ranks_experts_sum_to_one_ranks(fp8_moe) -> None:
+    """Each rank holds every expert's rows of gate/up and columns of down in whole blocks (its
+    activation groups are whole groups of the one-rank layer): the ranks' outputs sum to it."""
+    cfg = ModelConfig.from_hf(fp8_moe["deepseek_v3"])
+    full = load_model(cfg, torch.float32, "cpu")[0]
+    ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2))[0] for r in range(2)]
+    x = torch.randn(6, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    (name, moe), = _moe_layers(full)
+    experts = moe.experts
+    assert isinstance(experts, Fp8Experts)
+    ids, weights = moe.route(x)
+    want = experts(x, ids, weights, moe.act)
+    parts = []
+    for m in ranks:
+        part = m.get_submodule(name).experts
+        assert isinstance(part, Fp8Experts) and part.w13_q.shape[1] == experts.w13_q.shape[1] // 2
+        parts.append(part(x, ids, weights, moe.act))
+    mag = _magnitude(x, experts, ids, weights, moe.act)
+    assert ((sum(parts) - want).abs() <= 2.0**-3 * mag + 1e-5 * want.abs().max()).all()
+
+
+def _magnitude(x, experts: Fp8Experts, ids, weights, act) -> torch.Tensor:
+    """sum_k w_k (|g_k| @ |W2_k|^T) per token, in float64 (twice |g|: its FP8 rounding within)."""
+    from batonlm.kernels.quant import dequantize_fp8_block
+
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for slot in range(ids.shape[1]):
+            e = int(ids[t, slot])
+            w13 = dequantize_fp8_block(experts.w13_q[e], experts.w13_scale[e], BLOCK, torch.float64)
+            w2 = dequantize_fp8_block(experts.w2_q[e], experts.w2_scale[e], BLOCK, torch.float64)
+            gate, up = (x[t].double() @ w13.T).chunk(2)
+            out[t] += float(weights[t, slot]) * (2 * (act(gate) * up).abs() @ w2.abs().T)
+    return out
+
+
+def test_a_slice_that_would_split_an_experts_blocks_is_refused(tiny_models, tmp_path) -> None:
+    """Mixtral's experts of 48 features in blocks of 16: two ranks' 24 would split one."""
+    path = tmp_path / "mixtral-experts-fp8"
+    write_fp8_block_checkpoint(tiny_models["mixtral"], path, block=BLOCK, linears=FAMILIES["mixtral"])
+    cfg = ModelConfig.from_hf(path)
+    with pytest.raises(QuantizationError, match=r"experts: .*\[0, 24\).*16x16 blocks.*--tp"):
+        load_model(cfg, torch.float32, "cpu", TPGroup(0, 2), tp_layout(cfg, 0, 2))
+
+
+def test_weight_only_loading_still_dequantizes_the_experts(fp8_moe) -> None:
+    model = load_model(ModelConfig.from_hf(fp8_moe["mixtral"]), torch.float32, "cpu", resident=False)[0]
+    assert all(isinstance(m.experts, FusedExperts) for _, m in _moe_layers(model))
+
+
+def test_gpu_sizing_counts_the_experts_at_a_byte_per_weight(fp8_moe) -> None:
+    from batonlm.model_runner.weight_size import held_tensors, weight_bytes
+
+    cfg = ModelConfig.from_hf(fp8_moe["qwen3_moe"])
+    model = load_model(cfg, torch.bfloat16, "cpu", resident=True)[0]
+    held = sum(t.numel() * t.element_size() for t in held_tensors(model))
+    assert weight_bytes(cfg, torch.bfloat16, device="cpu", resident=True) == held
+    experts = [m.experts for _, m in _moe_layers(model)]
+    fp8 = sum(t.numel() for e in experts for t in (e.w13_q, e.w2_q))
+    assert weight_bytes(cfg, torch.bfloat16, device="cpu", resident=False) - held >= fp8 - sum(
+        4 * (e.w13_scale.numel() + e.w2_scale.numel()) for e in experts)
