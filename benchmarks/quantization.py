@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests check against the tools
 from models import stream_tok_s, table  # noqa: E402
 from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
-from quant_w8a8 import write_w8a8_int8_checkpoint  # noqa: E402
+from quant_w8a8 import write_w8a8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
 
 from batonlm.kernels.int8 import int8_scaled_matmul, per_token_quant_int8  # noqa: E402
@@ -108,7 +108,7 @@ def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
     """name -> (model directory, Engine arguments)."""
     fp8, int8, gptq = out / "fp8-block", out / "w8a8-int8", out / "gptq-int4"
     write_fp8_block_checkpoint(src, fp8)
-    write_w8a8_int8_checkpoint(src, int8)
+    write_w8a8_checkpoint(src, int8)
     write_gptq_checkpoint(src, gptq, bits=4, group_size=128, sym=True)
     return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
             "gptq int4 g128": (str(gptq), {}),

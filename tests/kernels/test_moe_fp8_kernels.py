@@ -120,3 +120,30 @@ def test_a_bad_shape_is_named():
         fused_moe_fp8_grouped(x, w13_q, w13_s[:, :-1], w2_q, w2_s, (16, 16), ids, weights)
     with pytest.raises(ValueError, match="^w2_q:"):
         fused_moe_fp8_grouped(x, w13_q, w13_s, w2_q[:, :, :-16], w2_s[:, :, :1], (16, 16), ids, weights)
+
+
+# --- compiled on a GPU with FP8 (compute capability 8.9+): DeepSeek-V3-sized experts ---------------
+compiled_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
+
+
+@pytest.mark.gpu
+@compiled_only
+@pytest.mark.parametrize("t", [1, 64])
+def test_gpu_fp8_moe(t):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(t, 8, 32, 1024, 512, (128, 128), seed=t)
+    args = [v.cuda() for v in (x, w13_q, w13_s, w2_q, w2_s)]
+    x_c, rest = args[0].to(torch.bfloat16), args[1:]
+    ids, weights = ids.cuda(), weights.cuda()
+    got = fused_moe_fp8_triton(x_c, *rest, (128, 128), ids, weights)
+    want = fused_moe_fp8_grouped(x_c, *rest, (128, 128), ids, weights)
+    from batonlm.kernels.moe import fused_moe_reference
+
+    w13, w2 = (torch.stack([dequantize_fp8_block(q[e], s[e], (128, 128), torch.float64) for e in range(q.shape[0])])
+               for q, s in ((rest[0], rest[1]), (rest[2], rest[3])))
+    # |g| <= |gate| |up| <= (|x| @ |Wg|)(|x| @ |Wu|): the magnitude the requantization scales, through |W2|.
+    mag = fused_moe_reference(x_c.double().abs(), w13.abs(), w2.abs(), ids, weights.double(), act=lambda v: v)
+    # bfloat16 outputs: one rounding of each of the K weighted sums, besides the FP8 requantization.
+    bound = (2.0**-3 + 8 * 2.0**-8) * mag + 1e-3 * want.double().abs().max()
+    assert ((got.double() - want.double()).abs() <= bound).all()

@@ -2,7 +2,7 @@
 written here from the formats' descriptions, independently of the helper's own readers: numpy
 uint32 words, one code at a time. (check_packing.py in tests/data/quantized checks the same packing
 against AutoAWQ's and GPTQModel's code, in their venvs.) At the end, tests/quant_w8a8.py against
-the W8A8-int8 checkpoint llm-compressor wrote, byte for byte."""
+the W8A8 int8 and FP8 checkpoints llm-compressor wrote, byte for byte."""
 
 from __future__ import annotations
 
@@ -194,17 +194,21 @@ def test_readers_agree_with_spec_on_committed_fixtures():
             np.testing.assert_array_equal(ours.numpy(), awq_meaning(t, p, 64))
 
 
-def test_the_w8a8_writer_is_llm_compressors_bytes(tmp_path):
-    """tests/quant_w8a8.py on the fixtures' source model writes llm-compressor's W8A8 fixture:
-    the same int8 codes and bfloat16 scales, tensor for tensor, and a config loading the same."""
-    from quant_w8a8 import write_w8a8_int8_checkpoint
+@pytest.mark.parametrize("kind, fixture", [("int", "w8a8"), ("float", "fp8-dynamic")])
+def test_the_w8a8_writer_is_llm_compressors_bytes(tmp_path, kind, fixture):
+    """tests/quant_w8a8.py on the fixtures' source model writes llm-compressor's W8A8 and
+    FP8_DYNAMIC fixtures: the same codes and bfloat16 scales, tensor for tensor, and a config
+    loading the same."""
+    from quant_w8a8 import write_w8a8_checkpoint
 
     from batonlm.model_runner.model_config import ModelConfig
 
-    out = tmp_path / "w8a8"
-    deq = write_w8a8_int8_checkpoint(FIXTURES / "fp32-source", out)
-    ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(FIXTURES / "w8a8" / "model.safetensors"))
+    out = tmp_path / fixture
+    deq = write_w8a8_checkpoint(FIXTURES / "fp32-source", out, kind=kind)
+    ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(FIXTURES / fixture / "model.safetensors"))
     assert ours.keys() == theirs.keys() and len(deq) == 14
     for name, t in theirs.items():
-        assert ours[name].dtype == t.dtype and torch.equal(ours[name], t), name
-    assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(FIXTURES / "w8a8").quantization
+        got = ours[name]
+        assert got.dtype == t.dtype and torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
+                                                    t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t), name
+    assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(FIXTURES / fixture).quantization
