@@ -9,7 +9,8 @@ same exact products).
 
 `grouped_gemm_fp8` is the same GEMM over FP8 tiles (moe_fp8.py): the K tile divides the scale
 block, so each tile's partial product is multiplied by its rows' activation scales and the
-expert's weight scales of its columns before it is added (DeepSeek-V3's block-wise scheme).
+expert's weight scales of its columns before it is added (DeepSeek-V3's block-wise scheme); per
+channel, the whole sum is multiplied by the row's and the column's scale once.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def _grouped_gemm_fp8_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
     rows, N, K, a_row_div, num_experts, block_n, block_k,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+    K_BLOCKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -117,29 +119,36 @@ def _grouped_gemm_fp8_kernel(
             d = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:  # Hopper's FP8 MMA adds in ~14 bits: promote to float32 at least every tile
             d = tl.dot(a, w, max_num_imprecise_acc=BLOCK_K)
-        kb = k0 // block_k  # the K tile divides the scale block: one scale column per tile
-        a_s = tl.load(as_ptr + a_rows * stride_asm + kb, mask=valid, other=0.0)
-        w_s = tl.load(ws_base + (offs_n // block_n) * stride_wsn + kb, mask=n_valid, other=0.0)
-        acc += d * (a_s[:, None] * w_s[None, :])
+        if K_BLOCKED:
+            kb = k0 // block_k  # the K tile divides the scale block: one scale column per tile
+            a_s = tl.load(as_ptr + a_rows * stride_asm + kb, mask=valid, other=0.0)
+            w_s = tl.load(ws_base + (offs_n // block_n) * stride_wsn + kb, mask=n_valid, other=0.0)
+            acc += d * (a_s[:, None] * w_s[None, :])
+        else:
+            acc += d
+    if not K_BLOCKED:  # per token and per channel: both scales once, as fp8_scaled_matmul does
+        a_s = tl.load(as_ptr + a_rows * stride_asm, mask=valid, other=0.0)
+        w_s = tl.load(ws_base + offs_n * stride_wsn, mask=n_valid, other=0.0)
+        acc = acc * (a_s[:, None] * w_s[None, :])
     c = c_ptr + ids.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c, acc, mask=valid[:, None] & n_valid[None, :])
 
 
 def grouped_gemm_fp8(
-    a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int],
+    a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int] | None,
     sorted_ids: torch.Tensor, block_expert: torch.Tensor, rows: int, a_row_div: int, out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """c [rows, N] in `out_dtype`: c[i] = a[i // a_row_div] @ w[expert of pair i]^T with FP8 a_q
     [*, K] (scale [*, ceil(K / bk)] per row and group) and w_q [E, N, K] (scale [E, ceil(N /
-    bn), ceil(K / bk)])."""
+    bn), ceil(K / bk)]); `block` None: a_scale [*, 1] per row, w_scale [E, N] per channel."""
     a_q, a_scale, w_q, w_scale = a_q.contiguous(), a_scale.contiguous(), w_q.contiguous(), w_scale.contiguous()
-    bn, bk = block
     n, k = w_q.shape[1], w_q.shape[2]
+    bn, bk = block or (1, max(16, triton.next_power_of_2(k)))
     # The interpreter's store truncates float32 to half types: it stores float32 there, converted by torch.
     c = torch.empty((rows, n), dtype=torch.float32 if INTERPRET else out_dtype, device=a_q.device)
     if rows == 0:
         return c.to(out_dtype)
-    tile_k = min(128, bk & -bk)  # the largest power of two dividing the scale block
+    tile_k = min(128, bk & -bk)  # the largest power of two dividing the scale block (per channel: any)
     if tile_k < 16:
         raise ValueError(f"block: the Triton kernel needs a K block that is a multiple of 16, got {bk}")
     block_n = _block(n, 64)
@@ -148,6 +157,7 @@ def grouped_gemm_fp8(
         a_q, a_scale, w_q, w_scale, c, sorted_ids, block_expert,
         rows, n, k, a_row_div, w_q.shape[0], bn, bk,
         a_q.stride(0), a_scale.stride(0), w_q.stride(0), w_q.stride(1), w_scale.stride(0), w_scale.stride(1),
-        c.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=tile_k, UPCAST=INTERPRET, **NO_FMA,
+        c.stride(0), K_BLOCKED=block is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=tile_k,
+        UPCAST=INTERPRET, **NO_FMA,
     )
     return c.to(out_dtype)

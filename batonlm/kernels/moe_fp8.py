@@ -1,15 +1,17 @@
-"""Mixture-of-experts with every expert's weights in FP8 blocks (DeepSeek-V3, Qwen3-MoE FP8):
-each expert's gated MLP is `Fp8Linear`'s W8A8 math twice. Its input rows are quantized to FP8
-e4m3 per token and group of bk columns (`per_token_group_quant_fp8`), multiplied by the
-expert's fused gate/up weight with its block scales (`fp8_block_matmul`), gated in the
-activation dtype, quantized again the same way and multiplied by its down weight. The routed
+"""Mixture-of-experts with every expert's weights in FP8, in blocks (DeepSeek-V3, Qwen3-MoE FP8)
+or per output channel (llm-compressor's FP8_DYNAMIC, `--quantization fp8` online): each expert's
+gated MLP is `Fp8Linear`'s W8A8 math twice. Its input rows are quantized to FP8 e4m3 per token
+and group of bk columns (per token, one group, with channel scales; `per_token_group_quant_fp8`),
+multiplied by the expert's fused gate/up weight with its scales (`fp8_block_matmul` /
+`fp8_scaled_matmul`), gated in the activation dtype, quantized again the same way and
+multiplied by its down weight. The routed
 outputs are summed as `batonlm.kernels.moe` sums them (ascending expert order, each product
 rounded to the activation dtype).
 
 Weights: `w13_q` [E, 2I, H] FP8 (gate rows then up rows) with `w13_scale` [E, 2I / bn, ceil(H /
 bk)], and `w2_q` [E, H, I] with `w2_scale` [E, ceil(H / bn), ceil(I / bk)], float32: weight =
 code * the scale of its (bn, bk) block. I is a multiple of bn, so a block never holds both gate
-and up rows.
+and up rows. `block` None: `w13_scale` [E, 2I] and `w2_scale` [E, H], one per output row.
 
 Three formulations of the same sum, as for float experts:
 - `fused_moe_fp8_grouped`: one expert at a time over the rows routed to it, through the torch
@@ -31,16 +33,23 @@ from batonlm.kernels.moe import Activation, gated, grouped_by_expert, moe_align,
 from batonlm.kernels.quant import (
     dequantize_fp8_block,
     fp8_block_matmul_reference,
+    fp8_scaled_matmul_reference,
     per_token_group_quant_fp8,
     per_token_group_quant_fp8_reference,
 )
 
+Block = tuple[int, int] | None  # (bn, bk), or None: one scale per output channel
+
 
 def _check(w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-           block: tuple[int, int]) -> None:
+           block: Block) -> None:
     e, two_i, h = w13_q.shape
-    bn, bk = block
-    want = {"w13_scale": (e, -(-two_i // bn), -(-h // bk)), "w2_scale": (e, -(-h // bn), -(-w2_q.shape[2] // bk))}
+    bn, bk = block or (1, 0)
+    want: dict[str, tuple[int, ...]]
+    if block is None:
+        want = {"w13_scale": (e, two_i), "w2_scale": (e, h)}
+    else:
+        want = {"w13_scale": (e, -(-two_i // bn), -(-h // bk)), "w2_scale": (e, -(-h // bn), -(-w2_q.shape[2] // bk))}
     for name, t in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
         if tuple(t.shape) != want[name] or t.dtype != torch.float32:
             raise ValueError(f"{name}: expected float32 {list(want[name])}, got {t.dtype} {list(t.shape)}")
@@ -49,14 +58,21 @@ def _check(w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_
                          f"{list(w2_q.shape)} (I = {two_i // 2})")
 
 
-def _quantized_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    x_q, x_s = per_token_group_quant_fp8_reference(x, block[1])
+def _group(x: torch.Tensor, block: Block) -> int:
+    """The activation quantization's group: the block's K, or the whole row (per token)."""
+    return block[1] if block is not None else max(1, x.shape[-1])
+
+
+def _quantized_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: Block) -> torch.Tensor:
+    x_q, x_s = per_token_group_quant_fp8_reference(x, _group(x, block))
+    if block is None:
+        return fp8_scaled_matmul_reference(x_q, x_s, w_q, w_scale, x.dtype)
     return fp8_block_matmul_reference(x_q, x_s, w_q, w_scale, block, x.dtype)
 
 
 def fused_moe_fp8_grouped(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-    block: tuple[int, int], topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+    block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, block)
 
@@ -67,33 +83,37 @@ def fused_moe_fp8_grouped(
     return grouped_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], w2_q.shape[1], mlp)
 
 
-def _dequantized_rows(x: torch.Tensor, group: int) -> torch.Tensor:
-    """x [..., K] quantized per row and group of columns, and back, in float32."""
-    flat = x.reshape(-1, x.shape[-1])
-    q, s = per_token_group_quant_fp8_reference(flat, group)
-    k = flat.shape[1]
-    return (q.float() * s.repeat_interleave(group, dim=1)[:, :k]).view(x.shape)
+def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: Block) -> torch.Tensor:
+    """x [..., T, K] through every expert's weight [E, N, K] -> [E, T, N] in x's dtype: each row
+    as `_quantized_linear` computes it (per block: the dequantized operands multiplied; per
+    channel: the codes multiplied, then both scales)."""
+    k = x.shape[-1]
+    group = _group(x, block)
+    q, s = per_token_group_quant_fp8_reference(x.reshape(-1, k), group)
+    shape = (*x.shape[:-1], -1)
+    if block is None:
+        y = torch.matmul(q.float().view(*x.shape), w_q.float().transpose(1, 2)) * (s.view(shape) * w_scale[:, None, :])
+        return y.to(x.dtype)
+    x_d = (q.float() * s.repeat_interleave(group, dim=1)[:, :k]).view(x.shape)
+    w = torch.stack([dequantize_fp8_block(w_q[i], w_scale[i], block, torch.float32) for i in range(w_q.shape[0])])
+    return torch.matmul(x_d, w.transpose(1, 2)).to(x.dtype)
 
 
 def fused_moe_fp8_dense(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-    block: tuple[int, int], topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+    block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, block)
-    e = w13_q.shape[0]
-    w13 = torch.stack([dequantize_fp8_block(w13_q[i], w13_scale[i], block, torch.float32) for i in range(e)])
-    w2 = torch.stack([dequantize_fp8_block(w2_q[i], w2_scale[i], block, torch.float32) for i in range(e)])
     ids, weights = sort_by_expert(topk_ids, topk_weights)
-    x_d = _dequantized_rows(x, block[1])  # [T, H]
-    h = gated(torch.matmul(x_d.unsqueeze(0), w13.transpose(1, 2)).to(x.dtype), act)  # [E, T, I]
-    y = torch.matmul(_dequantized_rows(h, block[1]), w2.transpose(1, 2)).to(x.dtype)  # [E, T, H]
-    dense = torch.zeros(x.shape[0], e, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
+    h = gated(_dense_linear(x, w13_q, w13_scale, block), act)  # [E, T, I]
+    y = _dense_linear(h, w2_q, w2_scale, block)  # [E, T, H]
+    dense = torch.zeros(x.shape[0], w13_q.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
     return weighted_sum(y.transpose(0, 1), dense, x.dtype)
 
 
 def fused_moe_fp8_triton(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-    block: tuple[int, int], topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+    block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
 ) -> torch.Tensor:
     """Two grouped FP8 GEMM launches; the activations quantized by the Triton quantizer."""
     from batonlm.kernels import _triton_moe
@@ -102,8 +122,9 @@ def fused_moe_fp8_triton(
     t, k = topk_ids.shape
     ids, weights = sort_by_expert(topk_ids, topk_weights)
     sorted_ids, block_expert = moe_align(ids, w13_q.shape[0], _triton_moe.BLOCK_M)
-    x_q, x_s = per_token_group_quant_fp8(x, block[1], use_triton=True)
+    x_q, x_s = per_token_group_quant_fp8(x, _group(x, block), use_triton=True)
     h = _triton_moe.grouped_gemm_fp8(x_q, x_s, w13_q, w13_scale, block, sorted_ids, block_expert, t * k, k, x.dtype)
-    g_q, g_s = per_token_group_quant_fp8(gated(h, act), block[1], use_triton=True)
+    g = gated(h, act)
+    g_q, g_s = per_token_group_quant_fp8(g, _group(g, block), use_triton=True)
     y = _triton_moe.grouped_gemm_fp8(g_q, g_s, w2_q, w2_scale, block, sorted_ids, block_expert, t * k, 1, x.dtype)
     return weighted_sum(y.view(t, k, -1), weights, x.dtype)

@@ -69,25 +69,31 @@ class FusedExperts(nn.Module):
 
 
 class Fp8Experts(nn.Module):
-    """Every expert's gated MLP kept in FP8 blocks (a W8A8 block checkpoint's experts:
-    DeepSeek-V3, Qwen3-MoE FP8), this rank's slice of their intermediate features, in place of
-    `FusedExperts` (quantization/resident.py swaps it in and fills it). `kernels/moe_fp8.py`:
-    Triton on CUDA, the dense formulation in a compiled step, the grouped one otherwise."""
+    """Every expert's gated MLP kept in FP8, in blocks (`block`: a W8A8 block checkpoint's
+    experts, DeepSeek-V3, Qwen3-MoE FP8) or per output channel (None: FP8_DYNAMIC, online FP8),
+    this rank's slice of their intermediate features, in place of `FusedExperts`
+    (quantization/resident.py swaps it in and fills it). `kernels/moe_fp8.py`: Triton on CUDA,
+    the dense formulation in a compiled step, the grouped one otherwise."""
 
     w13_q: torch.Tensor
     w13_scale: torch.Tensor
     w2_q: torch.Tensor
     w2_scale: torch.Tensor
 
-    def __init__(self, experts: FusedExperts, block: tuple[int, int]) -> None:
+    def __init__(self, experts: FusedExperts, block: tuple[int, int] | None) -> None:
         super().__init__()
         self.intermediate, self.rows, self.block = experts.intermediate, experts.rows, block
         num, two_count, hidden = experts.w13.shape
-        count, (bn, bk) = two_count // 2, block
+        count = two_count // 2
         self.register_buffer("w13_q", torch.empty(num, two_count, hidden, dtype=torch.float8_e4m3fn))
-        self.register_buffer("w13_scale", torch.empty(num, -(-two_count // bn), -(-hidden // bk)))
         self.register_buffer("w2_q", torch.empty(num, hidden, count, dtype=torch.float8_e4m3fn))
-        self.register_buffer("w2_scale", torch.empty(num, -(-hidden // bn), -(-count // bk)))
+        if block is None:
+            self.register_buffer("w13_scale", torch.empty(num, two_count))
+            self.register_buffer("w2_scale", torch.empty(num, hidden))
+        else:
+            bn, bk = block
+            self.register_buffer("w13_scale", torch.empty(num, -(-two_count // bn), -(-hidden // bk)))
+            self.register_buffer("w2_scale", torch.empty(num, -(-hidden // bn), -(-count // bk)))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:

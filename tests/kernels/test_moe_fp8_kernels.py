@@ -39,68 +39,79 @@ def _fp8(g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
 
 def _case(t: int, k: int, experts: int, hidden: int, inter: int, block: tuple[int, int], seed: int):
     g = torch.Generator().manual_seed(seed)
-    bn, bk = block
     x = torch.randn(t, hidden, generator=g) * 2
     w13_q, w2_q = _fp8(g, (experts, 2 * inter, hidden)), _fp8(g, (experts, hidden, inter))
-    # Scales that differ 10x from block to block: a block read as its neighbour shows.
-    w13_s = (torch.rand(experts, 2 * inter // bn, -(-hidden // bk), generator=g) * 9 + 1) / (64 * hidden**0.5)
-    w2_s = (torch.rand(experts, -(-hidden // bn), -(-inter // bk), generator=g) * 9 + 1) / (64 * inter**0.5)
+    # Scales that differ 10x from block to block (or channel to channel): a neighbour's shows.
+    if block is None:
+        w13_shape, w2_shape = (experts, 2 * inter), (experts, hidden)
+    else:
+        bn, bk = block
+        w13_shape, w2_shape = (experts, 2 * inter // bn, -(-hidden // bk)), (experts, -(-hidden // bn), -(-inter // bk))
+    w13_s = (torch.rand(w13_shape, generator=g) * 9 + 1) / (64 * hidden**0.5)
+    w2_s = (torch.rand(w2_shape, generator=g) * 9 + 1) / (64 * inter**0.5)
     scores = torch.rand(t, experts, generator=g) + torch.linspace(1.0, 0.0, experts)  # a hot expert, cold ones
     ids = scores.topk(k, dim=1).indices
     weights = torch.rand(t, k, generator=g) + 0.1
     return x, w13_q, w13_s, w2_q, w2_s, ids, weights
 
 
-def _dequantized(x: torch.Tensor, group: int) -> torch.Tensor:
+def _dequantized(x: torch.Tensor, block) -> torch.Tensor:
+    """x's rows quantized per group of the block's K (per channel: the whole row) and back."""
+    group = block[1] if block is not None else x.shape[1]
     q, s = per_token_group_quant_fp8_reference(x, group)
     return q.double() * s.double().repeat_interleave(group, dim=1)[:, : x.shape[1]]
+
+
+def _weight(w_q: torch.Tensor, w_s: torch.Tensor, block) -> torch.Tensor:
+    if block is None:
+        return w_q.double() * w_s.double()[:, None]
+    return dequantize_fp8_block(w_q, w_s, block, torch.float64)
 
 
 def _truth(x, w13_q, w13_s, w2_q, w2_s, block, ids, weights):
     """(y, the bound's magnitude): the per-expert loop in float64 from the FP8 codes."""
     out = torch.zeros(x.shape, dtype=torch.float64)
     mag = torch.zeros(x.shape, dtype=torch.float64)
-    x_d = _dequantized(x, block[1])
+    x_d = _dequantized(x, block)
     for t in range(x.shape[0]):
         for slot in range(ids.shape[1]):
             e, w = int(ids[t, slot]), float(weights[t, slot])
-            w13 = dequantize_fp8_block(w13_q[e], w13_s[e], block, torch.float64)
-            w2 = dequantize_fp8_block(w2_q[e], w2_s[e], block, torch.float64)
+            w13, w2 = _weight(w13_q[e], w13_s[e], block), _weight(w2_q[e], w2_s[e], block)
             h = x_d[t] @ w13.T
             gate, up = h.chunk(2)
             g = F.silu(gate) * up
-            g_d = _dequantized(g.float()[None], block[1])[0]
+            g_d = _dequantized(g.float()[None], block)[0]
             out[t] += w * (g_d @ w2.T)
             mag[t] += w * ((g.abs() + g_d.abs()) @ w2.abs().T)
     return out, mag
 
 
 # (tokens, top-k, experts, hidden, intermediate, block): decode's one token, ragged loads, a hidden
-# size with a partial last K block, DeepSeek's 128 x 128 blocks.
+# size with a partial last K block, DeepSeek's 128 x 128 blocks, per-channel scales (None).
 CASES = [(1, 2, 4, 64, 32, (16, 16)), (7, 3, 5, 80, 32, (32, 32)), (19, 2, 6, 96, 64, (32, 64)),
-         (5, 2, 3, 256, 128, (128, 128))]
+         (5, 2, 3, 256, 128, (128, 128)), (1, 2, 4, 64, 32, None), (13, 3, 5, 72, 40, None)]
 
 
 @interpreted_only
-@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "t{}-k{}-e{}-h{}".format(*c))
+@pytest.mark.parametrize("case", CASES[:3] + CASES[5:], ids=lambda c: "t{}-k{}-e{}-h{}-{}".format(*c))
 def test_the_grouped_fp8_gemm_equals_float64(case):
     x, w13_q, w13_s, _, _, ids, weights = _case(*case, seed=sum(case[:5]))
     t, k = ids.shape
     block = case[5]
-    x_q, x_s = per_token_group_quant_fp8_reference(x, block[1])
+    x_q, x_s = per_token_group_quant_fp8_reference(x, block[1] if block is not None else x.shape[1])
     ids_sorted, _ = sort_by_expert(ids, weights)
     sorted_ids, block_expert = moe_align(ids_sorted, w13_q.shape[0], _triton_moe.BLOCK_M)
     got = _triton_moe.grouped_gemm_fp8(x_q, x_s, w13_q, w13_s, block, sorted_ids, block_expert, t * k, k,
                                        torch.float32)
-    x_d = _dequantized(x, block[1])
+    x_d = _dequantized(x, block)
     for pair in range(t * k):
         e = int(ids_sorted.flatten()[pair])
-        w = dequantize_fp8_block(w13_q[e], w13_s[e], block, torch.float64)
+        w = _weight(w13_q[e], w13_s[e], block)
         want, mag = x_d[pair // k] @ w.T, x_d[pair // k].abs() @ w.abs().T
         assert ((got[pair].double() - want).abs() <= (x.shape[1] + 4) * EPS32 * mag).all(), pair
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}".format(*c))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}-{}".format(*c))
 @pytest.mark.parametrize("moe", FORMULATIONS)
 def test_each_formulation_is_the_fp8_experts_layer(moe, case):
     x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(*case, seed=sum(case[:5]))

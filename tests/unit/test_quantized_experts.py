@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from quant_formats import LINEARS, write_fp8_block_checkpoint
+from quant_w8a8 import write_w8a8_checkpoint
 from safetensors.torch import load_file
 
 from batonlm.distributed.group import TPGroup
@@ -33,11 +34,15 @@ FAMILIES = {"deepseek_v3": ("gate_proj", "up_proj", "down_proj"), "qwen3_moe": (
 
 @pytest.fixture(scope="module")
 def fp8_moe(tiny_models, tmp_path_factory) -> dict[str, Path]:
+    """family -> its FP8-block checkpoint; "<family>-channel" -> its FP8_DYNAMIC one (per channel)."""
     out = {}
     for family, names in FAMILIES.items():
         path = tmp_path_factory.mktemp("fp8moe") / family
         write_fp8_block_checkpoint(tiny_models[family], path, block=BLOCK, linears=LINEARS + names)
         out[family] = path
+        channel = tmp_path_factory.mktemp("fp8moe") / f"{family}-channel"
+        write_w8a8_checkpoint(tiny_models[family], channel, torch.float32, LINEARS + names, kind="float")
+        out[f"{family}-channel"] = channel
     return out
 
 
@@ -51,34 +56,40 @@ def _moe_layers(model) -> list[tuple[str, SparseMoE]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, SparseMoE)]
 
 
-def _stacked(tensors: dict[str, torch.Tensor], prefix: str, names: tuple[str, ...], experts: int):
-    """An MoE layer's experts straight from the checkpoint's tensors, stacked as Fp8Experts holds them."""
+def _stacked(tensors: dict[str, torch.Tensor], prefix: str, names: tuple[str, ...], experts: int, block: bool):
+    """An MoE layer's experts straight from the checkpoint's tensors, stacked as Fp8Experts holds
+    them (block scales `weight_scale_inv`, or channel scales `weight_scale` [N, 1] as [N])."""
     gate, up, down = names
 
     def get(e: int, n: str, leaf: str) -> torch.Tensor:
         return tensors[f"{prefix}.{e}.{n}.{leaf}"]
 
+    def scale(e: int, n: str) -> torch.Tensor:
+        return get(e, n, "weight_scale_inv") if block else get(e, n, "weight_scale").float().reshape(-1)
+
     w13_q = torch.stack([torch.cat([get(e, gate, "weight"), get(e, up, "weight")]) for e in range(experts)])
-    w13_s = torch.stack([torch.cat([get(e, gate, "weight_scale_inv"), get(e, up, "weight_scale_inv")])
-                         for e in range(experts)])
+    w13_s = torch.stack([torch.cat([scale(e, gate), scale(e, up)]) for e in range(experts)])
     w2_q = torch.stack([get(e, down, "weight") for e in range(experts)])
-    w2_s = torch.stack([get(e, down, "weight_scale_inv") for e in range(experts)])
+    w2_s = torch.stack([scale(e, down) for e in range(experts)])
     return w13_q, w13_s, w2_q, w2_s
 
 
+@pytest.mark.parametrize("block", [True, False], ids=["blocks", "channels"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_fp8_experts_hold_and_compute_the_checkpoints_experts(family: str, fp8_moe) -> None:
-    cfg = ModelConfig.from_hf(fp8_moe[family])
+def test_fp8_experts_hold_and_compute_the_checkpoints_experts(family: str, block: bool, fp8_moe) -> None:
+    path = fp8_moe[family if block else f"{family}-channel"]
+    cfg = ModelConfig.from_hf(path)
     model = load_model(cfg, torch.float32, "cpu")[0]  # W8A8: kept FP8 on the CPU too
     layers = _moe_layers(model)
     assert layers and all(isinstance(m.experts, Fp8Experts) for _, m in layers)
-    tensors = load_file(str(fp8_moe[family] / "model.safetensors"))
+    assert all(m.experts.block == (BLOCK if block else None) for _, m in layers)
+    tensors = load_file(str(path / "model.safetensors"))
     g = torch.Generator().manual_seed(0)
     for name, moe in layers:
         experts = moe.experts
         assert isinstance(experts, Fp8Experts)
         prefix = checkpoint_name(model, name + ".experts")
-        want = _stacked(tensors, prefix, FAMILIES[family], experts.w13_q.shape[0])
+        want = _stacked(tensors, prefix, FAMILIES[family], experts.w13_q.shape[0], block)
         got = (experts.w13_q, experts.w13_scale, experts.w2_q, experts.w2_scale)
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
@@ -86,28 +97,31 @@ def test_fp8_experts_hold_and_compute_the_checkpoints_experts(family: str, fp8_m
         x = torch.randn(9, cfg.hidden_size, generator=g)
         ids, weights = moe.route(x)
         assert torch.equal(experts(x, ids, weights, moe.act),
-                           fused_moe_fp8_grouped(x, *want, BLOCK, ids, weights, moe.act))
+                           fused_moe_fp8_grouped(x, *want, BLOCK if block else None, ids, weights, moe.act))
 
 
-def test_a_compiled_step_takes_the_dense_formulation(fp8_moe) -> None:
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe-channel"])
+def test_a_compiled_step_takes_the_dense_formulation(name: str, fp8_moe) -> None:
     """Traced (as the CPU's compiled decode step traces the model) the layer runs the dense
     formulation, whose shapes the batch size alone fixes; eager, the grouped one."""
-    model = load_model(ModelConfig.from_hf(fp8_moe["qwen3_moe"]), torch.float32, "cpu")[0]
+    model = load_model(ModelConfig.from_hf(fp8_moe[name]), torch.float32, "cpu")[0]
     _, moe = _moe_layers(model)[0]
     experts = moe.experts
     assert isinstance(experts, Fp8Experts)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
     ids, weights = moe.route(x)
-    args = (experts.w13_q, experts.w13_scale, experts.w2_q, experts.w2_scale, BLOCK, ids, weights, moe.act)
+    args = (experts.w13_q, experts.w13_scale, experts.w2_q, experts.w2_scale, experts.block, ids, weights, moe.act)
     traced = torch.compile(lambda x: experts(x, ids, weights, moe.act), backend="eager", fullgraph=True)(x)
     assert torch.equal(traced, fused_moe_fp8_dense(x, *args))
     assert torch.equal(experts(x, ids, weights, moe.act), fused_moe_fp8_grouped(x, *args))
 
 
-def test_two_ranks_experts_sum_to_one_ranks(fp8_moe) -> None:
-    """Each rank holds every expert's rows of gate/up and columns of down in whole blocks (its
-    activation groups are whole groups of the one-rank layer): the ranks' outputs sum to it."""
-    cfg = ModelConfig.from_hf(fp8_moe["deepseek_v3"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3-channel"])
+def test_two_ranks_experts_sum_to_one_ranks(name: str, fp8_moe) -> None:
+    """Each rank holds every expert's rows of gate/up and columns of down, in whole blocks (its
+    activation groups are whole groups of the one-rank layer) or with their channel scales (its
+    per-token scale is its slice's): the ranks' outputs sum to the one-rank layer's."""
+    cfg = ModelConfig.from_hf(fp8_moe[name])
     full = load_model(cfg, torch.float32, "cpu")[0]
     ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2))[0] for r in range(2)]
     x = torch.randn(6, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
@@ -133,8 +147,9 @@ def _magnitude(x, experts: Fp8Experts, ids, weights, act) -> torch.Tensor:
     for t in range(x.shape[0]):
         for slot in range(ids.shape[1]):
             e = int(ids[t, slot])
-            w13 = dequantize_fp8_block(experts.w13_q[e], experts.w13_scale[e], BLOCK, torch.float64)
-            w2 = dequantize_fp8_block(experts.w2_q[e], experts.w2_scale[e], BLOCK, torch.float64)
+            w13, w2 = (dequantize_fp8_block(q[e], s[e], experts.block, torch.float64) if experts.block
+                       else q[e].double() * s[e].double()[:, None]
+                       for q, s in ((experts.w13_q, experts.w13_scale), (experts.w2_q, experts.w2_scale)))
             gate, up = (x[t].double() @ w13.T).chunk(2)
             out[t] += float(weights[t, slot]) * (2 * (act(gate) * up).abs() @ w2.abs().T)
     return out
@@ -147,6 +162,27 @@ def test_a_slice_that_would_split_an_experts_blocks_is_refused(tiny_models, tmp_
     cfg = ModelConfig.from_hf(path)
     with pytest.raises(QuantizationError, match=r"experts: .*\[0, 24\).*16x16 blocks.*--tp"):
         load_model(cfg, torch.float32, "cpu", TPGroup(0, 2), tp_layout(cfg, 0, 2))
+
+
+def test_online_fp8_keeps_the_experts_fp8_per_channel(tiny_models) -> None:
+    """`--quantization fp8` on a float MoE, kept resident (a GPU with FP8): each expert's codes
+    and channel scales are its float weight's rounding (`fp8_per_channel`)."""
+    from batonlm.model_runner.quantization.dequantized import fp8_per_channel
+
+    src = Path(tiny_models["mixtral"])
+    model = load_model(ModelConfig.from_hf(src, quantization="fp8"), torch.float32, "cpu", resident=True)[0]
+    tensors = load_file(str(next(src.glob("*.safetensors"))))
+    (name, moe), *_ = _moe_layers(model)
+    experts = moe.experts
+    assert isinstance(experts, Fp8Experts) and experts.block is None
+    prefix = checkpoint_name(model, name + ".experts")
+    for e in range(experts.w13_q.shape[0]):
+        w1, s1 = fp8_per_channel(tensors[f"{prefix}.{e}.w1.weight"])
+        w3, s3 = fp8_per_channel(tensors[f"{prefix}.{e}.w3.weight"])
+        w2, s2 = fp8_per_channel(tensors[f"{prefix}.{e}.w2.weight"])
+        assert torch.equal(experts.w13_q[e].view(torch.uint8), torch.cat([w1, w3]).view(torch.uint8))
+        assert torch.equal(experts.w13_scale[e], torch.cat([s1, s3])) and torch.equal(experts.w2_scale[e], s2)
+        assert torch.equal(experts.w2_q[e].view(torch.uint8), w2.view(torch.uint8))
 
 
 def test_weight_only_loading_still_dequantizes_the_experts(fp8_moe) -> None:

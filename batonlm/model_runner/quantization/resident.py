@@ -69,7 +69,7 @@ def make_resident(
         n, k = weight.shape
         storages = {lin.storage for lin, _ in sources}
         layer: Fp8Linear | Int8Linear | Int4Linear
-        static = any(m.endswith(".input_scale") for lin, _ in sources for m in lin.members)
+        static = any(_static(lin) for lin, _ in sources)
         if storages == {"fp8"}:
             block = quant.block
             for lin, t in sources:
@@ -96,7 +96,7 @@ def make_resident(
         out.append(ResidentLayer(module_name, layer, sources))
     for module_name, module in list(model.named_modules()):
         if isinstance(module, FusedExperts):
-            experts = _fp8_experts(model, module_name, module, linears, targets, quant)
+            experts = _fp8_experts(model, ckpt, module_name, module, linears, targets, quant)
             if experts is None:
                 kept.add(module_name)
             else:
@@ -111,19 +111,23 @@ def make_resident(
 
 
 def _fp8_experts(
-    model: CausalLM, module_name: str, module: FusedExperts, linears: dict[str, QuantizedLinear],
+    model: CausalLM, ckpt: Checkpoint, module_name: str, module: FusedExperts, linears: dict[str, QuantizedLinear],
     targets: dict[str, Target | list[Target]], quant: QuantConfig,
 ) -> ResidentLayer | None:
     """The experts as `Fp8Experts` when every expert's gate, up and down projections are FP8 in
-    blocks and an expert's intermediate size is whole blocks (else None: dequantized). A rank's
-    slice that would split a block is refused."""
-    if quant.block is None or quant.online:
-        return None
+    blocks, with an expert's intermediate size in whole blocks, or FP8 per channel (or tensor)
+    with dynamic activations, or online FP8 (else None: dequantized). A rank's slice that would
+    split a block is refused."""
     prefix = checkpoint_name(model, module_name)
     names = [f"{prefix}.{e}.{n}.weight" for e in range(module.w13.shape[0]) for n in model.expert_weight_names]
-    if not all(n in linears and linears[n].storage == "fp8" and isinstance(targets.get(n), Target) for n in names):
+    if not all(n in linears and isinstance(targets.get(n), Target) for n in names):
         return None
-    bn, bk = quant.block
+    storages = {linears[n].storage for n in names}
+    channel = storages == {"online"} or (storages == {"fp8"} and quant.block is None and all(
+        _per_channel_scale(ckpt, linears[n]) and not _static(linears[n]) for n in names))
+    if not channel and not (storages == {"fp8"} and quant.block is not None):
+        return None
+    bn, bk = quant.block if not channel and quant.block is not None else (1, 1)
     start, count = module.rows
     if module.intermediate % bn:
         return None
@@ -132,7 +136,7 @@ def _fp8_experts(
                                 f"each expert would split its FP8 {bn}x{bk} blocks; a --tp that divides them into "
                                 "whole blocks is needed")
     with torch.device("meta"):
-        layer = Fp8Experts(module, quant.block)
+        layer = Fp8Experts(module, None if channel else quant.block)
     sources = []
     for n in names:
         t = targets[n]
@@ -141,13 +145,22 @@ def _fp8_experts(
     return ResidentLayer(module_name, layer, sources)
 
 
+def _per_channel_scale(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
+    """The layer's weight scale is one per output channel, or one per tensor."""
+    n = lin.shape[0]
+    scale = Checkpoint.shape(ckpt, lin.members[1])
+    return math.prod(scale) == 1 or tuple(scale) in ((n,), (n, 1))
+
+
+def _static(lin: QuantizedLinear) -> bool:
+    return any(m.endswith(".input_scale") for m in lin.members)
+
+
 def _int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
     """An int8 layer the W8A8-int8 kernels run: signed codes, no zeros, a scale per output
     channel or per tensor."""
-    n = lin.shape[0]
-    scale = Checkpoint.shape(ckpt, lin.members[1])
     return (Checkpoint.dtype(ckpt, f"{lin.prefix}.weight") == "I8" and f"{lin.prefix}.weight_zero_point" not in lin.members
-            and (math.prod(scale) == 1 or tuple(scale) in ((n,), (n, 1))))
+            and _per_channel_scale(ckpt, lin))
 
 
 def _int4_group(
@@ -240,12 +253,26 @@ def _load_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Targ
 
 def _load_fp8_expert(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
     """One expert's gate or up rows (w13, at the target's offset) or down columns (w2): this
-    rank's whole blocks of its codes and scales. The expert: `<experts>.<e>.<name>`."""
+    rank's whole blocks of its codes and scales, or its rows' channel scales. The expert:
+    `<experts>.<e>.<name>`."""
     e = int(lin.prefix.rsplit(".", 2)[-2])
+    device = module.w13_q.device
+    if module.block is None:
+        if lin.storage == "online":
+            w, scale = fp8_per_channel(ckpt.get(lin.members[0]))
+        else:
+            w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
+            scale = ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
+        if t.dim == 0:
+            module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
+            module.w13_scale[e, t.offset : t.offset + t.count] = scale[t.start : t.start + t.count].to(device)
+        else:
+            module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
+            module.w2_scale[e] = scale.to(device)
+        return
     bn, bk = module.block
     w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
     scale = ckpt.get(lin.members[1]).to(torch.float32)
-    device = module.w13_q.device
     if t.dim == 0:
         module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
         module.w13_scale[e, t.offset // bn : (t.offset + t.count) // bn] = scale[
