@@ -75,10 +75,13 @@ def build_meta_model(
     if quant is not None and resident:
         from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint, online_linears
         from batonlm.model_runner.quantization.resident import make_resident
+        from batonlm.model_runner.quantization.resident_experts import make_resident_experts
 
         with DequantizedCheckpoint(checkpoint_files(cfg.path), quant) as ckpt:
             linears = online_linears(ckpt) if quant.online else ckpt.linears
-            layers = make_resident(model, ckpt, linears, quant, weight_targets(model), dtype)
+            targets = weight_targets(model)
+            layers = make_resident(model, ckpt, linears, quant, targets, dtype)
+            layers += make_resident_experts(model, ckpt, linears, quant, targets)
     return model, layers
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import split_evenly
 from batonlm.kernels import moe as moe_kernels
-from batonlm.kernels import moe_fp8
+from batonlm.kernels import moe_fp8, moe_int4
 from batonlm.model_runner.layers import GatedMLP, activation
 
 
@@ -106,6 +106,45 @@ class Fp8Experts(nn.Module):
         return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, self.block, ids, weights, act)
 
 
+class Int4Experts(nn.Module):
+    """Every expert's gated MLP kept in int4 (GPTQ, AWQ, compressed-tensors W4A16 experts, all
+    repacked into `kernels/quant.py`'s int4 layout), weight-only, this rank's slice of their
+    intermediate features, in place of `FusedExperts` (quantization/resident_experts.py).
+    `kernels/moe_int4.py`: Triton on CUDA, dense in a compiled step, grouped otherwise."""
+
+    w13_qweight: torch.Tensor
+    w13_scales: torch.Tensor
+    w13_zeros: torch.Tensor
+    w2_qweight: torch.Tensor
+    w2_scales: torch.Tensor
+    w2_zeros: torch.Tensor
+
+    def __init__(self, experts: FusedExperts, group: int) -> None:
+        super().__init__()
+        self.intermediate, self.rows, self.group = experts.intermediate, experts.rows, group
+        num, two_count, hidden = experts.w13.shape
+        count = two_count // 2
+        for name, k, n in (("w13", hidden, two_count), ("w2", count, hidden)):
+            groups = 1 if group == -1 else -(-k // group)
+            self.register_buffer(f"{name}_qweight", torch.empty(num, -(-k // 8), n, dtype=torch.int32))
+            # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
+            self.register_buffer(f"{name}_scales", torch.empty(num, groups, n))
+            self.register_buffer(f"{name}_zeros", torch.empty(num, groups, n, dtype=torch.uint8))
+        self.hidden, self.count = hidden, count
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
+                ) -> torch.Tensor:
+        w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden)
+        w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count)
+        if x.is_cuda:
+            run = moe_int4.fused_moe_int4_triton
+        elif torch.compiler.is_compiling():
+            run = moe_int4.fused_moe_int4_dense
+        else:
+            run = moe_int4.fused_moe_int4_grouped
+        return run(x, w13, w2, self.group, ids, weights, act)
+
+
 def _formulation(x: torch.Tensor) -> moe_kernels.MoEFunction:
     if x.is_cuda:
         return moe_kernels.fused_moe_triton
@@ -123,7 +162,7 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(hidden, opts.num_experts, bias=False)
         if opts.score_bias:  # the checkpoint's `gate.e_score_correction_bias`
             self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(opts.num_experts))
-        self.experts: FusedExperts | Fp8Experts = FusedExperts(hidden, opts, tp)
+        self.experts: FusedExperts | Fp8Experts | Int4Experts = FusedExperts(hidden, opts, tp)
         self.act = activation(act)
         self.tp = tp
         self.shared_expert: GatedMLP | None = None
@@ -176,7 +215,7 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
         experts = self.experts
-        if isinstance(experts, Fp8Experts):
+        if isinstance(experts, (Fp8Experts, Int4Experts)):
             out = experts(x, ids, weights, self.act)
         else:
             out = _formulation(x)(x, experts.w13, experts.w2, ids, weights, self.act)

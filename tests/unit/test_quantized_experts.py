@@ -201,3 +201,78 @@ def test_gpu_sizing_counts_the_experts_at_a_byte_per_weight(fp8_moe) -> None:
     fp8 = sum(t.numel() for e in experts for t in (e.w13_q, e.w2_q))
     assert weight_bytes(cfg, torch.bfloat16, device="cpu", resident=False) - held >= fp8 - sum(
         4 * (e.w13_scale.numel() + e.w2_scale.numel()) for e in experts)
+
+
+# --- int4 experts (GPTQ, AWQ): weight-only, kept int4 where the projections are (CUDA; here
+# resident=True). Their weights dequantize exactly to float32, so with float32 activations the
+# layer is the dequantized float experts' to the bit.
+
+@pytest.fixture(scope="module")
+def int4_moe(tiny_models, tmp_path_factory) -> dict[str, Path]:
+    from helpers import build_tiny_model
+    from quant_formats import write_awq_checkpoint, write_gptq_checkpoint
+
+    root = tmp_path_factory.mktemp("int4moe")
+    build_tiny_model("mixtral", root / "mixtral", intermediate_size=96)  # experts of three groups of 32
+    write_gptq_checkpoint(root / "mixtral", root / "mixtral-gptq", group_size=32, sym=False,
+                          linears=LINEARS + FAMILIES["mixtral"])
+    # Two groups of 32 per expert (and per rank of two, as the dense first layer's 128 features).
+    build_tiny_model("qwen3_moe", root / "qwen3_moe", moe_intermediate_size=64, intermediate_size=128)
+    write_awq_checkpoint(root / "qwen3_moe", root / "qwen3_moe-awq", group_size=32)
+    return {"mixtral": root / "mixtral-gptq", "qwen3_moe": root / "qwen3_moe-awq"}
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_int4_experts_are_the_dequantized_experts(family: str, int4_moe) -> None:
+    from batonlm.kernels.moe import fused_moe_grouped
+    from batonlm.kernels.moe_int4 import Int4Weights, fused_moe_int4_dense
+    from batonlm.model_runner.moe import Int4Experts
+
+    cfg = ModelConfig.from_hf(int4_moe[family])
+    model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
+    plain = load_model(cfg, torch.float32, "cpu", resident=False)[0]
+    layers = _moe_layers(model)
+    assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.group == 32 for _, m in layers)
+    g = torch.Generator().manual_seed(3)
+    for name, moe in layers:
+        floats = plain.get_submodule(name).experts
+        assert isinstance(floats, FusedExperts)
+        x = torch.randn(11, cfg.hidden_size, generator=g)
+        ids, weights = moe.route(x)
+        assert torch.equal(moe.experts(x, ids, weights, moe.act),
+                           fused_moe_grouped(x, floats.w13, floats.w2, ids, weights, moe.act))
+        traced = torch.compile(lambda x, moe=moe, ids=ids, weights=weights: moe.experts(x, ids, weights, moe.act),
+                               backend="eager", fullgraph=True)(x)
+        e = moe.experts
+        w13 = Int4Weights(e.w13_qweight, e.w13_scales, e.w13_zeros, e.hidden)
+        w2 = Int4Weights(e.w2_qweight, e.w2_scales, e.w2_zeros, e.count)
+        assert torch.equal(traced, fused_moe_int4_dense(x, w13, w2, e.group, ids, weights, moe.act))
+
+
+def test_two_ranks_int4_experts_sum_to_one_ranks(int4_moe) -> None:
+    """Qwen3-MoE's experts of 64 features in groups of 32: each of two ranks holds one whole group
+    of every expert's down rows; their outputs sum to the one-rank layer's (float32 apart)."""
+    cfg = ModelConfig.from_hf(int4_moe["qwen3_moe"])
+    full = load_model(cfg, torch.float32, "cpu", resident=True)[0]
+    ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2), resident=True)[0]
+             for r in range(2)]
+    name, moe = _moe_layers(full)[0]
+    x = torch.randn(6, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+    ids, weights = moe.route(x)
+    want = moe.experts(x, ids, weights, moe.act)
+    got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
+    # float32 sums in another order: 4 * depth * eps of the magnitudes (the float experts' bound).
+    from batonlm.kernels.moe import fused_moe_reference
+
+    floats = load_model(cfg, torch.float64, "cpu", resident=False)[0].get_submodule(name).experts
+    assert isinstance(floats, FusedExperts)
+    mag = fused_moe_reference(x.double().abs(), floats.w13.abs(), floats.w2.abs(), ids, weights.double(),
+                              act=lambda v: v.abs())
+    depth = cfg.hidden_size + floats.w2.shape[2] + ids.shape[1]
+    assert ((got.double() - want.double()).abs() <= 4 * depth * torch.finfo(torch.float32).eps * mag).all()
+
+
+def test_an_int4_slice_that_would_split_a_group_is_refused(int4_moe) -> None:
+    cfg = ModelConfig.from_hf(int4_moe["mixtral"])  # experts of 96 features in groups of 32: 48 per rank
+    with pytest.raises(QuantizationError, match=r"experts: .*\[0, 48\).*groups of 32"):
+        load_model(cfg, torch.float32, "cpu", TPGroup(0, 2), tp_layout(cfg, 0, 2), resident=True)

@@ -5,16 +5,19 @@ activations (W8A8-int8), or all 4-bit with consecutive groups, becomes an `Fp8Li
 is filled here from the checkpoint's own integers and scales: never through a float copy.
 
 A projection the kernels do not cover (weight-only int8, int8 per group or with zeros,
-activation-ordered groups, mixed formats) stays a float layer filled by the dequantizing view. Under tensor parallelism a rank holds the rows or
-columns of every source layer the float loader would give it (`weight_targets`); a slice that
-would split an FP8 block or an int4 group is refused at start-up, naming the layer.
+activation-ordered groups, mixed formats) stays a float layer filled by the dequantizing view.
+Under tensor parallelism a rank holds the rows or columns of every source layer the float loader
+would give it (`weight_targets`); a slice that would split an FP8 block or an int4 group is
+refused at start-up, naming the layer. A MoE layer's experts: resident_experts.py.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,27 +25,32 @@ from torch import nn
 from batonlm.kernels.quant import pack_int4
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
-from batonlm.model_runner.moe import Fp8Experts, FusedExperts
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
-from batonlm.model_runner.quantization.formats import QuantizedLinear, int_weights
+from batonlm.model_runner.quantization.formats import IntWeights, QuantizedLinear, int_weights
 from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
-from batonlm.model_runner.weight_loader import Target, checkpoint_name
+from batonlm.model_runner.weight_loader import Target
 
 logger = logging.getLogger(__name__)
 
 
+# Fills a layer's part of one checkpoint layer: (module, checkpoint, its layer, where, quant).
+Fill = Callable[[Any, Checkpoint, QuantizedLinear, Target, QuantConfig], None]
+
+
 @dataclass
 class ResidentLayer:
-    """A projection made quantized: its module and the checkpoint layers that fill it."""
+    """A projection (or a MoE layer's experts) made quantized: its module, the checkpoint layers
+    that fill it and how."""
 
     name: str  # the model's module name (e.g. model.layers.0.self_attn.qkv_proj)
-    module: Fp8Linear | Int8Linear | Int4Linear | Fp8Experts
+    module: nn.Module  # Fp8Linear, Int8Linear, Int4Linear; Fp8Experts, Int4Experts (resident_experts.py)
     sources: list[tuple[QuantizedLinear, Target]]
+    fill: Fill
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -69,7 +77,7 @@ def make_resident(
         n, k = weight.shape
         storages = {lin.storage for lin, _ in sources}
         layer: Fp8Linear | Int8Linear | Int4Linear
-        static = any(_static(lin) for lin, _ in sources)
+        static = any(static_scale(lin) for lin, _ in sources)
         if storages == {"fp8"}:
             block = quant.block
             for lin, t in sources:
@@ -83,7 +91,7 @@ def make_resident(
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
         elif storages <= {"gptq", "awq", "packed"}:
-            group = _int4_group(ckpt, module_name, sources, quant)
+            group = int4_group(ckpt, module_name, sources, quant)
             if group is None:
                 kept.add(module_name)
                 continue
@@ -93,66 +101,21 @@ def make_resident(
             kept.add(module_name)
             continue
         _swap(model, module_name, module, layer, dtype)
-        out.append(ResidentLayer(module_name, layer, sources))
-    for module_name, module in list(model.named_modules()):
-        if isinstance(module, FusedExperts):
-            experts = _fp8_experts(model, ckpt, module_name, module, linears, targets, quant)
-            if experts is None:
-                kept.add(module_name)
-            else:
-                parent, _, child = module_name.rpartition(".")
-                setattr(model.get_submodule(parent), child, experts.module)
-                out.append(experts)
+        out.append(ResidentLayer(module_name, layer, sources, _fill_of(layer, storages)))
     if kept:
         logger.info("%d quantized projection(s) run dequantized (weight-only int8, int8 per group or with zeros, "
-                    "activation-ordered groups, experts not in FP8 blocks or mixed formats), "
-                    "e.g. %s", len(kept), sorted(kept)[0])
+                    "activation-ordered groups or mixed formats), e.g. %s", len(kept), sorted(kept)[0])
     return out
 
 
-def _fp8_experts(
-    model: CausalLM, ckpt: Checkpoint, module_name: str, module: FusedExperts, linears: dict[str, QuantizedLinear],
-    targets: dict[str, Target | list[Target]], quant: QuantConfig,
-) -> ResidentLayer | None:
-    """The experts as `Fp8Experts` when every expert's gate, up and down projections are FP8 in
-    blocks, with an expert's intermediate size in whole blocks, or FP8 per channel (or tensor)
-    with dynamic activations, or online FP8 (else None: dequantized). A rank's slice that would
-    split a block is refused."""
-    prefix = checkpoint_name(model, module_name)
-    names = [f"{prefix}.{e}.{n}.weight" for e in range(module.w13.shape[0]) for n in model.expert_weight_names]
-    if not all(n in linears and isinstance(targets.get(n), Target) for n in names):
-        return None
-    storages = {linears[n].storage for n in names}
-    channel = storages == {"online"} or (storages == {"fp8"} and quant.block is None and all(
-        _per_channel_scale(ckpt, linears[n]) and not _static(linears[n]) for n in names))
-    if not channel and not (storages == {"fp8"} and quant.block is not None):
-        return None
-    bn, bk = quant.block if not channel and quant.block is not None else (1, 1)
-    start, count = module.rows
-    if module.intermediate % bn:
-        return None
-    if start % bn or count % bn or start % bk or (count % bk and start + count != module.intermediate):
-        raise QuantizationError(f"{module_name}: this rank's intermediate features [{start}, {start + count}) of "
-                                f"each expert would split its FP8 {bn}x{bk} blocks; a --tp that divides them into "
-                                "whole blocks is needed")
-    with torch.device("meta"):
-        layer = Fp8Experts(module, None if channel else quant.block)
-    sources = []
-    for n in names:
-        t = targets[n]
-        assert isinstance(t, Target)
-        sources.append((linears[n], t))
-    return ResidentLayer(module_name, layer, sources)
-
-
-def _per_channel_scale(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
+def per_channel_scale(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
     """The layer's weight scale is one per output channel, or one per tensor."""
     n = lin.shape[0]
     scale = Checkpoint.shape(ckpt, lin.members[1])
     return math.prod(scale) == 1 or tuple(scale) in ((n,), (n, 1))
 
 
-def _static(lin: QuantizedLinear) -> bool:
+def static_scale(lin: QuantizedLinear) -> bool:
     return any(m.endswith(".input_scale") for m in lin.members)
 
 
@@ -160,10 +123,10 @@ def _int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
     """An int8 layer the W8A8-int8 kernels run: signed codes, no zeros, a scale per output
     channel or per tensor."""
     return (Checkpoint.dtype(ckpt, f"{lin.prefix}.weight") == "I8" and f"{lin.prefix}.weight_zero_point" not in lin.members
-            and _per_channel_scale(ckpt, lin))
+            and per_channel_scale(ckpt, lin))
 
 
-def _int4_group(
+def int4_group(
     ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]], quant: QuantConfig
 ) -> int | None:
     """The group size the int4 layout takes (-1: one group), or None: not 4-bit with
@@ -211,22 +174,19 @@ def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int8Line
     setattr(model.get_submodule(parent), child, new)
 
 
+def _fill_of(layer: nn.Module, storages: set[str]) -> Fill:
+    if isinstance(layer, Fp8Linear):
+        return _load_online_fp8 if storages == {"online"} else _load_fp8
+    return _load_int8 if isinstance(layer, Int8Linear) else _load_int4
+
+
 def load_resident(layers: list[ResidentLayer], ckpt: Checkpoint, quant: QuantConfig) -> None:
     """Fill each quantized layer from its checkpoint layers' integers and scales (this rank's
     rows or columns of each, at its offset among a fused projection's)."""
     with torch.no_grad():
         for layer in layers:
             for lin, t in layer.sources:
-                if isinstance(layer.module, Fp8Experts):
-                    _load_fp8_expert(layer.module, ckpt, lin, t)
-                elif isinstance(layer.module, Fp8Linear) and lin.storage == "online":
-                    _load_online_fp8(layer.module, ckpt, lin, t)
-                elif isinstance(layer.module, Fp8Linear):
-                    _load_fp8(layer.module, ckpt, lin, t, quant)
-                elif isinstance(layer.module, Int8Linear):
-                    _load_int8(layer.module, ckpt, lin, t)
-                else:
-                    _load_int4(layer.module, ckpt, lin, t, quant)
+                layer.fill(layer.module, ckpt, lin, t, quant)
 
 
 def _narrow(x: torch.Tensor, t: Target, dim: int | None = None) -> torch.Tensor:
@@ -242,47 +202,17 @@ def _load_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Targ
         bn, bk = module.block
         scale = ckpt.get(lin.members[1]).to(torch.float32)
         if t.dim == 0:
-            s = scale[t.start // bn : _cdiv(t.start + t.count, bn)]
+            s = scale[t.start // bn : cdiv(t.start + t.count, bn)]
             module.weight_scale[t.offset // bn : t.offset // bn + s.shape[0]] = s
         else:
-            module.weight_scale.copy_(scale[:, t.start // bk : _cdiv(t.start + t.count, bk)])
+            module.weight_scale.copy_(scale[:, t.start // bk : cdiv(t.start + t.count, bk)])
     else:
         _load_channel_scales(module, ckpt, lin, t)
     _load_input_scale(module, ckpt, lin, t)
 
 
-def _load_fp8_expert(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
-    """One expert's gate or up rows (w13, at the target's offset) or down columns (w2): this
-    rank's whole blocks of its codes and scales, or its rows' channel scales. The expert:
-    `<experts>.<e>.<name>`."""
-    e = int(lin.prefix.rsplit(".", 2)[-2])
-    device = module.w13_q.device
-    if module.block is None:
-        if lin.storage == "online":
-            w, scale = fp8_per_channel(ckpt.get(lin.members[0]))
-        else:
-            w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
-            scale = ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
-        if t.dim == 0:
-            module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
-            module.w13_scale[e, t.offset : t.offset + t.count] = scale[t.start : t.start + t.count].to(device)
-        else:
-            module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
-            module.w2_scale[e] = scale.to(device)
-        return
-    bn, bk = module.block
-    w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
-    scale = ckpt.get(lin.members[1]).to(torch.float32)
-    if t.dim == 0:
-        module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
-        module.w13_scale[e, t.offset // bn : (t.offset + t.count) // bn] = scale[
-            t.start // bn : (t.start + t.count) // bn].to(device)
-    else:
-        module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
-        module.w2_scale[e] = scale[:, t.start // bk : _cdiv(t.start + t.count, bk)].to(device)
-
-
-def _load_online_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+def _load_online_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig,
+                     ) -> None:
     """A float weight rounded per channel (over its whole rows, so every rank's columns share the
     one-rank scales), this rank's part of the codes and scales."""
     q, scale = fp8_per_channel(ckpt.get(lin.members[0]))
@@ -291,7 +221,7 @@ def _load_online_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, 
     module.weight_scale[rows] = scale[t.start : t.start + t.count] if t.dim == 0 else scale
 
 
-def _load_int8(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+def _load_int8(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
     module.weight_q[rows] = _narrow(ckpt.get(f"{lin.prefix}.weight"), t).to(module.weight_q.device)
     _load_channel_scales(module, ckpt, lin, t)
@@ -316,7 +246,14 @@ def _load_input_scale(module: Fp8Linear | Int8Linear, ckpt: Checkpoint, lin: Qua
 
 
 def _load_int4(module: Int4Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
-    iw = int_weights(ckpt, lin, quant)
+    fill_int4(module.qweight, module.zeros, module.scales, module.group_size, int_weights(ckpt, lin, quant), t)
+
+
+def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor, scales_out: torch.Tensor, group_size: int,
+              iw: IntWeights, t: Target) -> None:
+    """One int4 layout (qweight [K/8, N], zeros and scales [G, N]) filled with this rank's part
+    of a checkpoint layer: its output columns at the target's offset, or its input rows in whole
+    groups."""
     q, zeros, scales = iw.q, iw.zeros, iw.scales  # [K, N], [G, N], [G, N]
     if t.dim == 0:  # this rank's output columns of W^T, at its offset in the fused layer
         cols = slice(t.offset, t.offset + t.count)
@@ -324,10 +261,10 @@ def _load_int4(module: Int4Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Ta
     else:  # this rank's input rows, in whole groups
         cols = slice(None)
         q = _narrow(q, t, dim=0)
-        if module.group_size != -1 and t.full is not None:
-            g = slice(t.start // module.group_size, _cdiv(t.start + t.count, module.group_size))
+        if group_size != -1 and t.full is not None:
+            g = slice(t.start // group_size, cdiv(t.start + t.count, group_size))
             zeros, scales = zeros[g], scales[g]
-    device = module.qweight.device
-    module.qweight[:, cols] = pack_int4(q).to(device)
-    module.zeros[:, cols] = zeros.to(device=device, dtype=module.zeros.dtype)
-    module.scales[:, cols] = scales.to(device=device, dtype=module.scales.dtype)
+    device = qweight.device
+    qweight[:, cols] = pack_int4(q).to(device)
+    zeros_out[:, cols] = zeros.to(device=device, dtype=zeros_out.dtype)
+    scales_out[:, cols] = scales.to(device=device, dtype=scales_out.dtype)

@@ -1,0 +1,87 @@
+"""Triton kernel behind batonlm.kernels.moe_int4 (imported on first use).
+
+`_triton_moe.py`'s grouped GEMM with int4 experts: row block b of `sorted_ids` holds pairs routed
+to expert `block_expert[b]`; its program unpacks each K tile of that expert's `qweight` (8
+nibbles per int32), dequantizes it ((q - zero) * scale in float32, exact), rounds it once to the
+activation dtype and multiplies it in `tl.dot` with float32 accumulation (float32 activations in
+IEEE float32), as `_triton_quant.py`'s int4 kernel does for one weight; each product row is
+written at its pair's index. Under the interpreter tiles are multiplied in float32 (exact for the
+rounded values) and the result is stored in float32, converted by torch (its store truncates to
+half types).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from batonlm.kernels._triton_common import INTERPRET, NO_FMA
+from batonlm.kernels._triton_moe import BLOCK_M
+from batonlm.kernels.moe_int4 import Int4Weights
+
+
+@triton.jit
+def _grouped_gemm_int4_kernel(
+    a_ptr, qw_ptr, s_ptr, z_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
+    rows, N, K, group, a_row_div, num_experts,
+    stride_am, stride_qe, stride_qk, stride_se, stride_sg, stride_ze, stride_zg, stride_cm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert >= num_experts:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ids = tl.load(sorted_ids_ptr + offs_m)
+    valid = ids < rows
+    a_rows = (ids // a_row_div).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_valid = offs_n < N
+    e = expert.to(tl.int64)
+    qw, s, z = qw_ptr + e * stride_qe, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_valid = offs_k < K
+        a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
+                    mask=valid[:, None] & k_valid[None, :], other=0.0)
+        kn = k_valid[:, None] & n_valid[None, :]
+        packed = tl.load(qw + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
+        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
+        g = (offs_k // group)[:, None]
+        sc = tl.load(s + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
+        zero = tl.load(z + g * stride_zg + offs_n[None, :], mask=kn, other=0).to(tl.float32)
+        w = ((q.to(tl.float32) - zero) * sc).to(a.dtype)  # exact in float32, then rounded once
+        if UPCAST or IEEE:
+            acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(a, w)
+    c = c_ptr + ids.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc, mask=valid[:, None] & n_valid[None, :])
+
+
+def _block(n: int, cap: int) -> int:
+    return max(16, min(cap, triton.next_power_of_2(n)))
+
+
+def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: torch.Tensor,
+                      block_expert: torch.Tensor, rows: int, a_row_div: int) -> torch.Tensor:
+    """c [rows, N] in a's dtype: c[i] = a[i // a_row_div] @ W[expert of pair i]^T, W from the
+    expert's int4 weights (`moe_int4.py`'s layout)."""
+    a = a.contiguous()
+    qweight, scales, zeros = w.qweight.contiguous(), w.scales.contiguous(), w.zeros.contiguous()
+    n, k = qweight.shape[2], w.k
+    c = torch.empty((rows, n), dtype=torch.float32 if INTERPRET else a.dtype, device=a.device)
+    if rows == 0:
+        return c.to(a.dtype)
+    block_n = _block(n, 64)
+    grid = (block_expert.shape[0], triton.cdiv(n, block_n))
+    _grouped_gemm_int4_kernel[grid](
+        a, qweight, scales, zeros, c, sorted_ids, block_expert,
+        rows, n, k, k if group == -1 else group, a_row_div, qweight.shape[0],
+        a.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
+        zeros.stride(0), zeros.stride(1), c.stride(0),
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, UPCAST=INTERPRET, IEEE=a.dtype == torch.float32, **NO_FMA,
+    )
+    return c.to(a.dtype)

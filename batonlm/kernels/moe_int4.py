@@ -1,0 +1,99 @@
+"""Mixture-of-experts with every expert's weights in int4 (GPTQ, AWQ, compressed-tensors W4A16
+MoE checkpoints: Qwen3-MoE, Mixtral, DeepSeek in 4 bits): each expert's gated MLP is
+`Int4Linear`'s math twice, weight-only. Each weight is dequantized exactly ((q - zero) * scale,
+in float32) and rounded once to the activation dtype, then multiplied in that dtype
+(`int4_dequant_matmul`); the routed outputs are summed as `batonlm.kernels.moe` sums them.
+
+Weights, one `batonlm.kernels.quant` int4 layout per expert (W^T packed along its input rows):
+`w13_qweight` int32 [E, ceil(H / 8), 2I] (gate columns then up columns), `w13_scales` float32
+and `w13_zeros` uint8 [E, ceil(H / G), 2I]; `w2_qweight` [E, ceil(I / 8), H], `w2_scales` /
+`w2_zeros` [E, ceil(I / G), H]. One group size G for both (-1: one group of all rows).
+
+Three formulations, as for float experts:
+- `fused_moe_int4_grouped`: one expert at a time over its rows, through the torch reference (the
+  reference, and the CPU's eager path);
+- `fused_moe_int4_dense`: every expert over every token, weighted by exact zeros where not routed
+  (the CPU's compiled step); the same rounded weights, so each routed row's products are the
+  grouped path's;
+- `fused_moe_int4_triton` (CUDA): two grouped GEMM launches dequantizing each weight tile as it
+  is loaded (`_triton_moe_int4.py`), every shape fixed by the batch size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from batonlm.kernels.moe import Activation, gated, grouped_by_expert, moe_align, sort_by_expert, weighted_sum
+from batonlm.kernels.quant import dequantize_int4, int4_dequant_matmul_reference
+
+
+@dataclass(frozen=True)
+class Int4Weights:
+    """One projection of every expert: qweight [E, ceil(K / 8), N], scales and zeros [E, G, N]."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    k: int  # input features
+
+    def check(self, name: str, group: int) -> None:
+        e, packed, n = self.qweight.shape
+        groups = 1 if group == -1 else -(-self.k // group)
+        if self.qweight.dtype != torch.int32 or packed != -(-self.k // 8):
+            raise ValueError(f"{name}_qweight: expected int32 [{e}, {-(-self.k // 8)}, N], got "
+                             f"{self.qweight.dtype} {list(self.qweight.shape)}")
+        for what, t in (("scales", self.scales), ("zeros", self.zeros)):
+            if tuple(t.shape) != (e, groups, n):
+                raise ValueError(f"{name}_{what}: expected [{e}, {groups}, {n}], got {list(t.shape)}")
+
+
+def fused_moe_int4_grouped(
+    x: torch.Tensor, w13: Int4Weights, w2: Int4Weights, group: int, topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    w13.check("w13", group)
+    w2.check("w2", group)
+
+    def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
+        h = gated(int4_dequant_matmul_reference(seg, w13.qweight[e], w13.scales[e], w13.zeros[e], group), act)
+        return int4_dequant_matmul_reference(h, w2.qweight[e], w2.scales[e], w2.zeros[e], group)
+
+    return grouped_by_expert(x, topk_ids, topk_weights, w13.qweight.shape[0], w2.qweight.shape[2], mlp)
+
+
+def _dense_weights(w: Int4Weights, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """[E, N, K] in `dtype`: each expert's weight as the reference rounds it."""
+    return torch.stack([dequantize_int4(w.qweight[e], w.scales[e], w.zeros[e], group, w.k, dtype)
+                        for e in range(w.qweight.shape[0])])
+
+
+def fused_moe_int4_dense(
+    x: torch.Tensor, w13: Int4Weights, w2: Int4Weights, group: int, topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    w13.check("w13", group)
+    w2.check("w2", group)
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    h = gated(torch.matmul(x.unsqueeze(0), _dense_weights(w13, group, x.dtype).transpose(1, 2)), act)  # [E, T, I]
+    y = torch.matmul(h, _dense_weights(w2, group, x.dtype).transpose(1, 2))  # [E, T, H]
+    dense = torch.zeros(x.shape[0], w13.qweight.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
+    return weighted_sum(y.transpose(0, 1), dense, x.dtype)
+
+
+def fused_moe_int4_triton(
+    x: torch.Tensor, w13: Int4Weights, w2: Int4Weights, group: int, topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    from batonlm.kernels import _triton_moe, _triton_moe_int4
+
+    w13.check("w13", group)
+    w2.check("w2", group)
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    sorted_ids, block_expert = moe_align(ids, w13.qweight.shape[0], _triton_moe.BLOCK_M)
+    h = _triton_moe_int4.grouped_gemm_int4(x, w13, group, sorted_ids, block_expert, t * k, k)
+    y = _triton_moe_int4.grouped_gemm_int4(gated(h, act), w2, group, sorted_ids, block_expert, t * k, 1)
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)

@@ -1,0 +1,149 @@
+"""A MoE layer's experts kept quantized (where resident.py keeps the projections): every expert
+in FP8 (blocks, or per channel with dynamic activations, or online FP8) becomes one `Fp8Experts`,
+every expert in int4 with consecutive groups (GPTQ, AWQ, compressed-tensors W4A16) one
+`Int4Experts` (model_runner/moe.py), swapped in on the meta device before the model is allocated
+and filled here with each expert's own codes and scales. A rank holds every expert's rows of its
+gate/up and columns of its down projection (as the float loader's `weight_targets` say); a slice
+that would split an FP8 block or an int4 group is refused at start-up, naming the layer. Experts
+in other formats stay float, filled by the dequantizing view.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from batonlm.model_runner.checkpoint import Checkpoint
+from batonlm.model_runner.models.base import CausalLM
+from batonlm.model_runner.moe import Fp8Experts, FusedExperts, Int4Experts
+from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
+from batonlm.model_runner.quantization.dequantized import fp8_per_channel
+from batonlm.model_runner.quantization.formats import QuantizedLinear, int_weights
+from batonlm.model_runner.quantization.resident import (
+    ResidentLayer,
+    cdiv,
+    fill_int4,
+    int4_group,
+    per_channel_scale,
+    static_scale,
+)
+from batonlm.model_runner.weight_loader import Target, checkpoint_name
+
+logger = logging.getLogger(__name__)
+
+
+def make_resident_experts(
+    model: CausalLM, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], quant: QuantConfig,
+    targets: dict[str, Target | list[Target]],
+) -> list[ResidentLayer]:
+    """Swap every MoE layer's `FusedExperts` whose checkpoint experts the kernels cover for its
+    quantized experts; returns what `resident.load_resident` fills."""
+    out: list[ResidentLayer] = []
+    kept: list[str] = []
+    for module_name, module in list(model.named_modules()):
+        if not isinstance(module, FusedExperts):
+            continue
+        prefix = checkpoint_name(model, module_name)
+        names = [f"{prefix}.{e}.{n}.weight" for e in range(module.w13.shape[0]) for n in model.expert_weight_names]
+        if not any(n in linears for n in names):
+            continue  # float experts (a checkpoint's `ignore`)
+        sources = [(linears[n], t) for n in names if n in linears and isinstance(t := targets.get(n), Target)]
+        layer = None
+        if len(sources) == len(names):
+            layer = _fp8_experts(ckpt, module_name, module, sources, quant) or _int4_experts(
+                ckpt, module_name, module, sources, quant)
+        if layer is None:
+            kept.append(module_name)
+            continue
+        parent, _, child = module_name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer.module)
+        out.append(layer)
+    if kept:
+        logger.info("%d MoE layer(s) run their experts dequantized (formats the expert kernels do not cover: int8, "
+                    "FP8 with static activation scales, activation-ordered groups, mixed), e.g. %s", len(kept), kept[0])
+    return out
+
+
+def _fp8_experts(
+    ckpt: Checkpoint, module_name: str, module: FusedExperts, sources: list[tuple[QuantizedLinear, Target]],
+    quant: QuantConfig,
+) -> ResidentLayer | None:
+    """`Fp8Experts` when every expert's projections are FP8 in blocks (an expert's intermediate
+    size in whole blocks), or FP8 per channel (or tensor) with dynamic activations, or online."""
+    storages = {lin.storage for lin, _ in sources}
+    channel = storages == {"online"} or (storages == {"fp8"} and quant.block is None and all(
+        per_channel_scale(ckpt, lin) and not static_scale(lin) for lin, _ in sources))
+    if not channel and not (storages == {"fp8"} and quant.block is not None):
+        return None
+    bn, bk = quant.block if not channel and quant.block is not None else (1, 1)
+    start, count = module.rows
+    if module.intermediate % bn:
+        return None
+    if start % bn or count % bn or start % bk or (count % bk and start + count != module.intermediate):
+        raise QuantizationError(f"{module_name}: this rank's intermediate features [{start}, {start + count}) of "
+                                f"each expert would split its FP8 {bn}x{bk} blocks; a --tp that divides them into "
+                                "whole blocks is needed")
+    with torch.device("meta"):
+        layer = Fp8Experts(module, None if channel else quant.block)
+    return ResidentLayer(module_name, layer, sources, _fill_fp8)
+
+
+def _int4_experts(
+    ckpt: Checkpoint, module_name: str, module: FusedExperts, sources: list[tuple[QuantizedLinear, Target]],
+    quant: QuantConfig,
+) -> ResidentLayer | None:
+    """`Int4Experts` when every expert's projections are 4-bit with consecutive groups of one
+    size (a rank's slice of the down projections' rows in whole groups, or a start-up error)."""
+    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed"}:
+        return None
+    group = int4_group(ckpt, module_name, sources, quant)
+    if group is None:
+        return None
+    with torch.device("meta"):
+        layer = Int4Experts(module, group)
+    return ResidentLayer(module_name, layer, sources, _fill_int4)
+
+
+def _expert(lin: QuantizedLinear) -> int:
+    """The expert of a checkpoint layer `<experts>.<e>.<name>`."""
+    return int(lin.prefix.rsplit(".", 2)[-2])
+
+
+def _fill_fp8(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
+    """One expert's gate or up rows (w13, at the target's offset) or down columns (w2): this
+    rank's whole blocks of its codes and scales, or its rows' channel scales."""
+    e = _expert(lin)
+    device = module.w13_q.device
+    if module.block is None:
+        if lin.storage == "online":
+            w, scale = fp8_per_channel(ckpt.get(lin.members[0]))
+        else:
+            w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
+            scale = ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
+        if t.dim == 0:
+            module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
+            module.w13_scale[e, t.offset : t.offset + t.count] = scale[t.start : t.start + t.count].to(device)
+        else:
+            module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
+            module.w2_scale[e] = scale.to(device)
+        return
+    bn, bk = module.block
+    w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
+    scale = ckpt.get(lin.members[1]).to(torch.float32)
+    if t.dim == 0:
+        module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
+        module.w13_scale[e, t.offset // bn : (t.offset + t.count) // bn] = scale[
+            t.start // bn : (t.start + t.count) // bn].to(device)
+    else:
+        module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
+        module.w2_scale[e] = scale[:, t.start // bk : cdiv(t.start + t.count, bk)].to(device)
+
+
+def _fill_int4(module: Int4Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
+    """One expert's gate or up output columns (w13's, at the target's offset) or its down
+    projection's input rows (w2's, whole groups)."""
+    e = _expert(lin)
+    name = "w13" if t.dim == 0 else "w2"
+    qweight, zeros, scales = (getattr(module, f"{name}_{part}")[e] for part in ("qweight", "zeros", "scales"))
+    fill_int4(qweight, zeros, scales, module.group, int_weights(ckpt, lin, quant), t)

@@ -1,0 +1,107 @@
+"""Mixture-of-experts over int4 experts (batonlm/kernels/moe_int4.py): the grouped torch
+reference, the dense formulation and the Triton grouped GEMM (interpreted on the CPU) against the
+float64 per-expert loop over the weights the codes mean, on ragged expert loads.
+
+Bound: each weight is exact in float64 ((q - zero) * scale); float32 rounds it once (2^-24
+relative) and sums the two matmuls and the top-k in float32, as the float experts' test bounds
+(4 * depth * eps of the magnitudes |x| |W13| |act| |W2|). bfloat16 activations round each weight
+to bfloat16 (2^-8) and every output of the first matmul (2^-8 again, through the second).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernel_helpers import interpreted_only  # noqa: E402
+
+from batonlm.kernels.moe import fused_moe_reference  # noqa: E402
+from batonlm.kernels.moe_int4 import (  # noqa: E402
+    Int4Weights,
+    fused_moe_int4_dense,
+    fused_moe_int4_grouped,
+    fused_moe_int4_triton,
+)
+from batonlm.kernels.quant import pack_int4  # noqa: E402
+
+FORMULATIONS = [pytest.param(fused_moe_int4_grouped, id="grouped"), pytest.param(fused_moe_int4_dense, id="dense"),
+                pytest.param(fused_moe_int4_triton, id="triton", marks=interpreted_only)]
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def _weights(g: torch.Generator, experts: int, k: int, n: int, group: int, sym: bool) -> tuple[Int4Weights, torch.Tensor]:
+    """Random codes, zeros and half-precision scales; and the meaning W [E, N, K] in float64."""
+    groups = 1 if group == -1 else -(-k // group)
+    size = k if group == -1 else group
+    q = torch.randint(0, 16, (experts, k, n), generator=g)
+    zeros = torch.full((experts, groups, n), 8) if sym else torch.randint(0, 16, (experts, groups, n), generator=g)
+    scales = (torch.rand(experts, groups, n, generator=g) + 0.1).half().float() / (8 * k**0.5)
+    rows = torch.arange(k) // size
+    w = ((q - zeros[:, rows]).double() * scales[:, rows].double()).transpose(1, 2)
+    packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
+    return Int4Weights(packed, scales, zeros.to(torch.uint8), k), w
+
+
+def _case(t: int, k: int, experts: int, hidden: int, inter: int, group: int, sym: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, hidden, generator=g, dtype=torch.float64)
+    w13, w13_64 = _weights(g, experts, hidden, 2 * inter, group, sym)
+    w2, w2_64 = _weights(g, experts, inter, hidden, group, sym)
+    scores = torch.rand(t, experts, generator=g) + torch.linspace(1.0, 0.0, experts)  # a hot expert, cold ones
+    ids = scores.topk(k, dim=1).indices
+    weights = torch.rand(t, k, generator=g, dtype=torch.float64) + 0.1
+    return x, w13, w2, w13_64, w2_64, ids, weights
+
+
+# (tokens, top-k, experts, hidden, intermediate, group, symmetric): decode's one token, ragged loads,
+# sizes off the tiles and groups (a partial last group), one group of all rows.
+CASES = [(1, 2, 4, 64, 32, 32, True), (7, 3, 5, 80, 48, 32, False), (19, 2, 6, 96, 64, 64, False),
+         (5, 2, 3, 72, 40, -1, True)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}-i{}-g{}".format(*c))
+@pytest.mark.parametrize("moe", FORMULATIONS)
+def test_each_formulation_is_the_int4_experts_layer(moe, case):
+    x, w13, w2, w13_64, w2_64, ids, weights = _case(*case, seed=sum(case[:5]))
+    group = case[5]
+    got = moe(x.float(), w13, w2, group, ids, weights.float())
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    want = fused_moe_reference(x, w13_64, w2_64, ids, weights)
+    scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())
+    depth = x.shape[1] + w2_64.shape[2] + ids.shape[1]
+    bound = 4 * depth * EPS32 * (scale + 1e-30)
+    err = (got.double() - want).abs()
+    assert (err <= bound).all(), f"max err {err.max():.3g} at bound {bound.flatten()[err.argmax()]:.3g}"
+
+
+@pytest.mark.parametrize("moe", FORMULATIONS)
+def test_bfloat16_activations(moe):
+    x, w13, w2, w13_64, w2_64, ids, weights = _case(9, 2, 4, 64, 32, 32, False, seed=3)
+    got = moe(x.bfloat16(), w13, w2, 32, ids, weights.bfloat16())
+    assert got.dtype == torch.bfloat16
+    want = fused_moe_reference(x.bfloat16().double(), w13_64, w2_64, ids, weights.bfloat16().double())
+    scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())
+    assert ((got.double() - want).abs() <= 6 * 2.0**-8 * scale + 1e-30).all()
+
+
+def test_a_bad_shape_is_named():
+    x, w13, w2, *_, ids, weights = _case(3, 2, 4, 64, 32, 32, True, seed=1)
+    bad = Int4Weights(w13.qweight, w13.scales[:, :1], w13.zeros, w13.k)
+    with pytest.raises(ValueError, match="^w13_scales:"):
+        fused_moe_int4_grouped(x.float(), bad, w2, 32, ids, weights.float())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
+@pytest.mark.parametrize("t", [1, 64])
+def test_gpu_int4_moe(t):
+    """Qwen3-30B-A3B-sized experts (hidden 2048, 768 features, groups of 128) in bfloat16."""
+    x, w13, w2, w13_64, w2_64, ids, weights = _case(t, 8, 16, 2048, 768, 128, False, seed=t)
+    cuda = [Int4Weights(w.qweight.cuda(), w.scales.cuda(), w.zeros.cuda(), w.k) for w in (w13, w2)]
+    xb, wb, idc = x.bfloat16().cuda(), weights.bfloat16().cuda(), ids.cuda()
+    got = fused_moe_int4_triton(xb, *cuda, 128, idc, wb)
+    want = fused_moe_reference(x.bfloat16().double(), w13_64, w2_64, ids, weights.bfloat16().double())
+    scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())
+    assert ((got.double().cpu() - want).abs() <= 6 * 2.0**-8 * scale + 1e-30).all()
