@@ -1,4 +1,4 @@
-"""Triton kernels behind batonlm.kernels.moe and moe_fp8 (imported on first use).
+"""Triton kernels behind batonlm.kernels.moe, moe_fp8 and moe_int8 (imported on first use).
 
 One grouped GEMM: row block b of `sorted_ids` holds pairs routed to expert `block_expert[b]`;
 its program multiplies their input rows by that expert's weight and writes each product row at
@@ -11,6 +11,8 @@ same exact products).
 block, so each tile's partial product is multiplied by its rows' activation scales and the
 expert's weight scales of its columns before it is added (DeepSeek-V3's block-wise scheme); per
 channel, the whole sum is multiplied by the row's and the column's scale once.
+`grouped_gemm_int8` is the same over int8 tiles (moe_int8.py: W8A8 int8), summed exactly in int32
+and scaled once at the end, in int8.py's order (so a row's product is `int8_scaled_matmul`'s).
 """
 
 from __future__ import annotations
@@ -159,5 +161,60 @@ def grouped_gemm_fp8(
         a_q.stride(0), a_scale.stride(0), w_q.stride(0), w_q.stride(1), w_scale.stride(0), w_scale.stride(1),
         c.stride(0), K_BLOCKED=block is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=tile_k,
         UPCAST=INTERPRET, **NO_FMA,
+    )
+    return c.to(out_dtype)
+
+
+@triton.jit
+def _grouped_gemm_int8_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
+    rows, N, K, a_row_div, num_experts,
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_cm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert >= num_experts:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ids = tl.load(sorted_ids_ptr + offs_m)
+    valid = ids < rows
+    a_rows = (ids // a_row_div).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_valid = offs_n < N
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_valid = offs_k < K
+        a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
+                    mask=valid[:, None] & k_valid[None, :], other=0)
+        w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
+                    mask=n_valid[None, :] & k_valid[:, None], other=0)
+        acc += tl.dot(a, w)  # int8 x int8 summed exactly in int32
+    a_s = tl.load(as_ptr + a_rows * stride_asm, mask=valid, other=0.0)
+    w_s = tl.load(ws_ptr + expert.to(tl.int64) * stride_wse + offs_n, mask=n_valid, other=0.0)
+    y = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]  # int8.py's order: the sum, the token's, the channel's
+    c = c_ptr + ids.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, y, mask=valid[:, None] & n_valid[None, :])
+
+
+def grouped_gemm_int8(
+    a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+    sorted_ids: torch.Tensor, block_expert: torch.Tensor, rows: int, a_row_div: int, out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """c [rows, N] in `out_dtype`: (a_q[i // a_row_div] @ w_q[expert of pair i]^T) * a_scale[row]
+    * w_scale[expert, n], int8 a_q [*, K] with a_scale [*, 1] and w_q [E, N, K] with w_scale [E, N]."""
+    a_q, a_scale, w_q, w_scale = a_q.contiguous(), a_scale.contiguous(), w_q.contiguous(), w_scale.contiguous()
+    n, k = w_q.shape[1], w_q.shape[2]
+    c = torch.empty((rows, n), dtype=torch.float32 if INTERPRET else out_dtype, device=a_q.device)
+    if rows == 0:
+        return c.to(out_dtype)
+    block_n, block_k = _block(n, 64), max(32, _block(k, 64))
+    grid = (block_expert.shape[0], triton.cdiv(n, block_n))
+    _grouped_gemm_int8_kernel[grid](
+        a_q, a_scale, w_q, w_scale, c, sorted_ids, block_expert, rows, n, k, a_row_div, w_q.shape[0],
+        a_q.stride(0), a_scale.stride(0), w_q.stride(0), w_q.stride(1), w_scale.stride(0), c.stride(0),
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA,
     )
     return c.to(out_dtype)

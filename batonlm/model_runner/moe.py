@@ -31,7 +31,7 @@ from torch import nn
 from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import split_evenly
 from batonlm.kernels import moe as moe_kernels
-from batonlm.kernels import moe_fp8, moe_int4
+from batonlm.kernels import moe_fp8, moe_int4, moe_int8
 from batonlm.model_runner.layers import GatedMLP, activation
 
 
@@ -106,6 +106,37 @@ class Fp8Experts(nn.Module):
         return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, self.block, ids, weights, act)
 
 
+class Int8Experts(nn.Module):
+    """Every expert's gated MLP kept in int8 per output channel with int8 activations per token
+    (W8A8 int8 experts), this rank's slice, in place of `FusedExperts`
+    (quantization/resident_experts.py). `kernels/moe_int8.py`: Triton on CUDA, dense in a
+    compiled step, grouped otherwise."""
+
+    w13_q: torch.Tensor
+    w13_scale: torch.Tensor
+    w2_q: torch.Tensor
+    w2_scale: torch.Tensor
+
+    def __init__(self, experts: FusedExperts) -> None:
+        super().__init__()
+        self.intermediate, self.rows = experts.intermediate, experts.rows
+        num, two_count, hidden = experts.w13.shape
+        self.register_buffer("w13_q", torch.empty(num, two_count, hidden, dtype=torch.int8))
+        self.register_buffer("w13_scale", torch.empty(num, two_count))
+        self.register_buffer("w2_q", torch.empty(num, hidden, two_count // 2, dtype=torch.int8))
+        self.register_buffer("w2_scale", torch.empty(num, hidden))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
+                ) -> torch.Tensor:
+        if x.is_cuda:
+            run = moe_int8.fused_moe_int8_triton
+        elif torch.compiler.is_compiling():
+            run = moe_int8.fused_moe_int8_dense
+        else:
+            run = moe_int8.fused_moe_int8_grouped
+        return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, ids, weights, act)
+
+
 class Int4Experts(nn.Module):
     """Every expert's gated MLP kept in int4 (GPTQ, AWQ, compressed-tensors W4A16 experts, all
     repacked into `kernels/quant.py`'s int4 layout), weight-only, this rank's slice of their
@@ -162,7 +193,7 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(hidden, opts.num_experts, bias=False)
         if opts.score_bias:  # the checkpoint's `gate.e_score_correction_bias`
             self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(opts.num_experts))
-        self.experts: FusedExperts | Fp8Experts | Int4Experts = FusedExperts(hidden, opts, tp)
+        self.experts: FusedExperts | Fp8Experts | Int8Experts | Int4Experts = FusedExperts(hidden, opts, tp)
         self.act = activation(act)
         self.tp = tp
         self.shared_expert: GatedMLP | None = None
@@ -215,7 +246,7 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
         experts = self.experts
-        if isinstance(experts, (Fp8Experts, Int4Experts)):
+        if isinstance(experts, (Fp8Experts, Int8Experts, Int4Experts)):
             out = experts(x, ids, weights, self.act)
         else:
             out = _formulation(x)(x, experts.w13, experts.w2, ids, weights, self.act)

@@ -276,3 +276,41 @@ def test_an_int4_slice_that_would_split_a_group_is_refused(int4_moe) -> None:
     cfg = ModelConfig.from_hf(int4_moe["mixtral"])  # experts of 96 features in groups of 32: 48 per rank
     with pytest.raises(QuantizationError, match=r"experts: .*\[0, 48\).*groups of 32"):
         load_model(cfg, torch.float32, "cpu", TPGroup(0, 2), tp_layout(cfg, 0, 2), resident=True)
+
+
+# --- W8A8 int8 experts (llm-compressor's W8A8 on a MoE): kept int8 on every device, as W8A8 is.
+
+@pytest.fixture(scope="module")
+def int8_moe(tiny_models, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("int8moe")
+    out = {}
+    for family in ("qwen3_moe", "mixtral"):
+        write_w8a8_checkpoint(tiny_models[family], root / family, torch.float32, LINEARS + FAMILIES[family])
+        out[family] = root / family
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_int8_experts_hold_and_compute_the_checkpoints_experts(family: str, int8_moe) -> None:
+    from batonlm.kernels.moe_int8 import fused_moe_int8_dense, fused_moe_int8_grouped
+    from batonlm.model_runner.moe import Int8Experts
+
+    cfg = ModelConfig.from_hf(int8_moe[family])
+    model = load_model(cfg, torch.float32, "cpu")[0]  # W8A8: kept int8 on the CPU too
+    layers = _moe_layers(model)
+    assert layers and all(isinstance(m.experts, Int8Experts) for _, m in layers)
+    tensors = load_file(str(int8_moe[family] / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    for name, moe in layers:
+        experts = moe.experts
+        want = _stacked(tensors, checkpoint_name(model, name + ".experts"), FAMILIES[family],
+                        experts.w13_q.shape[0], block=False)
+        for a, b in zip((experts.w13_q, experts.w13_scale, experts.w2_q, experts.w2_scale), want):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        x = torch.randn(9, cfg.hidden_size, generator=g)
+        ids, weights = moe.route(x)
+        reference = fused_moe_int8_grouped(x, *want, ids, weights, moe.act)
+        assert torch.equal(experts(x, ids, weights, moe.act), reference)
+        traced = torch.compile(lambda x, moe=moe, ids=ids, weights=weights: moe.experts(x, ids, weights, moe.act),
+                               backend="eager", fullgraph=True)(x)
+        assert torch.equal(traced, fused_moe_int8_dense(x, *want, ids, weights, moe.act))

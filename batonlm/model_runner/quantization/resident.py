@@ -84,7 +84,7 @@ def make_resident(
                 _check_fp8_slice(module_name, lin, t, block)
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, block, static, bias=False)
-        elif storages == {"int"} and quant.act_quant == "int8" and all(_int8_per_channel(ckpt, lin) for lin, _ in sources):
+        elif storages == {"int"} and quant.act_quant == "int8" and all(int8_per_channel(ckpt, lin) for lin, _ in sources):
             with torch.device("meta"):
                 layer = Int8Linear(n, k, static, bias=False)
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
@@ -119,7 +119,7 @@ def static_scale(lin: QuantizedLinear) -> bool:
     return any(m.endswith(".input_scale") for m in lin.members)
 
 
-def _int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
+def int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
     """An int8 layer the W8A8-int8 kernels run: signed codes, no zeros, a scale per output
     channel or per tensor."""
     return (Checkpoint.dtype(ckpt, f"{lin.prefix}.weight") == "I8" and f"{lin.prefix}.weight_zero_point" not in lin.members

@@ -1,8 +1,8 @@
 """A MoE layer's experts kept quantized (where resident.py keeps the projections): every expert
 in FP8 (blocks, or per channel with dynamic activations, or online FP8) becomes one `Fp8Experts`,
-every expert in int4 with consecutive groups (GPTQ, AWQ, compressed-tensors W4A16) one
-`Int4Experts` (model_runner/moe.py), swapped in on the meta device before the model is allocated
-and filled here with each expert's own codes and scales. A rank holds every expert's rows of its
+every expert in W8A8 int8 per channel one `Int8Experts`, every expert in int4 with consecutive
+groups (GPTQ, AWQ, compressed-tensors W4A16) one `Int4Experts` (model_runner/moe.py), swapped in
+on the meta device before the model is allocated and filled here with each expert's own codes and scales. A rank holds every expert's rows of its
 gate/up and columns of its down projection (as the float loader's `weight_targets` say); a slice
 that would split an FP8 block or an int4 group is refused at start-up, naming the layer. Experts
 in other formats stay float, filled by the dequantizing view.
@@ -16,7 +16,7 @@ import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
-from batonlm.model_runner.moe import Fp8Experts, FusedExperts, Int4Experts
+from batonlm.model_runner.moe import Fp8Experts, FusedExperts, Int4Experts, Int8Experts
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import QuantizedLinear, int_weights
@@ -25,6 +25,7 @@ from batonlm.model_runner.quantization.resident import (
     cdiv,
     fill_int4,
     int4_group,
+    int8_per_channel,
     per_channel_scale,
     static_scale,
 )
@@ -51,8 +52,9 @@ def make_resident_experts(
         sources = [(linears[n], t) for n in names if n in linears and isinstance(t := targets.get(n), Target)]
         layer = None
         if len(sources) == len(names):
-            layer = _fp8_experts(ckpt, module_name, module, sources, quant) or _int4_experts(
-                ckpt, module_name, module, sources, quant)
+            layer = (_fp8_experts(ckpt, module_name, module, sources, quant)
+                     or _int8_experts(ckpt, module_name, module, sources, quant)
+                     or _int4_experts(ckpt, module_name, module, sources, quant))
         if layer is None:
             kept.append(module_name)
             continue
@@ -60,8 +62,9 @@ def make_resident_experts(
         setattr(model.get_submodule(parent), child, layer.module)
         out.append(layer)
     if kept:
-        logger.info("%d MoE layer(s) run their experts dequantized (formats the expert kernels do not cover: int8, "
-                    "FP8 with static activation scales, activation-ordered groups, mixed), e.g. %s", len(kept), kept[0])
+        logger.info("%d MoE layer(s) run their experts dequantized (formats the expert kernels do not cover: "
+                    "weight-only int8, FP8 or int8 with static activation scales, activation-ordered groups, "
+                    "mixed), e.g. %s", len(kept), kept[0])
     return out
 
 
@@ -87,6 +90,21 @@ def _fp8_experts(
     with torch.device("meta"):
         layer = Fp8Experts(module, None if channel else quant.block)
     return ResidentLayer(module_name, layer, sources, _fill_fp8)
+
+
+def _int8_experts(
+    ckpt: Checkpoint, module_name: str, module: FusedExperts, sources: list[tuple[QuantizedLinear, Target]],
+    quant: QuantConfig,
+) -> ResidentLayer | None:
+    """`Int8Experts` when every expert's projections are int8 per channel with int8 activations
+    per token (dynamic: static input scales are not run for experts)."""
+    if quant.act_quant != "int8" or {lin.storage for lin, _ in sources} != {"int"}:
+        return None
+    if not all(int8_per_channel(ckpt, lin) and not static_scale(lin) for lin, _ in sources):
+        return None
+    with torch.device("meta"):
+        layer = Int8Experts(module)
+    return ResidentLayer(module_name, layer, sources, _fill_int8)
 
 
 def _int4_experts(
@@ -138,6 +156,21 @@ def _fill_fp8(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Tar
     else:
         module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
         module.w2_scale[e] = scale[:, t.start // bk : cdiv(t.start + t.count, bk)].to(device)
+
+
+def _fill_int8(module: Int8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
+    """One expert's gate or up rows (w13's, at the target's offset) with their channel scales,
+    or its down projection's columns (w2's) with all its channel scales."""
+    e = _expert(lin)
+    device = module.w13_q.device
+    w = ckpt.get(f"{lin.prefix}.weight")
+    scale = ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
+    if t.dim == 0:
+        module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
+        module.w13_scale[e, t.offset : t.offset + t.count] = scale[t.start : t.start + t.count].to(device)
+    else:
+        module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
+        module.w2_scale[e] = scale.to(device)
 
 
 def _fill_int4(module: Int4Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:

@@ -1,0 +1,94 @@
+"""Mixture-of-experts with every expert's weights in int8 per output channel and int8 activations
+per token (W8A8 int8 MoE checkpoints, llm-compressor's `W8A8`): each expert's gated MLP is
+`Int8Linear`'s math twice (`batonlm.kernels.int8`): its input rows quantized to int8 per token,
+the int8 product summed exactly in int32, scaled by the token's and the channel's scales; gated
+in the activation dtype and quantized again for the down projection. The routed outputs are
+summed as `batonlm.kernels.moe` sums them.
+
+Weights: `w13_q` int8 [E, 2I, H] (gate rows then up rows) with `w13_scale` float32 [E, 2I], and
+`w2_q` [E, H, I] with `w2_scale` [E, H].
+
+Three formulations, as for float experts:
+- `fused_moe_int8_grouped`: one expert at a time over its rows, through the torch references
+  (the reference, and the CPU's eager path);
+- `fused_moe_int8_dense`: every expert over every token, weighted by exact zeros where not routed
+  (the CPU's compiled step); a row's quantization and its exact integer products depend on that
+  row alone, so each routed row's output is the grouped path's, bit for bit;
+- `fused_moe_int8_triton` (CUDA): two grouped int8 GEMM launches (`_triton_moe.grouped_gemm_int8`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from batonlm.kernels.int8 import int8_scaled_matmul_reference, int_product, per_token_quant_int8
+from batonlm.kernels.moe import Activation, gated, grouped_by_expert, moe_align, sort_by_expert, weighted_sum
+
+
+def _check(w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor) -> None:
+    e, two_i, h = w13_q.shape
+    want = {"w13_q": (e, two_i, h), "w2_q": (e, h, two_i // 2)}
+    for name, t in (("w13_q", w13_q), ("w2_q", w2_q)):
+        if t.dtype != torch.int8 or tuple(t.shape) != want[name]:
+            raise ValueError(f"{name}: expected int8 {list(want[name])}, got {t.dtype} {list(t.shape)}")
+    for name, t, shape in (("w13_scale", w13_scale, (e, two_i)), ("w2_scale", w2_scale, (e, h))):
+        if t.dtype != torch.float32 or tuple(t.shape) != shape:
+            raise ValueError(f"{name}: expected float32 {list(shape)}, got {t.dtype} {list(t.shape)}")
+
+
+def _linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    x_q, x_s = per_token_quant_int8(x, use_triton=False)
+    return int8_scaled_matmul_reference(x_q, x_s, w_q, w_scale, x.dtype)
+
+
+def fused_moe_int8_grouped(
+    x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    _check(w13_q, w13_scale, w2_q, w2_scale)
+
+    def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
+        return _linear(gated(_linear(seg, w13_q[e], w13_scale[e]), act), w2_q[e], w2_scale[e])
+
+    return grouped_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], w2_q.shape[1], mlp)
+
+
+def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """x [T, K] (or [E, T, K]: expert e's rows for expert e) through every expert -> [E, T, N]."""
+    e = w_q.shape[0]
+    rows = x.reshape(-1, x.shape[-1])
+    q, s = per_token_quant_int8(rows, use_triton=False)
+    t = x.shape[-2]
+    per = [(q, s) if x.dim() == 2 else (q[i * t : (i + 1) * t], s[i * t : (i + 1) * t]) for i in range(e)]
+    out = [(int_product(qi, w_q[i]).float() * si * w_scale[i][None, :]).to(x.dtype) for i, (qi, si) in enumerate(per)]
+    return torch.stack(out)
+
+
+def fused_moe_int8_dense(
+    x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    _check(w13_q, w13_scale, w2_q, w2_scale)
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    h = gated(_dense_linear(x, w13_q, w13_scale), act)  # [E, T, I]
+    y = _dense_linear(h, w2_q, w2_scale)  # [E, T, H]
+    dense = torch.zeros(x.shape[0], w13_q.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
+    return weighted_sum(y.transpose(0, 1), dense, x.dtype)
+
+
+def fused_moe_int8_triton(
+    x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    from batonlm.kernels import _triton_moe
+
+    _check(w13_q, w13_scale, w2_q, w2_scale)
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    sorted_ids, block_expert = moe_align(ids, w13_q.shape[0], _triton_moe.BLOCK_M)
+    x_q, x_s = per_token_quant_int8(x, use_triton=True)
+    h = _triton_moe.grouped_gemm_int8(x_q, x_s, w13_q, w13_scale, sorted_ids, block_expert, t * k, k, x.dtype)
+    g_q, g_s = per_token_quant_int8(gated(h, act), use_triton=True)
+    y = _triton_moe.grouped_gemm_int8(g_q, g_s, w2_q, w2_scale, sorted_ids, block_expert, t * k, 1, x.dtype)
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
