@@ -5,20 +5,21 @@ round): the float matmul (what a checkpoint dequantized on load runs: batonlm's 
 weight-only formats), the int4 dequant-GEMM, the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`;
 the torch references on the CPU, which dequantize every call; Triton on CUDA) and the W8A8 int8
 GEMM with its per-token activation quantization (`batonlm/kernels/int8.py`: on the CPU oneDNN's
-int8 GEMM through `torch._int_mm`; Triton on CUDA). The CPU choice is
+int8 GEMM through `torch._int_mm`; Triton on CUDA). The CPU's choice for weight-only formats is
 this table: a dequantize per call costs more than the float matmul it feeds.
 
-Part 2, a random Llama (`--shape`) written as float, W8A8 FP8 in 128x128 blocks (transformers'
+Part 2, a random model (`--shape`: Llamas, or `qwen3-moe`, a small Qwen3-MoE whose experts stay
+quantized where its projections do) written as float, W8A8 FP8 in 128x128 blocks (transformers'
 FineGrainedFP8 format), W8A8 int8 (llm-compressor's format, tests/quant_w8a8.py), GPTQ int4
-(group 128) and served by `batonlm.Engine` (eager step,
-overlap loop), plus `--quantization fp8` on the float checkpoint: start-up seconds, checkpoint
-MB, and output tok/s of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill
-included), median of `--rounds`. On CUDA the quantized variants run on the kernels (the
-weights stay quantized); on the CPU int4 and online FP8 run dequantized and W8A8 on the torch
-references.
+(group 128) and served by `batonlm.Engine` (overlap loop; eager step unless `--compile on`), plus
+`--quantization fp8` on the float checkpoint: start-up seconds, checkpoint MB, and output tok/s
+of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill included), median of
+`--rounds`. On CUDA the quantized variants run on the kernels (the weights stay quantized); on
+the CPU int4 and online FP8 run dequantized and W8A8 on the torch references.
 
     python benchmarks/quantization.py [--batch 1 16 64] [--compile on] [--json out.json]
     python benchmarks/quantization.py --device cuda --dtype bfloat16 [--shape llama3-8b --layers 8]
+    python benchmarks/quantization.py --shape qwen3-moe [--device cuda --dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ SHAPES = {
             "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 8192},
     "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                   "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256},
+    # A small Qwen3-MoE: 32 experts, top 4, whose experts are most of its bytes (the FP8, int8 and
+    # int4 variants keep them quantized where the projections are: docs/quantization.md).
+    "qwen3-moe": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 512,
+                  "intermediate_size": 1536, "moe_intermediate_size": 256, "num_experts": 32,
+                  "num_experts_per_tok": 4, "num_hidden_layers": 4, "num_attention_heads": 8,
+                  "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 8192, "norm_topk_prob": True},
 }
 
 
@@ -151,7 +158,7 @@ def main() -> None:
     args = ap.parse_args()
     shape = dict(SHAPES[args.shape], **({"num_hidden_layers": args.layers} if args.layers else {}))
     dtype = getattr(torch, args.dtype)
-    h, i = shape["hidden_size"], shape["intermediate_size"]
+    h, i = shape["hidden_size"], shape.get("moe_intermediate_size", shape["intermediate_size"])
     where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else args.device
     print(f"Part 1: one projection, {args.dtype}, {where}")
     layers = layer_costs(args.batch, h, i, args.rounds, args.device, dtype)
@@ -160,9 +167,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.json"
         config.write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
-                                      "tie_word_embeddings": False, **shape}))
+                                      "tie_word_embeddings": False, **shape}))  # a shape may name its family
         src = build_random_llama(config, Path(tmp) / "float")
-        print(f"\nPart 2: a random Llama ({args.shape}, {shape['num_hidden_layers']} layers) served, "
+        print(f"\nPart 2: a random model ({args.shape}, {shape['num_hidden_layers']} layers) served, "
               f"{args.new_tokens} new tokens per stream, {'compiled' if args.compile == 'on' else 'eager'} step")
         rows = served(variants(src, Path(tmp)), args.batch, args.new_tokens, args.rounds, args.device, args.dtype,
                       args.compile)
