@@ -9,6 +9,9 @@ with its routing weights. Three formulations of the same sum, and a Triton kerne
 - `fused_moe_dense`: every expert over every token, the unrouted products weighted by exact
   zeros. Shapes depend only on the batch size, so it traces into a compiled graph (the CPU's
   compiled decode step, where batches are small).
+- `fused_moe_gathered`: each routed pair's expert weights gathered, one batched matmul: shapes
+  fixed by the batch size too, reading T * K experts rather than E (the compiled step's choice
+  when that is fewer: one token of a model with many experts).
 - `fused_moe_triton` (CUDA): the pairs sorted by expert and padded to the kernel's row block
   (`moe_align`), one grouped GEMM launch per projection (`_triton_moe.py`); every shape depends
   only on the batch size, so a CUDA graph captures it.
@@ -112,6 +115,22 @@ def fused_moe_dense(
     y = torch.matmul(h, w2.transpose(1, 2))  # [E, T, H]
     dense = torch.zeros(x.shape[0], e, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
     return weighted_sum(y.transpose(0, 1), dense, x.dtype)  # over all experts, ascending (zeros exact)
+
+
+def fused_moe_gathered(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    act: Activation = F.silu,
+) -> torch.Tensor:
+    """Each (token, k) pair's expert weights gathered and multiplied in one batched matmul: its
+    shapes depend only on the batch size, as the dense formulation's, but it reads T * K experts'
+    weights instead of all E (the compiled step's choice at decode sizes, T * K < E)."""
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    flat = ids.flatten()  # [T * K], each token's experts ascending
+    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T * K, 1, H]: token t's row for each of its k
+    h = gated(torch.bmm(rows, w13[flat].transpose(1, 2)), act)  # [T * K, 1, I]
+    y = torch.bmm(h, w2[flat].transpose(1, 2))  # [T * K, 1, H]
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -176,10 +176,15 @@ class Int4Experts(nn.Module):
         return run(x, w13, w2, self.group, ids, weights, act)
 
 
-def _formulation(x: torch.Tensor) -> moe_kernels.MoEFunction:
+def _formulation(x: torch.Tensor, opts: MoEOptions) -> moe_kernels.MoEFunction:
     if x.is_cuda:
         return moe_kernels.fused_moe_triton
     if torch.compiler.is_compiling():
+        # A graph for a fixed batch size (the compiled step's batch-1 graph) that routes to fewer
+        # expert copies than there are experts gathers them; others (symbolic sizes) run dense.
+        tokens = x.shape[0]
+        if isinstance(tokens, int) and tokens * opts.top_k < opts.num_experts:
+            return moe_kernels.fused_moe_gathered
         return moe_kernels.fused_moe_dense
     return moe_kernels.fused_moe_grouped
 
@@ -249,7 +254,7 @@ class SparseMoE(nn.Module):
         if isinstance(experts, (Fp8Experts, Int8Experts, Int4Experts)):
             out = experts(x, ids, weights, self.act)
         else:
-            out = _formulation(x)(x, experts.w13, experts.w2, ids, weights, self.act)
+            out = _formulation(x, self.opts)(x, experts.w13, experts.w2, ids, weights, self.act)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             gate = self.shared_expert_gate

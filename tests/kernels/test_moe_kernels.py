@@ -1,5 +1,5 @@
 """The mixture-of-experts formulations (batonlm/kernels/moe.py): the grouped CPU path, the dense
-compiled-step path and the Triton grouped GEMM (interpreted on the CPU) against the per-expert
+and gathered compiled-step paths and the Triton grouped GEMM (interpreted on the CPU) against the per-expert
 loop in float64, on ragged expert loads — experts with many rows, one row, and none."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ import torch
 
 from batonlm.kernels.moe import (
     fused_moe_dense,
+    fused_moe_gathered,
     fused_moe_grouped,
     fused_moe_reference,
     fused_moe_triton,
     moe_align,
 )
 
-FORMULATIONS = [fused_moe_grouped, fused_moe_dense, fused_moe_triton]
+FORMULATIONS = [fused_moe_grouped, fused_moe_dense, fused_moe_gathered, fused_moe_triton]
 
 
 def _routing(g: torch.Generator, t: int, k: int, experts: int, used: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +58,7 @@ def test_formulation_equals_the_per_expert_loop(moe, case):
     assert (err <= bound).all(), f"max err {err.max():.3g}, at bound {bound.flatten()[err.argmax()]:.3g}"
 
 
-@pytest.mark.parametrize("moe", [fused_moe_grouped, fused_moe_dense], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("moe", [fused_moe_grouped, fused_moe_dense, fused_moe_gathered], ids=lambda f: f.__name__)
 def test_the_order_the_router_lists_experts_in_changes_nothing(moe):
     """The K outputs are added in ascending expert order (transformers' order), whatever order
     the router listed them in (float64, CPU formulations; the Triton path sorts with the same
