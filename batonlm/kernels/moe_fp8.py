@@ -13,12 +13,14 @@ bk)], and `w2_q` [E, H, I] with `w2_scale` [E, ceil(H / bn), ceil(I / bk)], floa
 code * the scale of its (bn, bk) block. I is a multiple of bn, so a block never holds both gate
 and up rows. `block` None: `w13_scale` [E, 2I] and `w2_scale` [E, H], one per output row.
 
-Three formulations of the same sum, as for float experts:
+Four formulations of the same sum, as for float experts:
 - `fused_moe_fp8_grouped`: one expert at a time over the rows routed to it, through the torch
   references of `batonlm.kernels.quant` (the reference, and the CPU's eager path);
 - `fused_moe_fp8_dense`: every expert over every token, weighted by exact zeros where not routed
   (shapes depend on the batch size only: the CPU's compiled step); each row's products are the
   grouped path's (a row's quantization and product depend on that row alone);
+- `fused_moe_fp8_gathered`: the dense math over each routed pair's gathered expert (T * K
+  experts read rather than E: the compiled step's batch-1 graph);
 - `fused_moe_fp8_triton` (CUDA): two grouped GEMM launches over FP8 tiles with the block scales
   applied per K block (`_triton_moe.grouped_gemm_fp8`), every shape fixed by the batch size (a
   CUDA graph captures it).
@@ -109,6 +111,22 @@ def fused_moe_fp8_dense(
     y = _dense_linear(h, w2_q, w2_scale, block)  # [E, T, H]
     dense = torch.zeros(x.shape[0], w13_q.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
     return weighted_sum(y.transpose(0, 1), dense, x.dtype)
+
+
+def fused_moe_fp8_gathered(
+    x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+    block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    """Each routed pair's expert gathered (codes and scales), the dense math pair by pair: T * K
+    experts read rather than E (the compiled step's batch-1 graph)."""
+    _check(w13_q, w13_scale, w2_q, w2_scale, block)
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    flat = ids.flatten()
+    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T * K, 1, H]
+    h = gated(_dense_linear(rows, w13_q[flat], w13_scale[flat], block), act)  # [T * K, 1, I]
+    y = _dense_linear(h, w2_q[flat], w2_scale[flat], block)  # [T * K, 1, H]
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
 
 
 def fused_moe_fp8_triton(

@@ -9,12 +9,14 @@ Weights, one `batonlm.kernels.quant` int4 layout per expert (W^T packed along it
 and `w13_zeros` uint8 [E, ceil(H / G), 2I]; `w2_qweight` [E, ceil(I / 8), H], `w2_scales` /
 `w2_zeros` [E, ceil(I / G), H]. One group size G for both (-1: one group of all rows).
 
-Three formulations, as for float experts:
+Four formulations, as for float experts:
 - `fused_moe_int4_grouped`: one expert at a time over its rows, through the torch reference (the
   reference, and the CPU's eager path);
 - `fused_moe_int4_dense`: every expert over every token, weighted by exact zeros where not routed
   (the CPU's compiled step); the same rounded weights, so each routed row's products are the
   grouped path's;
+- `fused_moe_int4_gathered`: the dense math over each routed pair's gathered expert (the
+  compiled step's batch-1 graph);
 - `fused_moe_int4_triton` (CUDA): two grouped GEMM launches dequantizing each weight tile as it
   is loaded (`_triton_moe_int4.py`), every shape fixed by the batch size.
 """
@@ -81,6 +83,27 @@ def fused_moe_int4_dense(
     y = torch.matmul(h, _dense_weights(w2, group, x.dtype).transpose(1, 2))  # [E, T, H]
     dense = torch.zeros(x.shape[0], w13.qweight.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
     return weighted_sum(y.transpose(0, 1), dense, x.dtype)
+
+
+def _gathered(w: Int4Weights, flat: torch.Tensor) -> Int4Weights:
+    return Int4Weights(w.qweight[flat], w.scales[flat], w.zeros[flat], w.k)
+
+
+def fused_moe_int4_gathered(
+    x: torch.Tensor, w13: Int4Weights, w2: Int4Weights, group: int, topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    """Each routed pair's expert gathered and dequantized, one batched matmul (T * K experts read
+    rather than E: the compiled step's batch-1 graph)."""
+    w13.check("w13", group)
+    w2.check("w2", group)
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    flat = ids.flatten()
+    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T * K, 1, H]
+    h = gated(torch.matmul(rows, _dense_weights(_gathered(w13, flat), group, x.dtype).transpose(1, 2)), act)
+    y = torch.matmul(h, _dense_weights(_gathered(w2, flat), group, x.dtype).transpose(1, 2))  # [T * K, 1, H]
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
 
 
 def fused_moe_int4_triton(

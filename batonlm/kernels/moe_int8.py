@@ -8,12 +8,14 @@ summed as `batonlm.kernels.moe` sums them.
 Weights: `w13_q` int8 [E, 2I, H] (gate rows then up rows) with `w13_scale` float32 [E, 2I], and
 `w2_q` [E, H, I] with `w2_scale` [E, H].
 
-Three formulations, as for float experts:
+Four formulations, as for float experts:
 - `fused_moe_int8_grouped`: one expert at a time over its rows, through the torch references
   (the reference, and the CPU's eager path);
 - `fused_moe_int8_dense`: every expert over every token, weighted by exact zeros where not routed
   (the CPU's compiled step); a row's quantization and its exact integer products depend on that
   row alone, so each routed row's output is the grouped path's, bit for bit;
+- `fused_moe_int8_gathered`: the dense math over each routed pair's gathered expert (the
+  compiled step's batch-1 graph), bit for bit too;
 - `fused_moe_int8_triton` (CUDA): two grouped int8 GEMM launches (`_triton_moe.grouped_gemm_int8`).
 """
 
@@ -55,7 +57,8 @@ def fused_moe_int8_grouped(
 
 
 def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    """x [T, K] (or [E, T, K]: expert e's rows for expert e) through every expert -> [E, T, N]."""
+    """x [T, K] (or [E, T, K]: expert e's rows for expert e) through every expert -> [E, T, N]
+    (the experts may be gathered pairs: [P, 1, K] through P weights)."""
     e = w_q.shape[0]
     rows = x.reshape(-1, x.shape[-1])
     q, s = per_token_quant_int8(rows, use_triton=False)
@@ -75,6 +78,22 @@ def fused_moe_int8_dense(
     y = _dense_linear(h, w2_q, w2_scale)  # [E, T, H]
     dense = torch.zeros(x.shape[0], w13_q.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
     return weighted_sum(y.transpose(0, 1), dense, x.dtype)
+
+
+def fused_moe_int8_gathered(
+    x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+) -> torch.Tensor:
+    """Each routed pair's expert gathered, the dense math pair by pair (T * K experts read rather
+    than E: the compiled step's batch-1 graph)."""
+    _check(w13_q, w13_scale, w2_q, w2_scale)
+    t, k = topk_ids.shape
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    flat = ids.flatten()
+    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T * K, 1, H]: pair p's rows for its expert
+    h = gated(_dense_linear(rows, w13_q[flat], w13_scale[flat]), act)  # [T * K, 1, I]
+    y = _dense_linear(h, w2_q[flat], w2_scale[flat])  # [T * K, 1, H]
+    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
 
 
 def fused_moe_int8_triton(

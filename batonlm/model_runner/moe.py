@@ -100,7 +100,7 @@ class Fp8Experts(nn.Module):
         if x.is_cuda:
             run = moe_fp8.fused_moe_fp8_triton
         elif torch.compiler.is_compiling():
-            run = moe_fp8.fused_moe_fp8_dense
+            run = moe_fp8.fused_moe_fp8_gathered if _gathers(x, ids.shape[1], self.w13_q.shape[0]) else moe_fp8.fused_moe_fp8_dense
         else:
             run = moe_fp8.fused_moe_fp8_grouped
         return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, self.block, ids, weights, act)
@@ -131,7 +131,7 @@ class Int8Experts(nn.Module):
         if x.is_cuda:
             run = moe_int8.fused_moe_int8_triton
         elif torch.compiler.is_compiling():
-            run = moe_int8.fused_moe_int8_dense
+            run = moe_int8.fused_moe_int8_gathered if _gathers(x, ids.shape[1], self.w13_q.shape[0]) else moe_int8.fused_moe_int8_dense
         else:
             run = moe_int8.fused_moe_int8_grouped
         return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, ids, weights, act)
@@ -170,22 +170,26 @@ class Int4Experts(nn.Module):
         if x.is_cuda:
             run = moe_int4.fused_moe_int4_triton
         elif torch.compiler.is_compiling():
-            run = moe_int4.fused_moe_int4_dense
+            run = moe_int4.fused_moe_int4_gathered if _gathers(x, ids.shape[1], self.w13_qweight.shape[0]) else moe_int4.fused_moe_int4_dense
         else:
             run = moe_int4.fused_moe_int4_grouped
         return run(x, w13, w2, self.group, ids, weights, act)
+
+
+def _gathers(x: torch.Tensor, top_k: int, num_experts: int) -> bool:
+    """In a traced graph: gather the routed experts (rather than run all of them) when the batch
+    size is fixed (the compiled step's batch-1 graph; a symbolic size runs dense) and the routed
+    expert copies, T * K, are fewer than the experts."""
+    tokens = x.shape[0]
+    return isinstance(tokens, int) and tokens * top_k < num_experts
 
 
 def _formulation(x: torch.Tensor, opts: MoEOptions) -> moe_kernels.MoEFunction:
     if x.is_cuda:
         return moe_kernels.fused_moe_triton
     if torch.compiler.is_compiling():
-        # A graph for a fixed batch size (the compiled step's batch-1 graph) that routes to fewer
-        # expert copies than there are experts gathers them; others (symbolic sizes) run dense.
-        tokens = x.shape[0]
-        if isinstance(tokens, int) and tokens * opts.top_k < opts.num_experts:
-            return moe_kernels.fused_moe_gathered
-        return moe_kernels.fused_moe_dense
+        gather = _gathers(x, opts.top_k, opts.num_experts)
+        return moe_kernels.fused_moe_gathered if gather else moe_kernels.fused_moe_dense
     return moe_kernels.fused_moe_grouped
 
 

@@ -1,6 +1,6 @@
 """Mixture-of-experts over FP8 experts in blocks (batonlm/kernels/moe_fp8.py): the grouped FP8
-GEMM (Triton, interpreted on the CPU) against float64, and the three formulations of the whole
-layer (grouped torch reference, dense, Triton) against a float64 per-expert loop.
+GEMM (Triton, interpreted on the CPU) against float64, and the four formulations of the whole
+layer (grouped torch reference, dense, gathered, Triton) against a float64 per-expert loop.
 
 Bounds (eps = 2^-23, float32's):
 - One grouped GEMM given FP8 inputs: every product is exact in float64; float32 sums of K terms
@@ -24,12 +24,18 @@ from kernel_helpers import interpreted_only  # noqa: E402
 
 from batonlm.kernels import _triton_moe  # noqa: E402
 from batonlm.kernels.moe import moe_align, sort_by_expert  # noqa: E402
-from batonlm.kernels.moe_fp8 import fused_moe_fp8_dense, fused_moe_fp8_grouped, fused_moe_fp8_triton  # noqa: E402
+from batonlm.kernels.moe_fp8 import (  # noqa: E402
+    fused_moe_fp8_dense,
+    fused_moe_fp8_gathered,
+    fused_moe_fp8_grouped,
+    fused_moe_fp8_triton,
+)
 from batonlm.kernels.quant import dequantize_fp8_block, per_token_group_quant_fp8_reference  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 EPS32 = torch.finfo(torch.float32).eps
 FORMULATIONS = [pytest.param(fused_moe_fp8_grouped, id="grouped"), pytest.param(fused_moe_fp8_dense, id="dense"),
+                pytest.param(fused_moe_fp8_gathered, id="gathered"),
                 pytest.param(fused_moe_fp8_triton, id="triton", marks=interpreted_only)]
 
 

@@ -1,5 +1,5 @@
 """Mixture-of-experts over int4 experts (batonlm/kernels/moe_int4.py): the grouped torch
-reference, the dense formulation and the Triton grouped GEMM (interpreted on the CPU) against the
+reference, the dense and gathered formulations and the Triton grouped GEMM (interpreted on the CPU) against the
 float64 per-expert loop over the weights the codes mean, on ragged expert loads.
 
 Bound: each weight is exact in float64 ((q - zero) * scale); float32 rounds it once (2^-24
@@ -21,12 +21,14 @@ from batonlm.kernels.moe import fused_moe_reference  # noqa: E402
 from batonlm.kernels.moe_int4 import (  # noqa: E402
     Int4Weights,
     fused_moe_int4_dense,
+    fused_moe_int4_gathered,
     fused_moe_int4_grouped,
     fused_moe_int4_triton,
 )
 from batonlm.kernels.quant import pack_int4  # noqa: E402
 
 FORMULATIONS = [pytest.param(fused_moe_int4_grouped, id="grouped"), pytest.param(fused_moe_int4_dense, id="dense"),
+                pytest.param(fused_moe_int4_gathered, id="gathered"),
                 pytest.param(fused_moe_int4_triton, id="triton", marks=interpreted_only)]
 EPS32 = torch.finfo(torch.float32).eps
 

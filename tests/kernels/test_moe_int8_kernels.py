@@ -1,6 +1,6 @@
 """Mixture-of-experts over W8A8 int8 experts (batonlm/kernels/moe_int8.py): the grouped torch
-reference against a float64 per-expert loop, and the dense and Triton formulations (interpreted)
-against it bit for bit.
+reference against a float64 per-expert loop, and the dense, gathered and Triton formulations
+(interpreted) against it bit for bit.
 
 Why bit for bit: a row's int8 codes and scale depend on that row alone, its integer products are
 exact, and every formulation then multiplies the same int32 sums by the same two scales in the
@@ -24,7 +24,12 @@ pytest.importorskip("triton")
 from kernel_helpers import interpreted_only  # noqa: E402
 
 from batonlm.kernels.int8 import per_token_quant_int8_reference  # noqa: E402
-from batonlm.kernels.moe_int8 import fused_moe_int8_dense, fused_moe_int8_grouped, fused_moe_int8_triton  # noqa: E402
+from batonlm.kernels.moe_int8 import (  # noqa: E402
+    fused_moe_int8_dense,
+    fused_moe_int8_gathered,
+    fused_moe_int8_grouped,
+    fused_moe_int8_triton,
+)
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -81,6 +86,7 @@ def test_the_reference_is_the_w8a8_experts_layer(case):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}-i{}".format(*c))
 @pytest.mark.parametrize("moe", [pytest.param(fused_moe_int8_dense, id="dense"),
+                                 pytest.param(fused_moe_int8_gathered, id="gathered"),
                                  pytest.param(fused_moe_int8_triton, id="triton", marks=interpreted_only)])
 def test_every_formulation_is_the_reference_bit_for_bit(moe, case):
     x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(*case, seed=sum(case))

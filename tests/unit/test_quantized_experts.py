@@ -19,7 +19,7 @@ from quant_w8a8 import write_w8a8_checkpoint
 from safetensors.torch import load_file
 
 from batonlm.distributed.group import TPGroup
-from batonlm.kernels.moe_fp8 import fused_moe_fp8_dense, fused_moe_fp8_grouped
+from batonlm.kernels.moe_fp8 import fused_moe_fp8_dense, fused_moe_fp8_gathered, fused_moe_fp8_grouped
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model, tp_layout
 from batonlm.model_runner.moe import Fp8Experts, FusedExperts, SparseMoE
@@ -101,19 +101,23 @@ def test_fp8_experts_hold_and_compute_the_checkpoints_experts(family: str, block
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe-channel"])
-def test_a_compiled_step_takes_the_dense_formulation(name: str, fp8_moe) -> None:
+def test_a_compiled_step_takes_the_dense_or_gathered_formulation(name: str, fp8_moe) -> None:
     """Traced (as the CPU's compiled decode step traces the model) the layer runs the dense
-    formulation, whose shapes the batch size alone fixes; eager, the grouped one."""
+    formulation, whose shapes the batch size alone fixes, or with fewer routed copies than experts
+    the gathered one; eager, the grouped one."""
     model = load_model(ModelConfig.from_hf(fp8_moe[name]), torch.float32, "cpu")[0]
     _, moe = _moe_layers(model)[0]
     experts = moe.experts
     assert isinstance(experts, Fp8Experts)
-    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
-    ids, weights = moe.route(x)
-    args = (experts.w13_q, experts.w13_scale, experts.w2_q, experts.w2_scale, experts.block, ids, weights, moe.act)
-    traced = torch.compile(lambda x: experts(x, ids, weights, moe.act), backend="eager", fullgraph=True)(x)
-    assert torch.equal(traced, fused_moe_fp8_dense(x, *args))
-    assert torch.equal(experts(x, ids, weights, moe.act), fused_moe_fp8_grouped(x, *args))
+    for tokens, traced_as in ((5, fused_moe_fp8_dense), (1, fused_moe_fp8_gathered)):  # 8 experts, top 3
+        torch._dynamo.reset()
+        x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(1))
+        ids, weights = moe.route(x)
+        args = (experts.w13_q, experts.w13_scale, experts.w2_q, experts.w2_scale, experts.block, ids, weights, moe.act)
+        traced = torch.compile(lambda x, ids=ids, weights=weights: experts(x, ids, weights, moe.act),
+                               backend="eager", fullgraph=True)(x)
+        assert torch.equal(traced, traced_as(x, *args))
+        assert torch.equal(experts(x, ids, weights, moe.act), fused_moe_fp8_grouped(x, *args))
 
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3-channel"])
