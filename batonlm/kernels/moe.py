@@ -124,13 +124,18 @@ def fused_moe_gathered(
     """Each (token, k) pair's expert weights gathered and multiplied in one batched matmul: its
     shapes depend only on the batch size, as the dense formulation's, but it reads T * K experts'
     weights instead of all E (the compiled step's choice at decode sizes, T * K < E)."""
-    t, k = topk_ids.shape
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    flat = ids.flatten()  # [T * K], each token's experts ascending
-    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T * K, 1, H]: token t's row for each of its k
+    rows, flat, weights = routed_pairs(x, topk_ids, topk_weights)
     h = gated(torch.bmm(rows, w13[flat].transpose(1, 2)), act)  # [T * K, 1, I]
     y = torch.bmm(h, w2[flat].transpose(1, 2))  # [T * K, 1, H]
-    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    return weighted_sum(y.view(*topk_ids.shape, -1), weights, x.dtype)
+
+
+def routed_pairs(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gathered formulations' (token, k) pairs: each token's row once per pair [T * K, 1, H],
+    the pairs' experts [T * K] (each token's ascending) and the weights [T, K] in that order."""
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    return x.repeat_interleave(topk_ids.shape[1], dim=0).unsqueeze(1), ids.flatten(), weights
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from batonlm.kernels.moe import Activation, gated, grouped_by_expert, moe_align, sort_by_expert, weighted_sum
+from batonlm.kernels.moe import (
+    Activation,
+    gated,
+    grouped_by_expert,
+    moe_align,
+    routed_pairs,
+    sort_by_expert,
+    weighted_sum,
+)
 from batonlm.kernels.quant import (
     dequantize_fp8_block,
     fp8_block_matmul_reference,
@@ -120,13 +128,10 @@ def fused_moe_fp8_gathered(
     """Each routed pair's expert gathered (codes and scales), the dense math pair by pair: T * K
     experts read rather than E (the compiled step's batch-1 graph)."""
     _check(w13_q, w13_scale, w2_q, w2_scale, block)
-    t, k = topk_ids.shape
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    flat = ids.flatten()
-    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T * K, 1, H]
+    rows, flat, weights = routed_pairs(x, topk_ids, topk_weights)
     h = gated(_dense_linear(rows, w13_q[flat], w13_scale[flat], block), act)  # [T * K, 1, I]
     y = _dense_linear(h, w2_q[flat], w2_scale[flat], block)  # [T * K, 1, H]
-    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    return weighted_sum(y.view(*topk_ids.shape, -1), weights, x.dtype)
 
 
 def fused_moe_fp8_triton(

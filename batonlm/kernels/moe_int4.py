@@ -28,7 +28,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batonlm.kernels.moe import Activation, gated, grouped_by_expert, moe_align, sort_by_expert, weighted_sum
+from batonlm.kernels.moe import (
+    Activation,
+    gated,
+    grouped_by_expert,
+    moe_align,
+    routed_pairs,
+    sort_by_expert,
+    weighted_sum,
+)
 from batonlm.kernels.quant import dequantize_int4, int4_dequant_matmul_reference
 
 
@@ -97,13 +105,10 @@ def fused_moe_int4_gathered(
     rather than E: the compiled step's batch-1 graph)."""
     w13.check("w13", group)
     w2.check("w2", group)
-    t, k = topk_ids.shape
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    flat = ids.flatten()
-    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T * K, 1, H]
+    rows, flat, weights = routed_pairs(x, topk_ids, topk_weights)
     h = gated(torch.matmul(rows, _dense_weights(_gathered(w13, flat), group, x.dtype).transpose(1, 2)), act)
     y = torch.matmul(h, _dense_weights(_gathered(w2, flat), group, x.dtype).transpose(1, 2))  # [T * K, 1, H]
-    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    return weighted_sum(y.view(*topk_ids.shape, -1), weights, x.dtype)
 
 
 def fused_moe_int4_triton(

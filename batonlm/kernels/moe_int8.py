@@ -25,7 +25,15 @@ import torch
 import torch.nn.functional as F
 
 from batonlm.kernels.int8 import int8_scaled_matmul_reference, int_product, per_token_quant_int8
-from batonlm.kernels.moe import Activation, gated, grouped_by_expert, moe_align, sort_by_expert, weighted_sum
+from batonlm.kernels.moe import (
+    Activation,
+    gated,
+    grouped_by_expert,
+    moe_align,
+    routed_pairs,
+    sort_by_expert,
+    weighted_sum,
+)
 
 
 def _check(w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor) -> None:
@@ -87,13 +95,10 @@ def fused_moe_int8_gathered(
     """Each routed pair's expert gathered, the dense math pair by pair (T * K experts read rather
     than E: the compiled step's batch-1 graph)."""
     _check(w13_q, w13_scale, w2_q, w2_scale)
-    t, k = topk_ids.shape
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    flat = ids.flatten()
-    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T * K, 1, H]: pair p's rows for its expert
+    rows, flat, weights = routed_pairs(x, topk_ids, topk_weights)
     h = gated(_dense_linear(rows, w13_q[flat], w13_scale[flat]), act)  # [T * K, 1, I]
     y = _dense_linear(h, w2_q[flat], w2_scale[flat])  # [T * K, 1, H]
-    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    return weighted_sum(y.view(*topk_ids.shape, -1), weights, x.dtype)
 
 
 def fused_moe_int8_triton(

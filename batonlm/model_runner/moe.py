@@ -23,6 +23,7 @@ joins the experts' before the all-reduce.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -72,8 +73,8 @@ class Fp8Experts(nn.Module):
     """Every expert's gated MLP kept in FP8, in blocks (`block`: a W8A8 block checkpoint's
     experts, DeepSeek-V3, Qwen3-MoE FP8) or per output channel (None: FP8_DYNAMIC, online FP8),
     this rank's slice of their intermediate features, in place of `FusedExperts`
-    (quantization/resident.py swaps it in and fills it). `kernels/moe_fp8.py`: Triton on CUDA,
-    the dense formulation in a compiled step, the grouped one otherwise."""
+    (quantization/resident_experts.py swaps it in and fills it). `kernels/moe_fp8.py`, picked
+    as for float experts (`_pick`)."""
 
     w13_q: torch.Tensor
     w13_scale: torch.Tensor
@@ -97,20 +98,15 @@ class Fp8Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
-        if x.is_cuda:
-            run = moe_fp8.fused_moe_fp8_triton
-        elif torch.compiler.is_compiling():
-            run = moe_fp8.fused_moe_fp8_gathered if _gathers(x, ids.shape[1], self.w13_q.shape[0]) else moe_fp8.fused_moe_fp8_dense
-        else:
-            run = moe_fp8.fused_moe_fp8_grouped
+        run = _pick(x, ids.shape[1], self.w13_q.shape[0], moe_fp8.fused_moe_fp8_triton, moe_fp8.fused_moe_fp8_gathered,
+                    moe_fp8.fused_moe_fp8_dense, moe_fp8.fused_moe_fp8_grouped)
         return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, self.block, ids, weights, act)
 
 
 class Int8Experts(nn.Module):
     """Every expert's gated MLP kept in int8 per output channel with int8 activations per token
     (W8A8 int8 experts), this rank's slice, in place of `FusedExperts`
-    (quantization/resident_experts.py). `kernels/moe_int8.py`: Triton on CUDA, dense in a
-    compiled step, grouped otherwise."""
+    (quantization/resident_experts.py). `kernels/moe_int8.py`, picked as for float experts."""
 
     w13_q: torch.Tensor
     w13_scale: torch.Tensor
@@ -128,12 +124,8 @@ class Int8Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
-        if x.is_cuda:
-            run = moe_int8.fused_moe_int8_triton
-        elif torch.compiler.is_compiling():
-            run = moe_int8.fused_moe_int8_gathered if _gathers(x, ids.shape[1], self.w13_q.shape[0]) else moe_int8.fused_moe_int8_dense
-        else:
-            run = moe_int8.fused_moe_int8_grouped
+        run = _pick(x, ids.shape[1], self.w13_q.shape[0], moe_int8.fused_moe_int8_triton,
+                    moe_int8.fused_moe_int8_gathered, moe_int8.fused_moe_int8_dense, moe_int8.fused_moe_int8_grouped)
         return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, ids, weights, act)
 
 
@@ -141,7 +133,7 @@ class Int4Experts(nn.Module):
     """Every expert's gated MLP kept in int4 (GPTQ, AWQ, compressed-tensors W4A16 experts, all
     repacked into `kernels/quant.py`'s int4 layout), weight-only, this rank's slice of their
     intermediate features, in place of `FusedExperts` (quantization/resident_experts.py).
-    `kernels/moe_int4.py`: Triton on CUDA, dense in a compiled step, grouped otherwise."""
+    `kernels/moe_int4.py`, picked as for float experts."""
 
     w13_qweight: torch.Tensor
     w13_scales: torch.Tensor
@@ -167,30 +159,30 @@ class Int4Experts(nn.Module):
                 ) -> torch.Tensor:
         w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden)
         w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count)
-        if x.is_cuda:
-            run = moe_int4.fused_moe_int4_triton
-        elif torch.compiler.is_compiling():
-            run = moe_int4.fused_moe_int4_gathered if _gathers(x, ids.shape[1], self.w13_qweight.shape[0]) else moe_int4.fused_moe_int4_dense
-        else:
-            run = moe_int4.fused_moe_int4_grouped
+        run = _pick(x, ids.shape[1], self.w13_qweight.shape[0], moe_int4.fused_moe_int4_triton,
+                    moe_int4.fused_moe_int4_gathered, moe_int4.fused_moe_int4_dense, moe_int4.fused_moe_int4_grouped)
         return run(x, w13, w2, self.group, ids, weights, act)
 
 
-def _gathers(x: torch.Tensor, top_k: int, num_experts: int) -> bool:
-    """In a traced graph: gather the routed experts (rather than run all of them) when the batch
-    size is fixed (the compiled step's batch-1 graph; a symbolic size runs dense) and the routed
-    expert copies, T * K, are fewer than the experts."""
-    tokens = x.shape[0]
-    return isinstance(tokens, int) and tokens * top_k < num_experts
+Run = TypeVar("Run")
+
+
+def _pick(x: torch.Tensor, top_k: int, num_experts: int, triton: Run, gathered: Run, dense: Run, grouped: Run) -> Run:
+    """Which formulation of the experts runs: Triton on CUDA; in a traced graph (the CPU's
+    compiled step) the gathered one when the batch size is fixed (the batch-1 graph) and its
+    routed expert copies, T * K, are fewer than the experts, else the dense one (shapes fixed by
+    the batch size either way); eager on the CPU the grouped one."""
+    if x.is_cuda:
+        return triton
+    if torch.compiler.is_compiling():
+        tokens = x.shape[0]
+        return gathered if isinstance(tokens, int) and tokens * top_k < num_experts else dense
+    return grouped
 
 
 def _formulation(x: torch.Tensor, opts: MoEOptions) -> moe_kernels.MoEFunction:
-    if x.is_cuda:
-        return moe_kernels.fused_moe_triton
-    if torch.compiler.is_compiling():
-        gather = _gathers(x, opts.top_k, opts.num_experts)
-        return moe_kernels.fused_moe_gathered if gather else moe_kernels.fused_moe_dense
-    return moe_kernels.fused_moe_grouped
+    return _pick(x, opts.top_k, opts.num_experts, moe_kernels.fused_moe_triton, moe_kernels.fused_moe_gathered,
+                 moe_kernels.fused_moe_dense, moe_kernels.fused_moe_grouped)
 
 
 class SparseMoE(nn.Module):

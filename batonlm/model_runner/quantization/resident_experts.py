@@ -131,21 +131,14 @@ def _expert(lin: QuantizedLinear) -> int:
 def _fill_fp8(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     """One expert's gate or up rows (w13, at the target's offset) or down columns (w2): this
     rank's whole blocks of its codes and scales, or its rows' channel scales."""
-    e = _expert(lin)
-    device = module.w13_q.device
     if module.block is None:
         if lin.storage == "online":
             w, scale = fp8_per_channel(ckpt.get(lin.members[0]))
         else:
-            w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
-            scale = ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
-        if t.dim == 0:
-            module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
-            module.w13_scale[e, t.offset : t.offset + t.count] = scale[t.start : t.start + t.count].to(device)
-        else:
-            module.w2_q[e] = w[:, t.start : t.start + t.count].to(device)
-            module.w2_scale[e] = scale.to(device)
+            w, scale = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn), _channel_scales(ckpt, lin)
+        _fill_channels(module, _expert(lin), w, scale, t)
         return
+    e, device = _expert(lin), module.w13_q.device
     bn, bk = module.block
     w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
     scale = ckpt.get(lin.members[1]).to(torch.float32)
@@ -159,12 +152,18 @@ def _fill_fp8(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Tar
 
 
 def _fill_int8(module: Int8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
-    """One expert's gate or up rows (w13's, at the target's offset) with their channel scales,
-    or its down projection's columns (w2's) with all its channel scales."""
-    e = _expert(lin)
+    _fill_channels(module, _expert(lin), ckpt.get(f"{lin.prefix}.weight"), _channel_scales(ckpt, lin), t)
+
+
+def _channel_scales(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor:
+    """A layer's weight scale, per channel or per tensor, as one float32 per output row."""
+    return ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
+
+
+def _fill_channels(module: Fp8Experts | Int8Experts, e: int, w: torch.Tensor, scale: torch.Tensor, t: Target) -> None:
+    """Expert e's gate or up rows (w13's, at the target's offset) with their channel scales, or its
+    down projection's columns (w2's) with all its channel scales, from codes `w` and `scale` [N]."""
     device = module.w13_q.device
-    w = ckpt.get(f"{lin.prefix}.weight")
-    scale = ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
     if t.dim == 0:
         module.w13_q[e, t.offset : t.offset + t.count] = w[t.start : t.start + t.count].to(device)
         module.w13_scale[e, t.offset : t.offset + t.count] = scale[t.start : t.start + t.count].to(device)
