@@ -216,3 +216,23 @@ def test_phi3_fused_projections_in_gptq_int4(tiny_models, tmp_path: Path) -> Non
             ours = _prompt_logits(_runner(gptq, resident), ids)
             assert (ours - want).abs().max() <= RELATIVE * want.abs().max(), resident
     assert any(isinstance(m, Int4Linear) for m in _runner(gptq, True).model.modules())
+
+
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", *GPTQ_AWQ])
+def test_the_int_layout_read_from_shapes_is_the_unpacked_ones(name: str) -> None:
+    """What decides whether a layer stays int4 (its bits and consecutive groups) is read without
+    unpacking its values; it is what the unpacked layer says, activation order included."""
+    from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
+    from batonlm.model_runner.quantization.formats import int_layout, int_weights
+    from batonlm.model_runner.weight_loader import checkpoint_files
+
+    quant = ModelConfig.from_hf(DATA / name).quantization
+    assert quant is not None
+    with DequantizedCheckpoint(checkpoint_files(DATA / name), quant) as ckpt:
+        assert ckpt.linears
+        for lin in ckpt.linears.values():
+            iw = int_weights(ckpt, lin, quant)
+            size = iw.group_size
+            want = (iw.bits, -1 if iw.scales.shape[0] == 1 else size)
+            assert int_layout(ckpt, lin, quant) == want, lin.prefix
+    assert name != "gptqmodel-w4g64-asym-descact" or want[1] is None  # a real permutation

@@ -139,6 +139,26 @@ class IntWeights:
         return size if torch.equal(self.groups, torch.arange(k) // size) else None
 
 
+def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tuple[int, int | None]:
+    """A GPTQ, AWQ or compressed-tensors packed layer's (bits, group size in rows: -1 for one
+    group, None for activation-ordered groups), read from the tensors' shapes and its group index
+    alone, never unpacking its values (what `int_weights(...).group_size` says)."""
+    p = f"{lin.prefix}."
+    k = lin.shape[1]
+    if lin.storage == "packed":
+        packed = ckpt.shape(p + "weight_packed")
+        bits = next((b for b in (4, 8) if -(-k * b // 32) == packed[1]), 0)
+        num_groups, g_idx = ckpt.shape(p + "weight_scale")[1], p + "weight_g_idx"
+    else:
+        bits = quant.bits if lin.storage == "gptq" else 4
+        num_groups, g_idx = ckpt.shape(p + "scales")[0], p + "g_idx"
+    if num_groups == 1:
+        return bits, -1
+    groups = _group_index(ckpt, g_idx if lin.storage != "awq" else None, lin, k, num_groups, quant.group_size)
+    size = -(-k // num_groups)
+    return bits, size if torch.equal(groups, torch.arange(k) // size) else None
+
+
 def int_weights(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
     """A GPTQ, AWQ or compressed-tensors packed layer's integers, scales and groups."""
     return _INT_READERS[lin.storage](ckpt, lin, quant)

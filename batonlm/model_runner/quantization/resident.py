@@ -28,7 +28,7 @@ from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
-from batonlm.model_runner.quantization.formats import IntWeights, QuantizedLinear, int_weights
+from batonlm.model_runner.quantization.formats import IntWeights, QuantizedLinear, int_layout, int_weights
 from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
 from batonlm.model_runner.weight_loader import Target
 
@@ -133,11 +133,9 @@ def int4_group(
     consecutive groups. A slice that would split a group is refused."""
     sizes = set()
     for lin, t in sources:
-        iw = int_weights(ckpt, lin, quant)
-        size = iw.group_size
-        if iw.bits != 4 or size is None:
+        bits, size = int_layout(ckpt, lin, quant)
+        if bits != 4 or size is None:
             return None
-        size = -1 if iw.scales.shape[0] == 1 else size
         if t.dim == 1 and size != -1 and (t.start % size or (t.count % size and t.start + t.count != t.full)):
             raise QuantizationError(f"{module_name}: this rank's input features [{t.start}, {t.start + t.count}) of "
                                     f"{lin.prefix} would split its int4 groups of {size}; choose a --tp that "
