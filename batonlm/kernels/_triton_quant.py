@@ -13,7 +13,8 @@ Three kernels:
   `max_num_imprecise_acc` makes it add each tile's partial product into the float32
   accumulator, so the imprecision spans at most one K tile (<= 128), as DeepSeek-V3 does.
 - `_int4_matmul_kernel`: each K tile of `qweight` unpacked (8 nibbles per int32), dequantized
-  (q - zero) * scale in float32, rounded to the activation dtype and multiplied in `tl.dot`.
+  (q - zero) * scale in float32, rounded to the activation dtype and multiplied in `tl.dot`; the
+  scale and zero of a row's group (row // group, or its `g_idx` entry in activation order).
 
 Under the interpreter (CPU tests), two things differ, both measured on triton 3.9:
 - its float32 -> float8 conversion rounds wrongly (a carry out of the mantissa halves the value:
@@ -167,9 +168,9 @@ def fp8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, x_sc
 
 @triton.jit
 def _int4_matmul_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K, group,
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, gidx_ptr, M, N, K, group,
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
-    ROW_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -189,7 +190,10 @@ def _int4_matmul_kernel(
             s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
             z = tl.load(z_ptr + g * stride_zg + offs_n, mask=n_valid, other=0).to(tl.float32)[None, :]
         else:
-            g = (offs_k // group)[:, None]
+            if G_IDX:  # activation order: each row's own group
+                g = tl.load(gidx_ptr + offs_k, mask=k_valid, other=0)[:, None]
+            else:
+                g = (offs_k // group)[:, None]
             s = tl.load(s_ptr + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + g * stride_zg + offs_n[None, :], mask=kn, other=0).to(tl.float32)
         w = ((q.to(tl.float32) - z) * s).to(a.dtype)  # exact in float32, then rounded once
@@ -204,8 +208,9 @@ def _int4_matmul_kernel(
 
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
-                bias: torch.Tensor | None) -> torch.Tensor:
-    """y [M, N] in x's dtype = x [M, K] @ W^T, W dequantized tile by tile (quant.py's layout)."""
+                bias: torch.Tensor | None, g_idx: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] in x's dtype = x [M, K] @ W^T, W dequantized tile by tile (quant.py's layout;
+    with `g_idx` each row's scale and zero are its group's, read row by row)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     qweight, scales, zeros = qweight.contiguous(), scales.contiguous(), zeros.contiguous()
     (m, k), n = x.shape, qweight.shape[1]
@@ -215,9 +220,11 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     block_m, block_n, block_k = _tile_m(m), _tile(n, 64), 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _int4_matmul_kernel[grid](
-        x, qweight, scales, zeros, bias.contiguous() if bias is not None else y, y, m, n, k, group,
+        x, qweight, scales, zeros, bias.contiguous() if bias is not None else y, y,
+        g_idx.to(torch.int32).contiguous() if g_idx is not None else y, m, n, k, max(group, 1),
         x.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), y.stride(0),
-        ROW_SCALES=group % block_k == 0 or group >= k, HAS_BIAS=bias is not None, UPCAST=INTERPRET,
+        ROW_SCALES=g_idx is None and (group % block_k == 0 or group >= k), G_IDX=g_idx is not None,
+        HAS_BIAS=bias is not None, UPCAST=INTERPRET,
         IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
     )
     return y

@@ -25,7 +25,8 @@ int4 weight-only: the one layout GPTQ and AWQ checkpoints are repacked into.
 - `scales` [ceil(K / G), N], float32 or the activation dtype; `zeros` [ceil(K / G), N], any
   integer dtype, unpacked values 0..15 (8 everywhere for a symmetric checkpoint). G is the
   group size; -1 means one group of all K rows.
-- W[n, k] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n]: `dequantize_int4` gives W [N, K]
+- W[n, k] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n] (or with `g_idx` [K], GPTQ's
+  activation order, group g_idx[k] of any number of groups): `dequantize_int4` gives W [N, K]
   (nn.Linear's layout); `int4_dequant_matmul` computes x @ W^T in x's dtype, W rounded to it
   (the Triton kernel dequantizes each tile exactly in float32, rounds it once to x's dtype and
   multiplies with float32 accumulation; the reference rounds the same W the same way).
@@ -293,61 +294,68 @@ def unpack_int4(qweight: torch.Tensor, k: int) -> torch.Tensor:
     return q.reshape(-1, qweight.shape[1])[:k].to(torch.uint8)
 
 
-def _check_int4(qweight, scales, zeros, group_size: int, k: int) -> int:
-    """The group size in rows (-1 -> K)."""
-    if group_size != -1 and group_size < 1:
-        raise _fail("group_size", "a positive number of rows or -1 (one group)", group_size)
-    g = k if group_size == -1 else group_size
+def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Tensor | None = None) -> int:
+    """The group size in rows (-1 -> K; with `g_idx`, each row's own group: 0)."""
     _check_2d(qweight, "qweight")
     n = qweight.shape[1]
     if qweight.dtype != torch.int32 or qweight.shape[0] != _cdiv(k, 8):
         raise _fail("qweight", f"int32 [{_cdiv(k, 8)}, N] (ceil(K / 8) rows, K = {k})",
                     f"{qweight.dtype} {_shape(qweight)}")
-    groups = _cdiv(k, max(g, 1))
+    if g_idx is not None:
+        if g_idx.is_floating_point() or _shape(g_idx) != (k,):
+            raise _fail("g_idx", f"an integer [{k}] tensor (each input row's group)", f"{g_idx.dtype} {_shape(g_idx)}")
+        groups, g = scales.shape[0] if scales.dim() == 2 else -1, 0
+    else:
+        if group_size != -1 and group_size < 1:
+            raise _fail("group_size", "a positive number of rows or -1 (one group)", group_size)
+        g = max(k if group_size == -1 else group_size, 1)
+        groups = _cdiv(k, g)
     if not scales.is_floating_point() or _shape(scales) != (groups, n):
         raise _fail("scales", f"a floating-point [{groups}, {n}] tensor", f"{scales.dtype} {_shape(scales)}")
     if zeros.is_floating_point() or _shape(zeros) != (groups, n):
         raise _fail("zeros", f"an integer [{groups}, {n}] tensor (unpacked)", f"{zeros.dtype} {_shape(zeros)}")
-    return max(g, 1)
+    return g
 
 
 def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int, k: int,
-                    dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                    dtype: torch.dtype = torch.bfloat16, g_idx: torch.Tensor | None = None) -> torch.Tensor:
     """W [N, K] in `dtype` (nn.Linear's layout): computed in float32 (exact: a 4-bit integer
-    times a scale of at most 24 bits, but float32 scales, which round once) or float64."""
-    g = _check_int4(qweight, scales, zeros, group_size, k)
+    times a scale of at most 24 bits, but float32 scales, which round once) or float64. `g_idx`
+    [K]: each input row's group (GPTQ's activation order), instead of row // group_size."""
+    g = _check_int4(qweight, scales, zeros, group_size, k, g_idx)
     c = _compute_dtype(dtype)
-    groups = torch.arange(k, device=qweight.device) // g
+    groups = g_idx.long() if g_idx is not None else torch.arange(k, device=qweight.device) // g
     w = (unpack_int4(qweight, k).to(c) - zeros[groups].to(c)) * scales[groups].to(c)  # [K, N]
     return w.T.contiguous().to(dtype)
 
 
-def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias) -> int:
-    """The group size in rows (-1 -> K)."""
+def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=None) -> int:
+    """The group size in rows (-1 -> K; 0 with `g_idx`)."""
     _check_2d(x, "x")
     if not x.is_floating_point():
         raise _fail("x", "a floating-point tensor", x.dtype)
-    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1])
+    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1], g_idx)
     if bias is not None and _shape(bias) != (qweight.shape[1],):
         raise _fail("bias", f"shape [{qweight.shape[1]}]", f"shape {_shape(bias)}")
     return g
 
 
 def int4_dequant_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                                  zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias)
-    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype)
+                                  zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None = None,
+                                  g_idx: torch.Tensor | None = None) -> torch.Tensor:
+    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx)
+    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype, g_idx)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
 def int4_dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                        group_size: int, bias: torch.Tensor | None = None, *,
+                        group_size: int, bias: torch.Tensor | None = None, g_idx: torch.Tensor | None = None, *,
                         use_triton: bool | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype = x [M, K] @ W^T (+ bias), W from `qweight`, `scales`, `zeros`
-    (the layout above; group_size 32, 64, 128, ... or -1)."""
+    (the layout above; group_size 32, 64, 128, ... or -1; or `g_idx` [K], each row's group)."""
     if not (x.is_cuda if use_triton is None else use_triton):
-        return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias)
-    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias)
+        return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias, g_idx)
+    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx)
     from batonlm.kernels import _triton_quant
 
-    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias)
+    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias, g_idx)

@@ -266,6 +266,23 @@ def test_int4_matmul_equals_float64(use_triton, dtype, m, n, k, group, symmetric
     _assert_within(got, want, mag, rel)
 
 
+@pytest.mark.parametrize("use_triton", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,group", [(1, 48, 256, 64), (17, 40, 200, 32), (3, 48, 384, 128)])
+def test_int4_matmul_in_activation_order_equals_float64(use_triton, dtype, m, n, k, group):
+    """GPTQ's activation order: each input row's group from `g_idx` (groups of `group` rows in a
+    permuted order, so a K tile holds rows of many groups), not row // group."""
+    x, qweight, scales, zeros, _ = _int4_case(m, n, k, group, dtype, False, seed=m + k)
+    g = torch.Generator().manual_seed(k)
+    g_idx = (torch.randperm(k, generator=g) // group).to(torch.int32)  # GPTQ's: invperm // group
+    q = Q.unpack_int4(qweight, k).double()
+    w = (q - zeros.double()[g_idx.long()]) * scales.double()[g_idx.long()]
+    assert torch.equal(Q.dequantize_int4(qweight, scales, zeros, 0, k, torch.float64, g_idx), w.T)
+    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, 0, None, g_idx, use_triton=use_triton)
+    rel = (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0)
+    _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), rel)
+
+
 # --- bad arguments ---------------------------------------------------------------------------------
 
 
@@ -350,3 +367,14 @@ def test_gpu_int4_kernel(m, n, k, group):
     x, qweight, scales, zeros, w = (t.cuda() for t in (x, qweight, scales, zeros, w))
     got = Q.int4_dequant_matmul(x, qweight, scales, zeros, group)
     _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
+
+
+@pytest.mark.gpu
+@compiled_only
+@pytest.mark.parametrize("m,n,k", GPU_SHAPES)
+def test_gpu_int4_kernel_in_activation_order(m, n, k):
+    x, qweight, scales, zeros, _ = _int4_case(m, n, k, 128, torch.bfloat16, False, seed=m)
+    g_idx = (torch.randperm(k, generator=torch.Generator().manual_seed(k)) // 128).to(torch.int32)
+    w = (Q.unpack_int4(qweight, k).double() - zeros.double()[g_idx.long()]) * scales.double()[g_idx.long()]
+    got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), scales.cuda(), zeros.cuda(), 0, None, g_idx.cuda())
+    _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)

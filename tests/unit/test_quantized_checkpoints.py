@@ -113,7 +113,7 @@ def test_w8a8_int8_quantizes_activations_as_the_checkpoint_says() -> None:
 def test_the_layers_kernels_cover_stay_quantized() -> None:
     """On the CPU W8A8 stays quantized, FP8 and int8 (its activations are quantized, as the
     checkpoint says); weight-only formats are dequantized on load unless asked; weight-only int8
-    and activation-ordered groups have no kernel and are always dequantized."""
+    has no kernel and is always dequantized."""
     def kinds(name: str, resident: bool | None = None) -> set[str]:
         model = _runner(DATA / name, resident).model
         return {type(m).__name__ for m in model.modules() if isinstance(m, (Fp8Linear, Int8Linear, Int4Linear))}
@@ -122,10 +122,13 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
     assert kinds("w8a8") == {"Int8Linear"} and kinds("w8a8-static") == {"Int8Linear"}
     assert kinds("w4a16") == set() and kinds("w4a16", resident=True) == {"Int4Linear"}
     assert kinds("w8a16", resident=True) == set()
-    assert kinds("gptqmodel-w4g64-asym-descact", resident=True) == set()
+    # GPTQ in activation order: int4 with each row's group (q/k/v and gate/up share one order:
+    # GPTQModel ordered them by the same input's Hessian).
+    acts = [m for m in _runner(DATA / "gptqmodel-w4g64-asym-descact", True).model.modules() if isinstance(m, Int4Linear)]
+    assert len(acts) == 8 and all(m.g_idx is not None and m.group_size == 0 for m in acts)
 
 
-@pytest.mark.parametrize("name", ["fp8-block", "w4a16", "gptqmodel-awq-w4g64"])
+@pytest.mark.parametrize("name", ["fp8-block", "w4a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,

@@ -51,6 +51,7 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("gptqmodel-awq-w4g64", True, Int4Linear),
     ("w4a16-asym", False, None),  # groups of 128: two ranks' 192 down_proj columns need it dequantized
     ("gptqmodel-w4g64-asym-descact", False, None),
+    ("gptqmodel-w4g64-asym-descact", True, Int4Linear),  # activation order: a rank's rows keep their groups
     ("w8a16", False, None),
     ("fp8-block64", True, Fp8Linear),
     ("fp8-dynamic", True, Fp8Linear),
@@ -111,7 +112,8 @@ def _dense_weight(mod, k: int) -> torch.Tensor:
         from batonlm.kernels.quant import dequantize_fp8, dequantize_fp8_block, dequantize_int4
 
         if isinstance(inner, Int4Linear):
-            return dequantize_int4(inner.qweight, inner.scales, inner.zeros, inner.group_size, k, torch.float64)
+            return dequantize_int4(inner.qweight, inner.scales, inner.zeros, inner.group_size, k, torch.float64,
+                                   inner.g_idx)
         if inner.block is not None:
             return dequantize_fp8_block(inner.weight_q, inner.weight_scale, inner.block, torch.float64)
         return dequantize_fp8(inner.weight_q, inner.weight_scale, torch.float64)

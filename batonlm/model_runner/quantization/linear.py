@@ -87,23 +87,27 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """y = x W^T (+ bias) with W^T [K, N] as 4-bit integers packed along K (`qweight` [K/8, N]),
     a zero and a scale per group of `group_size` input rows and output column (GPTQ, AWQ and
-    compressed-tensors W4A16, repacked into this one layout on load)."""
+    compressed-tensors W4A16, repacked into this one layout on load). `group_size` 0: GPTQ's
+    activation order, each input row's group in `g_idx` [K] (of `groups` groups)."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
+    g_idx: torch.Tensor | None
 
-    def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool) -> None:
+    def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0) -> None:
         super().__init__()
         self.n, self.k, self.group_size = n, k, group_size
-        groups = 1 if group_size == -1 else _cdiv(k, group_size)
+        if group_size != 0:
+            groups = 1 if group_size == -1 else _cdiv(k, group_size)
         self.register_buffer("qweight", torch.empty(_cdiv(k, 8), n, dtype=torch.int32))
         # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
         self.register_buffer("scales", torch.empty(groups, n, dtype=torch.float32))
         self.register_buffer("zeros", torch.empty(groups, n, dtype=torch.uint8))
+        self.register_buffer("g_idx", torch.empty(k, dtype=torch.int32) if group_size == 0 else None)
         self.bias = nn.Parameter(torch.empty(n, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
-        y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias)
+        y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias, self.g_idx)
         return y.reshape(*x.shape[:-1], self.n)

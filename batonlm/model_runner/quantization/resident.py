@@ -95,8 +95,9 @@ def make_resident(
             if group is None:
                 kept.add(module_name)
                 continue
+            groups = ckpt.shape(f"{sources[0][0].prefix}.scales")[0] if group == 0 else 0
             with torch.device("meta"):
-                layer = Int4Linear(n, k, group, dtype, bias=False)
+                layer = Int4Linear(n, k, group, dtype, bias=False, groups=groups)
         else:
             kept.add(module_name)
             continue
@@ -129,14 +130,22 @@ def int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
 def int4_group(
     ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]], quant: QuantConfig
 ) -> int | None:
-    """The group size the int4 layout takes (-1: one group), or None: not 4-bit with
-    consecutive groups. A slice that would split a group is refused."""
+    """The group size the int4 layout takes (-1: one group; 0: GPTQ's activation order, one
+    `g_idx` its layers share, as a fused projection's do: their Hessians are of the same input),
+    or None: not 4-bit, or layers ordered differently. A slice that would split a group is
+    refused (in activation order a rank's rows keep their own groups: any slice)."""
     sizes = set()
+    order: torch.Tensor | None = None
     for lin, t in sources:
         bits, size = int_layout(ckpt, lin, quant)
-        if bits != 4 or size is None:
+        if bits != 4:
             return None
-        if t.dim == 1 and size != -1 and (t.start % size or (t.count % size and t.start + t.count != t.full)):
+        if size is None:  # activation order: GPTQ only (a checkpoint's g_idx)
+            g_idx = ckpt.get(f"{lin.prefix}.g_idx") if lin.storage == "gptq" else None
+            if g_idx is None or (order is not None and not torch.equal(order, g_idx)):
+                return None
+            order, size = g_idx, 0
+        if t.dim == 1 and size > 0 and size != -1 and (t.start % size or (t.count % size and t.start + t.count != t.full)):
             raise QuantizationError(f"{module_name}: this rank's input features [{t.start}, {t.start + t.count}) of "
                                     f"{lin.prefix} would split its int4 groups of {size}; choose a --tp that "
                                     "divides them into whole groups")
@@ -244,7 +253,10 @@ def _load_input_scale(module: Fp8Linear | Int8Linear, ckpt: Checkpoint, lin: Qua
 
 
 def _load_int4(module: Int4Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
-    fill_int4(module.qweight, module.zeros, module.scales, module.group_size, int_weights(ckpt, lin, quant), t)
+    iw = int_weights(ckpt, lin, quant)
+    fill_int4(module.qweight, module.zeros, module.scales, module.group_size, iw, t)
+    if module.g_idx is not None:  # activation order: this rank's rows' groups (the fused layers share them)
+        module.g_idx.copy_(_narrow(iw.groups, t, dim=0) if t.dim == 1 else iw.groups)
 
 
 def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor, scales_out: torch.Tensor, group_size: int,
@@ -259,7 +271,7 @@ def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor, scales_out: torch.
     else:  # this rank's input rows, in whole groups
         cols = slice(None)
         q = _narrow(q, t, dim=0)
-        if group_size != -1 and t.full is not None:
+        if group_size > 0 and t.full is not None:  # (activation order: every group, any row may be in any)
             g = slice(t.start // group_size, cdiv(t.start + t.count, group_size))
             zeros, scales = zeros[g], scales[g]
     device = qweight.device

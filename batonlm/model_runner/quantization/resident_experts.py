@@ -116,7 +116,7 @@ def _int4_experts(
     if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed"}:
         return None
     group = int4_group(ckpt, module_name, sources, quant)
-    if group is None:
+    if group is None or group == 0:  # (activation order: the expert kernels read consecutive groups)
         return None
     with torch.device("meta"):
         layer = Int4Experts(module, group)
