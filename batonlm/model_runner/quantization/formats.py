@@ -139,10 +139,10 @@ class IntWeights:
         return size if torch.equal(self.groups, torch.arange(k) // size) else None
 
 
-def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tuple[int, int | None]:
+def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tuple[int, int | None, int]:
     """A GPTQ, AWQ or compressed-tensors packed layer's (bits, group size in rows: -1 for one
-    group, None for activation-ordered groups), read from the tensors' shapes and its group index
-    alone, never unpacking its values (what `int_weights(...).group_size` says)."""
+    group, None for activation-ordered groups, number of groups), read from the tensors' shapes
+    and its group index alone, never unpacking its values (what `int_weights` says)."""
     p = f"{lin.prefix}."
     k = lin.shape[1]
     if lin.storage == "packed":
@@ -153,10 +153,16 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
         bits = quant.bits if lin.storage == "gptq" else 4
         num_groups, g_idx = ckpt.shape(p + "scales")[0], p + "g_idx"
     if num_groups == 1:
-        return bits, -1
+        return bits, -1, 1
     groups = _group_index(ckpt, g_idx if lin.storage != "awq" else None, lin, k, num_groups, quant.group_size)
     size = -(-k // num_groups)
-    return bits, size if torch.equal(groups, torch.arange(k) // size) else None
+    return bits, size if torch.equal(groups, torch.arange(k) // size) else None, num_groups
+
+
+def group_index_name(lin: QuantizedLinear) -> str | None:
+    """The checkpoint tensor holding a layer's activation order (each input row's group), if any."""
+    name = f"{lin.prefix}.{'weight_g_idx' if lin.storage == 'packed' else 'g_idx'}"
+    return name if name in lin.members else None
 
 
 def int_weights(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:

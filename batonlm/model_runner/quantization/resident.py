@@ -4,8 +4,9 @@ activations (W8A8-int8), or all 4-bit with consecutive groups, becomes an `Fp8Li
 `Int8Linear` / `Int4Linear` (quantization/linear.py) before the model's memory is allocated, and
 is filled here from the checkpoint's own integers and scales: never through a float copy.
 
-A projection the kernels do not cover (weight-only int8, int8 per group or with zeros,
-activation-ordered groups, mixed formats) stays a float layer filled by the dequantizing view.
+A projection the kernels do not cover (weight-only int8, int8 per group or with zeros, fused
+layers in different activation orders, mixed formats) stays a float layer filled by the
+dequantizing view.
 Under tensor parallelism a rank holds the rows or columns of every source layer the float loader
 would give it (`weight_targets`); a slice that would split an FP8 block or an int4 group is
 refused at start-up, naming the layer. A MoE layer's experts: resident_experts.py.
@@ -28,7 +29,13 @@ from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
-from batonlm.model_runner.quantization.formats import IntWeights, QuantizedLinear, int_layout, int_weights
+from batonlm.model_runner.quantization.formats import (
+    IntWeights,
+    QuantizedLinear,
+    group_index_name,
+    int_layout,
+    int_weights,
+)
 from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
 from batonlm.model_runner.weight_loader import Target
 
@@ -95,7 +102,7 @@ def make_resident(
             if group is None:
                 kept.add(module_name)
                 continue
-            groups = ckpt.shape(f"{sources[0][0].prefix}.scales")[0] if group == 0 else 0
+            groups = int_layout(ckpt, sources[0][0], quant)[2] if group == 0 else 0
             with torch.device("meta"):
                 layer = Int4Linear(n, k, group, dtype, bias=False, groups=groups)
         else:
@@ -105,7 +112,7 @@ def make_resident(
         out.append(ResidentLayer(module_name, layer, sources, _fill_of(layer, storages)))
     if kept:
         logger.info("%d quantized projection(s) run dequantized (weight-only int8, int8 per group or with zeros, "
-                    "activation-ordered groups or mixed formats), e.g. %s", len(kept), sorted(kept)[0])
+                    "fused layers in different activation orders or mixed formats), e.g. %s", len(kept), sorted(kept)[0])
     return out
 
 
@@ -137,11 +144,12 @@ def int4_group(
     sizes = set()
     order: torch.Tensor | None = None
     for lin, t in sources:
-        bits, size = int_layout(ckpt, lin, quant)
+        bits, size, _ = int_layout(ckpt, lin, quant)
         if bits != 4:
             return None
-        if size is None:  # activation order: GPTQ only (a checkpoint's g_idx)
-            g_idx = ckpt.get(f"{lin.prefix}.g_idx") if lin.storage == "gptq" else None
+        if size is None:  # activation order: the checkpoint's g_idx (GPTQ) or weight_g_idx (compressed-tensors)
+            name = group_index_name(lin)
+            g_idx = ckpt.get(name) if name is not None else None
             if g_idx is None or (order is not None and not torch.equal(order, g_idx)):
                 return None
             order, size = g_idx, 0
