@@ -20,7 +20,7 @@ import triton.language as tl
 from batonlm.kernels._triton_common import INTERPRET, NO_FMA
 
 _GPU_OPTS = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
-_ROUNDER = 12582912.0  # 1.5 * 2^23: v + it - it is v rounded to an integer, half to even
+_ROUNDER = tl.constexpr(12582912.0)  # 1.5 * 2^23: v + it - it is v rounded to an integer, half to even
 
 
 @triton.jit

@@ -14,7 +14,15 @@ from triton import compile as triton_compile  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from batonlm.kernels import _triton_logprobs, _triton_penalties, _triton_quant, _triton_sampling  # noqa: E402
+from batonlm.kernels import (  # noqa: E402
+    _triton_int8,
+    _triton_logprobs,
+    _triton_moe,
+    _triton_moe_int4,
+    _triton_penalties,
+    _triton_quant,
+    _triton_sampling,
+)
 from batonlm.kernels._triton_common import NO_FMA  # noqa: E402
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
@@ -48,11 +56,44 @@ KERNELS = [
           stride_xsk="i32", stride_wsn="i32", stride_wsk="i32"),
      dict(K_BLOCKED=True, HAS_BIAS=False, UPCAST=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128),
      dict(num_warps=4, num_stages=3, **NO_FMA)),
-    (_triton_quant._int4_matmul_kernel,
-     dict(x_ptr="*bf16", qw_ptr=I32, s_ptr="*bf16", z_ptr=I32, bias_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32",
-          K="i32", group="i32", stride_xm="i32", stride_qk="i32", stride_sg="i32", stride_zg="i32", stride_ym="i32"),
-     dict(ROW_SCALES=False, HAS_BIAS=True, UPCAST=False, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
-     dict(num_warps=4, num_stages=3, **NO_FMA)),
+    *((_triton_quant._int4_matmul_kernel,
+       dict(x_ptr="*bf16", qw_ptr=I32, s_ptr="*bf16", z_ptr=I32, bias_ptr="*bf16", y_ptr="*bf16", gidx_ptr=I32,
+            M="i32", N="i32", K="i32", group="i32", stride_xm="i32", stride_qk="i32", stride_sg="i32", stride_zg="i32",
+            stride_ym="i32"),
+       dict(ROW_SCALES=False, G_IDX=g_idx, HAS_BIAS=True, UPCAST=False, IEEE=False, BLOCK_M=64, BLOCK_N=64,
+            BLOCK_K=64),
+       dict(num_warps=4, num_stages=3, **NO_FMA)) for g_idx in (False, True)),
+    (_triton_int8._quant_int8_kernel,
+     dict(x_ptr="*bf16", q_ptr="*i8", s_ptr=F32, K="i32", stride_xm="i32", stride_qm="i32", half_range="fp32",
+          min_scale="fp32"),
+     dict(STATIC=False, BLOCK=1024), dict(num_warps=4, **NO_FMA)),
+    (_triton_int8._int8_matmul_kernel,
+     dict(x_ptr="*i8", w_ptr="*i8", y_ptr="*bf16", xs_ptr=F32, ws_ptr=F32, bias_ptr="*bf16", M="i32", N="i32",
+          K="i32", stride_xm="i32", stride_wn="i32", stride_ym="i32", stride_xs="i32", stride_ws="i32"),
+     dict(HAS_BIAS=True, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128), dict(num_warps=4, num_stages=3, **NO_FMA)),
+    (_triton_moe._grouped_gemm_kernel,
+     dict(a_ptr="*bf16", w_ptr="*bf16", c_ptr="*bf16", sorted_ids_ptr=I64, block_expert_ptr=I64, rows="i32", N="i32",
+          K="i32", a_row_div="i32", num_experts="i32", stride_am="i32", stride_we="i32", stride_wn="i32",
+          stride_wk="i32", stride_cm="i32"),
+     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, IEEE=False, UPCAST=False), dict(num_warps=4, **NO_FMA)),
+    *((_triton_moe._grouped_gemm_fp8_kernel,
+       dict(a_ptr="*fp8e4nv", as_ptr=F32, w_ptr="*fp8e4nv", ws_ptr=F32, c_ptr="*bf16", sorted_ids_ptr=I64,
+            block_expert_ptr=I64, rows="i32", N="i32", K="i32", a_row_div="i32", num_experts="i32", block_n="i32",
+            block_k="i32", stride_am="i32", stride_asm="i32", stride_we="i32", stride_wn="i32", stride_wse="i32",
+            stride_wsn="i32", stride_cm="i32"),
+       dict(K_BLOCKED=blocked, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, UPCAST=False), dict(num_warps=4, **NO_FMA))
+      for blocked in (True, False)),
+    (_triton_moe._grouped_gemm_int8_kernel,
+     dict(a_ptr="*i8", as_ptr=F32, w_ptr="*i8", ws_ptr=F32, c_ptr="*bf16", sorted_ids_ptr=I64, block_expert_ptr=I64,
+          rows="i32", N="i32", K="i32", a_row_div="i32", num_experts="i32", stride_am="i32", stride_asm="i32",
+          stride_we="i32", stride_wn="i32", stride_wse="i32", stride_cm="i32"),
+     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64), dict(num_warps=4, **NO_FMA)),
+    (_triton_moe_int4._grouped_gemm_int4_kernel,
+     dict(a_ptr="*bf16", qw_ptr=I32, s_ptr=F32, z_ptr="*u8", c_ptr="*bf16", sorted_ids_ptr=I64, block_expert_ptr=I64,
+          rows="i32", N="i32", K="i32", group="i32", a_row_div="i32", num_experts="i32", stride_am="i32",
+          stride_qe="i32", stride_qk="i32", stride_se="i32", stride_sg="i32", stride_ze="i32", stride_zg="i32",
+          stride_cm="i32"),
+     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, UPCAST=False, IEEE=False), dict(num_warps=4, **NO_FMA)),
 ]
 
 
@@ -64,7 +105,9 @@ def main() -> None:
         # tl.exp's fast path is a bare ex2.approx.f32; CUDA's expf (libdevice) uses the .ftz form.
         facts = {"fma": "fma.rn.f32" in ptx, "fast_exp": "ex2.approx.f32" in ptx,
                  # FP8 tensor-core MMAs; FP8 stores rounded to nearest even and saturated.
-                 "fp8_mma": ".e4m3.e4m3" in ptx, "fp8_cvt_rn": "cvt.rn.satfinite.e4m3x2.f32" in ptx}
+                 "fp8_mma": ".e4m3.e4m3" in ptx, "fp8_cvt_rn": "cvt.rn.satfinite.e4m3x2.f32" in ptx,
+                 # int8 tensor-core MMAs; the int8 quantizer's round-half-even by 1.5 * 2^23 kept.
+                 "int8_mma": ".s8.s8" in ptx, "rounder": "0f4B400000" in ptx}
         print(json.dumps({"kernel": fn.__name__, "ptx_chars": len(ptx), **facts}), flush=True)
 
 

@@ -30,7 +30,8 @@ def test_every_kernel_compiles_for_sm90():
     kernels = {r["kernel"]: r for r in map(json.loads, proc.stdout.splitlines())}
     assert set(kernels) == {
         "_sample_kernel", "_threshold_kernel", "_argmax_kernel", "_uniform_kernel", "_penalties_kernel", "_logprobs_kernel",
-        "_quant_fp8_kernel", "_fp8_matmul_kernel", "_int4_matmul_kernel",
+        "_quant_fp8_kernel", "_fp8_matmul_kernel", "_int4_matmul_kernel", "_quant_int8_kernel", "_int8_matmul_kernel",
+        "_grouped_gemm_kernel", "_grouped_gemm_fp8_kernel", "_grouped_gemm_int8_kernel", "_grouped_gemm_int4_kernel",
     }
     assert all(r["ptx_chars"] > 1000 for r in kernels.values())
     # Penalties: no FMA, so that freq * count + pres rounds as torch's does.
@@ -40,3 +41,7 @@ def test_every_kernel_compiles_for_sm90():
     # The FP8 block GEMM multiplies FP8 tiles on the tensor cores (not upcast), and activations
     # are rounded to FP8 to nearest even, as torch rounds (the interpreter cannot show either).
     assert kernels["_fp8_matmul_kernel"]["fp8_mma"] and kernels["_quant_fp8_kernel"]["fp8_cvt_rn"]
+    # The int8 GEMMs multiply int8 tiles on the tensor cores; the int8 quantizer keeps its
+    # add-and-subtract of 1.5 * 2^23 (round half to even), which fast math would fold away.
+    assert kernels["_int8_matmul_kernel"]["int8_mma"] and kernels["_grouped_gemm_int8_kernel"]["int8_mma"]
+    assert kernels["_quant_int8_kernel"]["rounder"]
