@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -257,13 +258,16 @@ def write_gptq_checkpoint(
     desc_act: bool = False,
     dtype: torch.dtype = torch.bfloat16,
     linears: tuple[str, ...] = LINEARS,
+    order_key: Callable[[str], str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """A GPTQ checkpoint (checkpoint_format "gptq", as AutoGPTQ and GPTQModel save) of every
     decoder linear (`linears`: their names); other tensors are cast to `dtype` (GPTQModel keeps the model's bfloat16;
 AutoGPTQ saved float16). Scales are float16 either way, as both tools store them.
     desc_act=True orders each matrix's groups by descending input-column norm (a stand-in for the
-    Hessian diagonal GPTQ sorts by), so g_idx is a real permutation of groups. Returns the
-    dequantized float32 weights by name."""
+    Hessian diagonal GPTQ sorts by), so g_idx is a real permutation of groups; with `order_key`,
+    the matrices whose names map to one key share one order (by their summed squared column
+    norms), as GPTQ orders the projections of one input (q/k/v, an expert's gate/up) by that
+    input's one Hessian. Returns the dequantized float32 weights by name."""
     if bits not in (2, 4, 8):
         raise ValueError(f"bits={bits}: only 2, 4 and 8 pack evenly into int32")
     src, out = Path(src_dir), Path(out_dir)
@@ -271,6 +275,12 @@ AutoGPTQ saved float16). Scales are float16 either way, as both tools store them
     f = 32 // bits
     result: dict[str, torch.Tensor] = {}
     deq: dict[str, torch.Tensor] = {}
+    shared: dict[str, torch.Tensor] = {}  # order key -> summed squared column norms
+    if desc_act and order_key is not None:
+        for name, t in tensors.items():
+            if is_quantized_linear(name, linears):
+                key = order_key(name)
+                shared[key] = shared.get(key, 0) + t.to(torch.float32).pow(2).sum(dim=0)
     for name, t in tensors.items():
         if not is_quantized_linear(name, linears):
             result[name] = _keep(t, dtype)
@@ -281,7 +291,8 @@ AutoGPTQ saved float16). Scales are float16 either way, as both tools store them
         G = group_size if group_size > 0 else K
         if K % G or K % f or N % f:
             raise ValueError(f"{name} {tuple(w.shape)}: not divisible by group {G} / pack factor {f}")
-        perm = torch.argsort(w.norm(dim=0), descending=True, stable=True) if desc_act else None
+        norms = shared[order_key(name)] if shared and order_key is not None else w.norm(dim=0)
+        perm = torch.argsort(norms, descending=True, stable=True) if desc_act else None
         q, scales, zeros, g_idx = gptq_quantize(w, bits, G, sym, perm)
         result[prefix + ".qweight"] = pack_rows(q.T, bits)  # [K/f, N]
         result[prefix + ".qzeros"] = gptq_v1_qzeros(zeros, bits)  # [K/G, N/f]

@@ -2,7 +2,8 @@
 
 `_triton_moe.py`'s grouped GEMM with int4 experts: row block b of `sorted_ids` holds pairs routed
 to expert `block_expert[b]`; its program unpacks each K tile of that expert's `qweight` (8
-nibbles per int32), dequantizes it ((q - zero) * scale in float32, exact), rounds it once to the
+nibbles per int32), dequantizes it ((q - zero) * scale in float32, exact; each row's group by
+row // group, or in activation order the expert's `g_idx`), rounds it once to the
 activation dtype and multiplies it in `tl.dot` with float32 accumulation (float32 activations in
 IEEE float32), as `_triton_quant.py`'s int4 kernel does for one weight; each product row is
 written at its pair's index. Under the interpreter tiles are multiplied in float32 (exact for the
@@ -23,10 +24,11 @@ from batonlm.kernels.moe_int4 import Int4Weights
 
 @triton.jit
 def _grouped_gemm_int4_kernel(
-    a_ptr, qw_ptr, s_ptr, z_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
+    a_ptr, qw_ptr, s_ptr, z_ptr, gidx_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
     rows, N, K, group, a_row_div, num_experts,
-    stride_am, stride_qe, stride_qk, stride_se, stride_sg, stride_ze, stride_zg, stride_cm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    stride_am, stride_qe, stride_qk, stride_se, stride_sg, stride_ze, stride_zg, stride_ge, stride_cm,
+    G_IDX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -49,7 +51,10 @@ def _grouped_gemm_int4_kernel(
         kn = k_valid[:, None] & n_valid[None, :]
         packed = tl.load(qw + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
         q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
-        g = (offs_k // group)[:, None]
+        if G_IDX:  # activation order: each row's group, the expert's own
+            g = tl.load(gidx_ptr + e * stride_ge + offs_k, mask=k_valid, other=0)[:, None]
+        else:
+            g = (offs_k // group)[:, None]
         sc = tl.load(s + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
         zero = tl.load(z + g * stride_zg + offs_n[None, :], mask=kn, other=0).to(tl.float32)
         w = ((q.to(tl.float32) - zero) * sc).to(a.dtype)  # exact in float32, then rounded once
@@ -71,6 +76,7 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
     expert's int4 weights (`moe_int4.py`'s layout)."""
     a = a.contiguous()
     qweight, scales, zeros = w.qweight.contiguous(), w.scales.contiguous(), w.zeros.contiguous()
+    g_idx = w.g_idx.to(torch.int32).contiguous() if w.g_idx is not None else None
     n, k = qweight.shape[2], w.k
     c = torch.empty((rows, n), dtype=torch.float32 if INTERPRET else a.dtype, device=a.device)
     if rows == 0:
@@ -78,10 +84,10 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
     block_n = _block(n, 64)
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     _grouped_gemm_int4_kernel[grid](
-        a, qweight, scales, zeros, c, sorted_ids, block_expert,
-        rows, n, k, k if group == -1 else group, a_row_div, qweight.shape[0],
+        a, qweight, scales, zeros, g_idx if g_idx is not None else qweight, c, sorted_ids, block_expert,
+        rows, n, k, k if group == -1 else max(group, 1), a_row_div, qweight.shape[0],
         a.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        zeros.stride(0), zeros.stride(1), c.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, UPCAST=INTERPRET, IEEE=a.dtype == torch.float32, **NO_FMA,
+        zeros.stride(0), zeros.stride(1), g_idx.stride(0) if g_idx is not None else 0, c.stride(0),
+        G_IDX=g_idx is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, UPCAST=INTERPRET, IEEE=a.dtype == torch.float32, **NO_FMA,
     )
     return c.to(a.dtype)

@@ -7,7 +7,8 @@ in float32) and rounded once to the activation dtype, then multiplied in that dt
 Weights, one `batonlm.kernels.quant` int4 layout per expert (W^T packed along its input rows):
 `w13_qweight` int32 [E, ceil(H / 8), 2I] (gate columns then up columns), `w13_scales` float32
 and `w13_zeros` uint8 [E, ceil(H / G), 2I]; `w2_qweight` [E, ceil(I / 8), H], `w2_scales` /
-`w2_zeros` [E, ceil(I / G), H]. One group size G for both (-1: one group of all rows).
+`w2_zeros` [E, ceil(I / G), H]. One group size G for both (-1: one group of all rows); or GPTQ's
+activation order (G = 0): each expert's `g_idx` [E, K], its rows' groups of any number.
 
 Four formulations, as for float experts:
 - `fused_moe_int4_grouped`: one expert at a time over its rows, through the torch reference (the
@@ -42,16 +43,27 @@ from batonlm.kernels.quant import dequantize_int4, int4_dequant_matmul_reference
 
 @dataclass(frozen=True)
 class Int4Weights:
-    """One projection of every expert: qweight [E, ceil(K / 8), N], scales and zeros [E, G, N]."""
+    """One projection of every expert: qweight [E, ceil(K / 8), N], scales and zeros [E, G, N];
+    in GPTQ's activation order (group 0) `g_idx` [E, K], each expert's rows' groups."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     k: int  # input features
+    g_idx: torch.Tensor | None = None
+
+    def expert(self, e: int | torch.Tensor) -> Int4Weights:
+        """Expert e's weights (a tensor of experts: those experts', gathered)."""
+        return Int4Weights(self.qweight[e], self.scales[e], self.zeros[e], self.k,
+                           None if self.g_idx is None else self.g_idx[e])
 
     def check(self, name: str, group: int) -> None:
         e, packed, n = self.qweight.shape
-        groups = 1 if group == -1 else -(-self.k // group)
+        if (group == 0) != (self.g_idx is not None) or (
+                self.g_idx is not None and tuple(self.g_idx.shape) != (e, self.k)):
+            raise ValueError(f"{name}_g_idx: expected [{e}, {self.k}] exactly when the group is 0 (activation "
+                             f"order), got {None if self.g_idx is None else list(self.g_idx.shape)} for group {group}")
+        groups = self.scales.shape[1] if group == 0 else 1 if group == -1 else -(-self.k // group)
         if self.qweight.dtype != torch.int32 or packed != -(-self.k // 8):
             raise ValueError(f"{name}_qweight: expected int32 [{e}, {-(-self.k // 8)}, N], got "
                              f"{self.qweight.dtype} {list(self.qweight.shape)}")
@@ -67,17 +79,19 @@ def fused_moe_int4_grouped(
     w13.check("w13", group)
     w2.check("w2", group)
 
+    def linear(x: torch.Tensor, w: Int4Weights) -> torch.Tensor:
+        return int4_dequant_matmul_reference(x, w.qweight, w.scales, w.zeros, group, None, w.g_idx)
+
     def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
-        h = gated(int4_dequant_matmul_reference(seg, w13.qweight[e], w13.scales[e], w13.zeros[e], group), act)
-        return int4_dequant_matmul_reference(h, w2.qweight[e], w2.scales[e], w2.zeros[e], group)
+        return linear(gated(linear(seg, w13.expert(e)), act), w2.expert(e))
 
     return grouped_by_expert(x, topk_ids, topk_weights, w13.qweight.shape[0], w2.qweight.shape[2], mlp)
 
 
 def _dense_weights(w: Int4Weights, group: int, dtype: torch.dtype) -> torch.Tensor:
     """[E, N, K] in `dtype`: each expert's weight as the reference rounds it."""
-    return torch.stack([dequantize_int4(w.qweight[e], w.scales[e], w.zeros[e], group, w.k, dtype)
-                        for e in range(w.qweight.shape[0])])
+    experts = [w.expert(e) for e in range(w.qweight.shape[0])]
+    return torch.stack([dequantize_int4(x.qweight, x.scales, x.zeros, group, w.k, dtype, x.g_idx) for x in experts])
 
 
 def fused_moe_int4_dense(
@@ -93,10 +107,6 @@ def fused_moe_int4_dense(
     return weighted_sum(y.transpose(0, 1), dense, x.dtype)
 
 
-def _gathered(w: Int4Weights, flat: torch.Tensor) -> Int4Weights:
-    return Int4Weights(w.qweight[flat], w.scales[flat], w.zeros[flat], w.k)
-
-
 def fused_moe_int4_gathered(
     x: torch.Tensor, w13: Int4Weights, w2: Int4Weights, group: int, topk_ids: torch.Tensor,
     topk_weights: torch.Tensor, act: Activation = F.silu,
@@ -106,8 +116,8 @@ def fused_moe_int4_gathered(
     w13.check("w13", group)
     w2.check("w2", group)
     rows, flat, weights = routed_pairs(x, topk_ids, topk_weights)
-    h = gated(torch.matmul(rows, _dense_weights(_gathered(w13, flat), group, x.dtype).transpose(1, 2)), act)
-    y = torch.matmul(h, _dense_weights(_gathered(w2, flat), group, x.dtype).transpose(1, 2))  # [T * K, 1, H]
+    h = gated(torch.matmul(rows, _dense_weights(w13.expert(flat), group, x.dtype).transpose(1, 2)), act)
+    y = torch.matmul(h, _dense_weights(w2.expert(flat), group, x.dtype).transpose(1, 2))  # [T * K, 1, H]
     return weighted_sum(y.view(*topk_ids.shape, -1), weights, x.dtype)
 
 

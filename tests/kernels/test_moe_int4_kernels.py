@@ -33,24 +33,31 @@ FORMULATIONS = [pytest.param(fused_moe_int4_grouped, id="grouped"), pytest.param
 EPS32 = torch.finfo(torch.float32).eps
 
 
-def _weights(g: torch.Generator, experts: int, k: int, n: int, group: int, sym: bool) -> tuple[Int4Weights, torch.Tensor]:
-    """Random codes, zeros and half-precision scales; and the meaning W [E, N, K] in float64."""
+def _weights(g: torch.Generator, experts: int, k: int, n: int, group: int, sym: bool,
+             ordered: bool = False) -> tuple[Int4Weights, torch.Tensor]:
+    """Random codes, zeros and half-precision scales; and the meaning W [E, N, K] in float64.
+    `ordered`: GPTQ's activation order, each expert's own permutation of its rows' groups."""
     groups = 1 if group == -1 else -(-k // group)
     size = k if group == -1 else group
     q = torch.randint(0, 16, (experts, k, n), generator=g)
     zeros = torch.full((experts, groups, n), 8) if sym else torch.randint(0, 16, (experts, groups, n), generator=g)
     scales = (torch.rand(experts, groups, n, generator=g) + 0.1).half().float() / (8 * k**0.5)
-    rows = torch.arange(k) // size
-    w = ((q - zeros[:, rows]).double() * scales[:, rows].double()).transpose(1, 2)
+    if ordered:
+        rows = torch.stack([torch.randperm(k, generator=g) // size for _ in range(experts)])  # [E, K]
+    else:
+        rows = (torch.arange(k) // size).expand(experts, k)
+    pick = torch.arange(experts)[:, None]
+    w = ((q - zeros[pick, rows]).double() * scales[pick, rows].double()).transpose(1, 2)
     packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
-    return Int4Weights(packed, scales, zeros.to(torch.uint8), k), w
+    return Int4Weights(packed, scales, zeros.to(torch.uint8), k, rows.to(torch.int32) if ordered else None), w
 
 
-def _case(t: int, k: int, experts: int, hidden: int, inter: int, group: int, sym: bool, seed: int):
+def _case(t: int, k: int, experts: int, hidden: int, inter: int, group: int, sym: bool, seed: int,
+          ordered: bool = False):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, hidden, generator=g, dtype=torch.float64)
-    w13, w13_64 = _weights(g, experts, hidden, 2 * inter, group, sym)
-    w2, w2_64 = _weights(g, experts, inter, hidden, group, sym)
+    w13, w13_64 = _weights(g, experts, hidden, 2 * inter, group, sym, ordered)
+    w2, w2_64 = _weights(g, experts, inter, hidden, group, sym, ordered)
     scores = torch.rand(t, experts, generator=g) + torch.linspace(1.0, 0.0, experts)  # a hot expert, cold ones
     ids = scores.topk(k, dim=1).indices
     weights = torch.rand(t, k, generator=g, dtype=torch.float64) + 0.1
@@ -79,6 +86,19 @@ def test_each_formulation_is_the_int4_experts_layer(moe, case):
 
 
 @pytest.mark.parametrize("moe", FORMULATIONS)
+@pytest.mark.parametrize("t", [1, 13])
+def test_activation_order(moe, t):
+    """GPTQ's activation order: each expert's rows in its own permutation of the groups (group 0,
+    `g_idx` per expert), so a K tile holds rows of many groups."""
+    x, w13, w2, w13_64, w2_64, ids, weights = _case(t, 2, 5, 96, 64, 32, False, seed=t, ordered=True)
+    got = moe(x.float(), w13, w2, 0, ids, weights.float())
+    want = fused_moe_reference(x, w13_64, w2_64, ids, weights)
+    scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())
+    depth = x.shape[1] + w2_64.shape[2] + ids.shape[1]
+    assert ((got.double() - want).abs() <= 4 * depth * EPS32 * (scale + 1e-30)).all()
+
+
+@pytest.mark.parametrize("moe", FORMULATIONS)
 def test_bfloat16_activations(moe):
     x, w13, w2, w13_64, w2_64, ids, weights = _case(9, 2, 4, 64, 32, 32, False, seed=3)
     got = moe(x.bfloat16(), w13, w2, 32, ids, weights.bfloat16())
@@ -93,6 +113,8 @@ def test_a_bad_shape_is_named():
     bad = Int4Weights(w13.qweight, w13.scales[:, :1], w13.zeros, w13.k)
     with pytest.raises(ValueError, match="^w13_scales:"):
         fused_moe_int4_grouped(x.float(), bad, w2, 32, ids, weights.float())
+    with pytest.raises(ValueError, match="^w13_g_idx:"):  # group 0 (activation order) without a g_idx
+        fused_moe_int4_grouped(x.float(), w13, w2, 0, ids, weights.float())
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ another order it may land one FP8 step away (2^-3 of it at most), through the do
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,52 @@ def test_int8_experts_hold_and_compute_the_checkpoints_experts(family: str, int8
         traced = torch.compile(lambda x, moe=moe, ids=ids, weights=weights: moe.experts(x, ids, weights, moe.act),
                                backend="eager", fullgraph=True)(x)
         assert torch.equal(traced, fused_moe_int8_dense(x, *want, ids, weights, moe.act))
+
+
+def _shared_order(name: str) -> str:
+    """GPTQ orders the projections of one input together (q/k/v; an expert's gate and up)."""
+    return re.sub(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|w1|w3)\.weight$", ".input", name)
+
+
+@pytest.fixture(scope="module")
+def ordered_moe(tmp_path_factory) -> Path:
+    from helpers import build_tiny_model
+    from quant_formats import write_gptq_checkpoint
+
+    root = tmp_path_factory.mktemp("ordered")
+    build_tiny_model("mixtral", root / "mixtral", intermediate_size=96)  # experts of three groups of 32
+    write_gptq_checkpoint(root / "mixtral", root / "gptq", group_size=32, sym=False, desc_act=True,
+                          linears=LINEARS + FAMILIES["mixtral"], order_key=_shared_order)
+    return root / "gptq"
+
+
+def test_int4_experts_in_activation_order_are_the_dequantized_experts(ordered_moe) -> None:
+    """GPTQ in activation order (desc_act): each expert's g_idx kept, its gate and up sharing one
+    order; with float32 activations the dequantized experts' outputs, bit for bit; two ranks
+    (48 of 96 features: any slice, each row keeps its group) sum to one."""
+    from batonlm.kernels.moe import fused_moe_grouped, fused_moe_reference
+    from batonlm.model_runner.moe import Int4Experts
+
+    cfg = ModelConfig.from_hf(ordered_moe)
+    model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
+    plain = load_model(cfg, torch.float32, "cpu", resident=False)[0]
+    layers = _moe_layers(model)
+    assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.group == 0 for _, m in layers)
+    ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2), resident=True)[0]
+             for r in range(2)]
+    g = torch.Generator().manual_seed(6)
+    for name, moe in layers:
+        experts = moe.experts
+        assert experts.w13_g_idx is not None and experts.w2_g_idx is not None
+        assert not torch.equal(experts.w2_g_idx[0], torch.arange(96, dtype=torch.int32) // 32)  # a real order
+        floats = plain.get_submodule(name).experts
+        assert isinstance(floats, FusedExperts)
+        x = torch.randn(7, cfg.hidden_size, generator=g)
+        ids, weights = moe.route(x)
+        want = experts(x, ids, weights, moe.act)
+        assert torch.equal(want, fused_moe_grouped(x, floats.w13, floats.w2, ids, weights, moe.act))
+        got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
+        mag = fused_moe_reference(x.double().abs(), floats.w13.double().abs(), floats.w2.double().abs(), ids,
+                                  weights.double(), act=lambda v: v.abs())
+        depth = cfg.hidden_size + floats.w2.shape[2] + ids.shape[1]
+        assert ((got.double() - want.double()).abs() <= 4 * depth * torch.finfo(torch.float32).eps * mag).all()

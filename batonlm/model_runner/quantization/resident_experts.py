@@ -19,7 +19,7 @@ from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.moe import Fp8Experts, FusedExperts, Int4Experts, Int8Experts
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
-from batonlm.model_runner.quantization.formats import QuantizedLinear, int_weights
+from batonlm.model_runner.quantization.formats import QuantizedLinear, int_layout, int_weights
 from batonlm.model_runner.quantization.resident import (
     ResidentLayer,
     cdiv,
@@ -63,8 +63,8 @@ def make_resident_experts(
         out.append(layer)
     if kept:
         logger.info("%d MoE layer(s) run their experts dequantized (formats the expert kernels do not cover: "
-                    "weight-only int8, FP8 or int8 with static activation scales, activation-ordered groups, "
-                    "mixed), e.g. %s", len(kept), kept[0])
+                    "weight-only int8, FP8 or int8 with static activation scales, gate and up in different "
+                    "activation orders, mixed), e.g. %s", len(kept), kept[0])
     return out
 
 
@@ -112,14 +112,25 @@ def _int4_experts(
     quant: QuantConfig,
 ) -> ResidentLayer | None:
     """`Int4Experts` when every expert's projections are 4-bit with consecutive groups of one
-    size (a rank's slice of the down projections' rows in whole groups, or a start-up error)."""
+    size (a rank's slice of the down projections' rows in whole groups, or a start-up error), or
+    in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
     if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed"}:
         return None
-    group = int4_group(ckpt, module_name, sources, quant)
-    if group is None or group == 0:  # (activation order: the expert kernels read consecutive groups)
+    by_expert: dict[tuple[int, int], list[tuple[QuantizedLinear, Target]]] = {}
+    for lin, t in sources:  # (expert, 0: gate and up / 1: down) -> its layers
+        by_expert.setdefault((_expert(lin), t.dim), []).append((lin, t))
+    groups = {int4_group(ckpt, module_name, part, quant) for part in by_expert.values()}
+    if len(groups) != 1 or None in groups:
         return None
+    group = groups.pop()
+    assert group is not None
+    order_groups = (0, 0)
+    if group == 0:  # activation order: every group of each projection (any row may be in any)
+        gate = next(lin for lin, t in sources if t.dim == 0)
+        down = next(lin for lin, t in sources if t.dim == 1)
+        order_groups = (int_layout(ckpt, gate, quant)[2], int_layout(ckpt, down, quant)[2])
     with torch.device("meta"):
-        layer = Int4Experts(module, group)
+        layer = Int4Experts(module, group, order_groups)
     return ResidentLayer(module_name, layer, sources, _fill_int4)
 
 
@@ -178,4 +189,8 @@ def _fill_int4(module: Int4Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: T
     e = _expert(lin)
     name = "w13" if t.dim == 0 else "w2"
     qweight, zeros, scales = (getattr(module, f"{name}_{part}")[e] for part in ("qweight", "zeros", "scales"))
-    fill_int4(qweight, zeros, scales, module.group, int_weights(ckpt, lin, quant), t)
+    iw = int_weights(ckpt, lin, quant)
+    fill_int4(qweight, zeros, scales, module.group, iw, t)
+    g_idx = getattr(module, f"{name}_g_idx")
+    if g_idx is not None:  # activation order: this rank's rows' groups (gate and up share them)
+        g_idx[e] = iw.groups[t.start : t.start + t.count] if t.dim == 1 else iw.groups
