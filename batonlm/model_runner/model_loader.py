@@ -39,6 +39,14 @@ def tp_layout(cfg: ModelConfig, rank: int, size: int) -> TPLayout:
     return TPLayout(rank, size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
 
 
+def multiplies_fp8(device: str | torch.device) -> bool:
+    """Whether FP8 experts can run on `device`: the CPU (the torch references), or a GPU whose
+    Triton multiplies FP8 (compute capability 8.9 or more)."""
+    if torch.device(device).type != "cuda":
+        return True
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def keeps_quantized(cfg: ModelConfig, device: str | torch.device) -> bool:
     """Whether a quantized checkpoint's projections stay quantized by default: on CUDA (online
     FP8 only where the GPU multiplies FP8, compute capability 8.9 or more; elsewhere its rounded
@@ -51,7 +59,7 @@ def keeps_quantized(cfg: ModelConfig, device: str | torch.device) -> bool:
         return True
     if torch.device(device).type != "cuda":
         return False
-    return not quant.online or (torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9))
+    return not quant.online or multiplies_fp8(device)
 
 
 def build_meta_model(
@@ -81,7 +89,7 @@ def build_meta_model(
             linears = online_linears(ckpt) if quant.online else ckpt.linears
             targets = weight_targets(model)
             layers = make_resident(model, ckpt, linears, quant, targets, dtype)
-            layers += make_resident_experts(model, ckpt, linears, quant, targets)
+            layers += make_resident_experts(model, ckpt, linears, quant, targets, fp8_experts=multiplies_fp8(device))
     return model, layers
 
 

@@ -368,3 +368,16 @@ def test_int4_experts_in_activation_order_are_the_dequantized_experts(ordered_mo
                                   weights.double(), act=lambda v: v.abs())
         depth = cfg.hidden_size + floats.w2.shape[2] + ids.shape[1]
         assert ((got.double() - want.double()).abs() <= 4 * depth * torch.finfo(torch.float32).eps * mag).all()
+
+
+def test_fp8_experts_are_dequantized_where_fp8_cannot_multiply(fp8_moe) -> None:
+    """A GPU before compute capability 8.9 has no FP8 in Triton: there the experts load
+    dequantized (the projections keep their torch references), as `multiplies_fp8` says."""
+    from batonlm.model_runner.model_loader import build_meta_model, multiplies_fp8
+
+    assert multiplies_fp8("cpu")
+    assert multiplies_fp8("cuda") == (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9))
+    cfg = ModelConfig.from_hf(fp8_moe["qwen3_moe"])
+    model, layers = build_meta_model(cfg, torch.bfloat16, "cuda", resident=True)
+    want = Fp8Experts if multiplies_fp8("cuda") else FusedExperts
+    assert layers and all(isinstance(m.experts, want) for _, m in _moe_layers(model))

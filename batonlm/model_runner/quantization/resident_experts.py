@@ -36,10 +36,12 @@ logger = logging.getLogger(__name__)
 
 def make_resident_experts(
     model: CausalLM, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], quant: QuantConfig,
-    targets: dict[str, Target | list[Target]],
+    targets: dict[str, Target | list[Target]], fp8_experts: bool = True,
 ) -> list[ResidentLayer]:
     """Swap every MoE layer's `FusedExperts` whose checkpoint experts the kernels cover for its
-    quantized experts; returns what `resident.load_resident` fills."""
+    quantized experts (FP8 ones only where `fp8_experts`: not on a GPU whose Triton has no FP8,
+    before compute capability 8.9, where they are dequantized); returns what
+    `resident.load_resident` fills."""
     out: list[ResidentLayer] = []
     kept: list[str] = []
     for module_name, module in list(model.named_modules()):
@@ -52,7 +54,7 @@ def make_resident_experts(
         sources = [(linears[n], t) for n in names if n in linears and isinstance(t := targets.get(n), Target)]
         layer = None
         if len(sources) == len(names):
-            layer = (_fp8_experts(ckpt, module_name, module, sources, quant)
+            layer = ((_fp8_experts(ckpt, module_name, module, sources, quant) if fp8_experts else None)
                      or _int8_experts(ckpt, module_name, module, sources, quant)
                      or _int4_experts(ckpt, module_name, module, sources, quant))
         if layer is None:
