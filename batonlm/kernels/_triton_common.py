@@ -41,11 +41,16 @@ def device_fn(fn: Callable) -> Callable:
     return functools.wraps(fn)(lambda *args, **kwargs: rewrite()(*args, **kwargs))
 
 
+def tile(n: int, cap: int) -> int:
+    """A block covering n elements: the next power of two, at least 16 (tl.dot's least), at most
+    `cap`."""
+    return max(16, min(cap, triton.next_power_of_2(n)))
+
+
 def block_size(vocab_size: int) -> int:
     """Elements per block: the interpreter pays per operation rather than per element, so it
     gets large blocks; a GPU gets blocks that keep a search tile in registers."""
-    cap = 8192 if INTERPRET else 1024
-    return max(16, min(cap, triton.next_power_of_2(vocab_size)))
+    return tile(vocab_size, 8192 if INTERPRET else 1024)
 
 
 def rows_f32(x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batonlm.kernels._triton_common import INTERPRET, NO_FMA
+from batonlm.kernels._triton_common import INTERPRET, NO_FMA, tile
 
 _GPU_OPTS = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
 _ROUNDER = tl.constexpr(12582912.0)  # 1.5 * 2^23: v + it - it is v rounded to an integer, half to even
@@ -58,7 +58,7 @@ def quant_int8(x: torch.Tensor, min_scale: float, half_range: float,
         scale.fill_(min_scale)
     if m and k:
         cap = 8192 if INTERPRET else 1024
-        block = max(16, min(cap, triton.next_power_of_2(k)))
+        block = tile(k, cap)
         _quant_int8_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), half_range, min_scale,
                                  STATIC=static_scale is not None, BLOCK=block, **NO_FMA)
     return q, scale
@@ -90,9 +90,6 @@ def _int8_matmul_kernel(
     tl.store(out, y, mask=m_valid[:, None] & n_valid[None, :])  # converted to y's dtype by the store
 
 
-def _tile(n: int, cap: int) -> int:
-    return max(16, min(cap, triton.next_power_of_2(n)))
-
 
 def int8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                 out_dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
@@ -107,7 +104,7 @@ def int8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, w_s
         return y.to(out_dtype)
     if k == 0:
         return (bias.float().expand(m, n) if bias is not None else torch.zeros_like(y)).to(out_dtype)
-    block_m, block_n, block_k = _tile(m, 64), _tile(n, 128), max(32, _tile(k, 128))
+    block_m, block_n, block_k = tile(m, 64), tile(n, 128), max(32, tile(k, 128))
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _int8_matmul_kernel[grid](
         x_q, w_q, y, x_scale, w_scale, bias.contiguous() if bias is not None else y, m, n, k,

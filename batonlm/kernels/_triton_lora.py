@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batonlm.kernels._triton_common import INTERPRET, NO_FMA
+from batonlm.kernels._triton_common import INTERPRET, NO_FMA, tile
 
 BLOCK_M = 16
 
@@ -55,13 +55,10 @@ def _segment_gemm_kernel(
     tl.store(c, acc, mask=mask)  # converted to c's dtype by the store
 
 
-def _block(n: int, cap: int) -> int:
-    return max(16, min(cap, triton.next_power_of_2(n)))
-
 
 def _launch(x, w, c, perm, seg_slot, seg_start, max_segment: int, gather: bool, scatter: bool) -> None:
     n, k = w.shape[1], w.shape[2]
-    block_n, block_k = _block(n, 64), _block(k, 64)
+    block_n, block_k = tile(n, 64), tile(k, 64)
     grid = (seg_slot.shape[0], triton.cdiv(max_segment, BLOCK_M), triton.cdiv(n, block_n))
     _segment_gemm_kernel[grid](
         x, w, c, perm, seg_slot, seg_start, n, k, x.stride(0), w.stride(0), w.stride(1), w.stride(2), c.stride(0),

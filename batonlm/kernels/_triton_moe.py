@@ -21,9 +21,19 @@ import torch
 import triton
 import triton.language as tl
 
-from batonlm.kernels._triton_common import INTERPRET, NO_FMA
+from batonlm.kernels._triton_common import INTERPRET, NO_FMA, device_fn, tile
 
 BLOCK_M = 16
+
+
+@device_fn
+def pair_rows(sorted_ids_ptr, pid_m, rows, a_row_div, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A grouped GEMM program's pairs and columns: its row block's pair indices (`sorted_ids`),
+    which are real (not padding), their input rows (pair // a_row_div), its output columns and
+    which are inside N."""
+    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return ids, ids < rows, (ids // a_row_div).to(tl.int64), offs_n, offs_n < N
 
 
 @triton.jit
@@ -38,12 +48,7 @@ def _grouped_gemm_kernel(
     expert = tl.load(block_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    ids = tl.load(sorted_ids_ptr + offs_m)
-    valid = ids < rows
-    a_rows = (ids // a_row_div).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < N
+    ids, valid, a_rows, offs_n, n_valid = pair_rows(sorted_ids_ptr, pid_m, rows, a_row_div, N, BLOCK_M, BLOCK_N)
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -63,9 +68,6 @@ def _grouped_gemm_kernel(
     tl.store(c, acc, mask=valid[:, None] & n_valid[None, :])  # converted to c's dtype by the store
 
 
-def _block(n: int, cap: int) -> int:
-    return max(16, min(cap, triton.next_power_of_2(n)))
-
 
 def grouped_gemm(
     a: torch.Tensor, w: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor, rows: int, a_row_div: int,
@@ -77,7 +79,7 @@ def grouped_gemm(
     c = torch.empty((rows, n), dtype=a.dtype, device=a.device)
     if rows == 0:
         return c
-    block_n, block_k = _block(n, 64), _block(k, 64)
+    block_n, block_k = tile(n, 64), tile(k, 64)
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     _grouped_gemm_kernel[grid](
         a, w, c, sorted_ids, block_expert,
@@ -101,12 +103,7 @@ def _grouped_gemm_fp8_kernel(
     expert = tl.load(block_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    ids = tl.load(sorted_ids_ptr + offs_m)
-    valid = ids < rows
-    a_rows = (ids // a_row_div).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < N
+    ids, valid, a_rows, offs_n, n_valid = pair_rows(sorted_ids_ptr, pid_m, rows, a_row_div, N, BLOCK_M, BLOCK_N)
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -153,7 +150,7 @@ def grouped_gemm_fp8(
     tile_k = min(128, bk & -bk)  # the largest power of two dividing the scale block (per channel: any)
     if tile_k < 16:
         raise ValueError(f"block: the Triton kernel needs a K block that is a multiple of 16, got {bk}")
-    block_n = _block(n, 64)
+    block_n = tile(n, 64)
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     _grouped_gemm_fp8_kernel[grid](
         a_q, a_scale, w_q, w_scale, c, sorted_ids, block_expert,
@@ -176,12 +173,7 @@ def _grouped_gemm_int8_kernel(
     expert = tl.load(block_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    ids = tl.load(sorted_ids_ptr + offs_m)
-    valid = ids < rows
-    a_rows = (ids // a_row_div).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < N
+    ids, valid, a_rows, offs_n, n_valid = pair_rows(sorted_ids_ptr, pid_m, rows, a_row_div, N, BLOCK_M, BLOCK_N)
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):
@@ -210,7 +202,7 @@ def grouped_gemm_int8(
     c = torch.empty((rows, n), dtype=torch.float32 if INTERPRET else out_dtype, device=a_q.device)
     if rows == 0:
         return c.to(out_dtype)
-    block_n, block_k = _block(n, 64), max(32, _block(k, 64))
+    block_n, block_k = tile(n, 64), max(32, tile(k, 64))
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     _grouped_gemm_int8_kernel[grid](
         a_q, a_scale, w_q, w_scale, c, sorted_ids, block_expert, rows, n, k, a_row_div, w_q.shape[0],

@@ -17,8 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from batonlm.kernels._triton_common import INTERPRET, NO_FMA
-from batonlm.kernels._triton_moe import BLOCK_M
+from batonlm.kernels._triton_common import INTERPRET, NO_FMA, tile
+from batonlm.kernels._triton_moe import BLOCK_M, pair_rows
+from batonlm.kernels._triton_quant import int4_tile
 from batonlm.kernels.moe_int4 import Int4Weights
 
 
@@ -34,30 +35,18 @@ def _grouped_gemm_int4_kernel(
     expert = tl.load(block_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    ids = tl.load(sorted_ids_ptr + offs_m)
-    valid = ids < rows
-    a_rows = (ids // a_row_div).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < N
+    ids, valid, a_rows, offs_n, n_valid = pair_rows(sorted_ids_ptr, pid_m, rows, a_row_div, N, BLOCK_M, BLOCK_N)
     e = expert.to(tl.int64)
     qw, s, z = qw_ptr + e * stride_qe, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    gidx = gidx_ptr + e * stride_ge  # (activation order: the expert's own row groups)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_valid = offs_k < K
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_valid[None, :], other=0.0)
-        kn = k_valid[:, None] & n_valid[None, :]
-        packed = tl.load(qw + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
-        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
-        if G_IDX:  # activation order: each row's group, the expert's own
-            g = tl.load(gidx_ptr + e * stride_ge + offs_k, mask=k_valid, other=0)[:, None]
-        else:
-            g = (offs_k // group)[:, None]
-        sc = tl.load(s + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
-        zero = tl.load(z + g * stride_zg + offs_n[None, :], mask=kn, other=0).to(tl.float32)
-        w = ((q.to(tl.float32) - zero) * sc).to(a.dtype)  # exact in float32, then rounded once
+        w = int4_tile(qw, s, z, gidx, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg, stride_zg,
+                      False, G_IDX).to(a.dtype)  # exact in float32, then rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -65,9 +54,6 @@ def _grouped_gemm_int4_kernel(
     c = c_ptr + ids.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c, acc, mask=valid[:, None] & n_valid[None, :])
 
-
-def _block(n: int, cap: int) -> int:
-    return max(16, min(cap, triton.next_power_of_2(n)))
 
 
 def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: torch.Tensor,
@@ -81,7 +67,7 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
     c = torch.empty((rows, n), dtype=torch.float32 if INTERPRET else a.dtype, device=a.device)
     if rows == 0:
         return c.to(a.dtype)
-    block_n = _block(n, 64)
+    block_n = tile(n, 64)
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     _grouped_gemm_int4_kernel[grid](
         a, qweight, scales, zeros, g_idx if g_idx is not None else qweight, c, sorted_ids, block_expert,

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batonlm.kernels._triton_common import INTERPRET, NO_FMA, device_fn
+from batonlm.kernels._triton_common import INTERPRET, NO_FMA, device_fn, tile
 
 # GPU launch shape: the matmuls are memory-bound at decode sizes; a few stages hide the loads.
 _GPU_OPTS = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
@@ -75,7 +75,7 @@ def quant_fp8(x: torch.Tensor, group: int, dtype: torch.dtype, min_scale: float,
         (m, groups), dtype=torch.float32, device=x.device)
     if m and k:
         cap = 8192 if INTERPRET else 1024
-        block = max(16, min(cap, triton.next_power_of_2(group)))
+        block = tile(group, cap)
         _quant_fp8_kernel[(m, groups)](
             x, q, scale, k, group, groups, x.stride(0), q.stride(0), torch.finfo(dtype).max, min_scale,
             STATIC=static_scale is not None, BLOCK=block, **NO_FMA,
@@ -129,12 +129,9 @@ def _fp8_matmul_kernel(
     tl.store(y, acc, mask=m_valid[:, None] & n_valid[None, :])  # converted to y's dtype by the store
 
 
-def _tile(n: int, cap: int) -> int:
-    return max(16, min(cap, triton.next_power_of_2(n)))
-
 
 def _tile_m(m: int) -> int:
-    return _tile(m, 64)
+    return tile(m, 64)
 
 
 def fp8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, x_scale_strides: tuple[int, int],
@@ -150,12 +147,12 @@ def fp8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, x_sc
     if m == 0 or n == 0:
         return y
     if block_k is None:
-        tile_k = _tile(k, 128)
+        tile_k = tile(k, 128)
     else:  # the largest power of two dividing the scale block, so a tile never straddles two
         tile_k = min(128, block_k & -block_k)
         if tile_k < 16:
             raise ValueError(f"block: the Triton kernel needs a K block that is a multiple of 16, got {block_k}")
-    block_m, tile_n = _tile_m(m), _tile(n, 128)
+    block_m, tile_n = _tile_m(m), tile(n, 128)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, tile_n))
     _fp8_matmul_kernel[grid](
         x_q, w_q, y, x_scale, w_scale, bias.contiguous() if bias is not None else y, m, n, k, block_n, block_k or k,
@@ -164,6 +161,29 @@ def fp8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, x_sc
         BLOCK_M=block_m, BLOCK_N=tile_n, BLOCK_K=tile_k, **NO_FMA, **_GPU_OPTS,
     )
     return y
+
+
+@device_fn
+def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
+              stride_zg, ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] float32: rows `offs_k` and columns `offs_n` of W^T from int4 codes
+    (8 per int32 along K), (q - zero) * scale of each row's group (exact): the tile's one group
+    (`ROW_SCALES`), row // group, or in activation order the row's `g_idx` entry (`G_IDX`)."""
+    kn = k_valid[:, None] & n_valid[None, :]
+    packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
+    q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
+    if ROW_SCALES:  # the whole tile in one group: one row of scales and zeros
+        g = k0 // group
+        s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
+        z = tl.load(z_ptr + g * stride_zg + offs_n, mask=n_valid, other=0).to(tl.float32)[None, :]
+    else:
+        if G_IDX:  # activation order: each row's own group
+            g = tl.load(gidx_ptr + offs_k, mask=k_valid, other=0)[:, None]
+        else:
+            g = (offs_k // group)[:, None]
+        s = tl.load(s_ptr + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * stride_zg + offs_n[None, :], mask=kn, other=0).to(tl.float32)
+    return (q.to(tl.float32) - z) * s
 
 
 @triton.jit
@@ -182,21 +202,8 @@ def _int4_matmul_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_valid = offs_k < K
         a = tl.load(x_rows + offs_k[None, :], mask=m_valid[:, None] & k_valid[None, :], other=0.0)
-        kn = k_valid[:, None] & n_valid[None, :]
-        packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
-        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
-        if ROW_SCALES:  # the whole tile in one group: one row of scales and zeros
-            g = k0 // group
-            s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
-            z = tl.load(z_ptr + g * stride_zg + offs_n, mask=n_valid, other=0).to(tl.float32)[None, :]
-        else:
-            if G_IDX:  # activation order: each row's own group
-                g = tl.load(gidx_ptr + offs_k, mask=k_valid, other=0)[:, None]
-            else:
-                g = (offs_k // group)[:, None]
-            s = tl.load(s_ptr + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + g * stride_zg + offs_n[None, :], mask=kn, other=0).to(tl.float32)
-        w = ((q.to(tl.float32) - z) * s).to(a.dtype)  # exact in float32, then rounded once
+        w = int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk,
+                      stride_sg, stride_zg, ROW_SCALES, G_IDX).to(a.dtype)  # exact in float32, then rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -217,7 +224,7 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
-    block_m, block_n, block_k = _tile_m(m), _tile(n, 64), 64
+    block_m, block_n, block_k = _tile_m(m), tile(n, 64), 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _int4_matmul_kernel[grid](
         x, qweight, scales, zeros, bias.contiguous() if bias is not None else y, y,

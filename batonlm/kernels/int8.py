@@ -23,29 +23,18 @@ from __future__ import annotations
 
 import torch
 
-# The least scale: float32's smallest normal (an all-zero token divides by it, not by 0).
-MIN_SCALE = torch.finfo(torch.float32).tiny
+from batonlm.kernels._checks import check_2d, check_scale, fail
+from batonlm.kernels.quant import MIN_SCALE  # the least scale: an all-zero token divides by it, not by 0
+
 INT8_HALF_RANGE = 127.5  # (127 - (-128)) / 2: compressed-tensors' symmetric scale divisor
 QMIN, QMAX = -128, 127
 MAX_K = 131071  # past it the int32 sum of 128 * 128 products could overflow
 
 
-def _fail(name: str, what: str, got: object) -> ValueError:
-    return ValueError(f"{name}: expected {what}, got {got}")
-
-
 def _check_x(x: torch.Tensor) -> None:
-    if x.dim() != 2:
-        raise _fail("x", "a 2-D tensor", f"shape {tuple(x.shape)}")
+    check_2d(x, "x")
     if not x.is_floating_point():
-        raise _fail("x", "a floating-point tensor", x.dtype)
-
-
-def _check_scale(t: torch.Tensor, name: str, shapes: list[tuple[int, ...]]) -> None:
-    if t.dtype != torch.float32:
-        raise _fail(name, "float32", t.dtype)
-    if tuple(t.shape) not in shapes:
-        raise _fail(name, " or ".join(str(list(s)) for s in shapes), f"shape {tuple(t.shape)}")
+        raise fail("x", "a floating-point tensor", x.dtype)
 
 
 def _on_triton(t: torch.Tensor, use_triton: bool | None) -> bool:
@@ -76,7 +65,7 @@ def per_token_quant_int8(x: torch.Tensor, *, use_triton: bool | None = None) -> 
 
 def static_quant_int8_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     _check_x(x)
-    _check_scale(scale, "scale", [(), (1,)])
+    check_scale(scale, "scale", [(), (1,)])
     return _codes(x, scale.reshape(()))
 
 
@@ -85,7 +74,7 @@ def static_quant_int8(x: torch.Tensor, scale: torch.Tensor, *, use_triton: bool 
     if not _on_triton(x, use_triton):
         return static_quant_int8_reference(x, scale)
     _check_x(x)
-    _check_scale(scale, "scale", [(), (1,)])
+    check_scale(scale, "scale", [(), (1,)])
     from batonlm.kernels import _triton_int8
 
     return _triton_int8.quant_int8(x, MIN_SCALE, INT8_HALF_RANGE, static_scale=scale)[0]
@@ -95,16 +84,16 @@ def _check_matmul(x_q, x_scale, w_q, w_scale, bias) -> tuple[torch.Tensor, torch
     """The two scales as [M or 1, 1] and [N or 1, 1]."""
     for t, name in ((x_q, "x_q"), (w_q, "w_q")):
         if t.dim() != 2 or t.dtype != torch.int8:
-            raise _fail(name, "a 2-D int8 tensor", f"{t.dtype} {tuple(t.shape)}")
+            raise fail(name, "a 2-D int8 tensor", f"{t.dtype} {tuple(t.shape)}")
     if x_q.shape[1] != w_q.shape[1]:
-        raise _fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {tuple(w_q.shape)}")
+        raise fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {tuple(w_q.shape)}")
     if x_q.shape[1] > MAX_K:
-        raise _fail("x_q", f"at most {MAX_K} columns (the int32 sum's range)", x_q.shape[1])
+        raise fail("x_q", f"at most {MAX_K} columns (the int32 sum's range)", x_q.shape[1])
     m, n = x_q.shape[0], w_q.shape[0]
-    _check_scale(x_scale, "x_scale", [(), (1,), (m, 1)])
-    _check_scale(w_scale, "w_scale", [(), (1,), (n,), (n, 1)])
+    check_scale(x_scale, "x_scale", [(), (1,), (m, 1)])
+    check_scale(w_scale, "w_scale", [(), (1,), (n,), (n, 1)])
     if bias is not None and tuple(bias.shape) != (n,):
-        raise _fail("bias", f"shape [{n}]", f"shape {tuple(bias.shape)}")
+        raise fail("bias", f"shape [{n}]", f"shape {tuple(bias.shape)}")
     return x_scale.reshape(-1, 1), w_scale.reshape(-1, 1)
 
 

@@ -1,5 +1,8 @@
 """Mixture-of-experts: each token's hidden state through its top-k experts' gated MLPs, summed
-with its routing weights. Three formulations of the same sum, and a Triton kernel:
+with its routing weights. Formulations of the same sum, and a Triton kernel (their skeletons,
+`grouped_by_expert`, `dense_by_expert`, `gathered_by_expert` and `aligned_by_expert`, take the
+experts' MLP as a function, so the quantized experts of moe_fp8.py, moe_int8.py and moe_int4.py
+only say how their weights multiply):
 
 - `fused_moe_reference`: the meaning, one expert at a time over the rows routed to it (what
   transformers computes), in any dtype; the tests run it in float64.
@@ -106,36 +109,60 @@ def fused_moe_dense(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     act: Activation = F.silu,
 ) -> torch.Tensor:
-    """Every expert over every token (batched matmuls over [E, T, .]), weighted by the routing
-    weight or an exact zero: the products a token was routed to are those of the grouped path,
-    and adding zeros changes no sum."""
-    e = w13.shape[0]
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    h = gated(torch.matmul(x.unsqueeze(0), w13.transpose(1, 2)), act)  # [E, T, I]
-    y = torch.matmul(h, w2.transpose(1, 2))  # [E, T, H]
-    dense = torch.zeros(x.shape[0], e, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
-    return weighted_sum(y.transpose(0, 1), dense, x.dtype)  # over all experts, ascending (zeros exact)
+    """Every expert over every token (batched matmuls over [E, T, .])."""
+    def mlp(x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(gated(torch.matmul(x.unsqueeze(0), w13.transpose(1, 2)), act), w2.transpose(1, 2))
+
+    return dense_by_expert(x, topk_ids, topk_weights, w13.shape[0], mlp)
 
 
 def fused_moe_gathered(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     act: Activation = F.silu,
 ) -> torch.Tensor:
-    """Each (token, k) pair's expert weights gathered and multiplied in one batched matmul: its
-    shapes depend only on the batch size, as the dense formulation's, but it reads T * K experts'
-    weights instead of all E (the compiled step's choice at decode sizes, T * K < E)."""
-    rows, flat, weights = routed_pairs(x, topk_ids, topk_weights)
-    h = gated(torch.bmm(rows, w13[flat].transpose(1, 2)), act)  # [T * K, 1, I]
-    y = torch.bmm(h, w2[flat].transpose(1, 2))  # [T * K, 1, H]
-    return weighted_sum(y.view(*topk_ids.shape, -1), weights, x.dtype)
+    """Each (token, k) pair's expert weights gathered and multiplied in one batched matmul."""
+    def mlp(rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(gated(torch.bmm(rows, w13[experts].transpose(1, 2)), act), w2[experts].transpose(1, 2))
+
+    return gathered_by_expert(x, topk_ids, topk_weights, mlp)
 
 
-def routed_pairs(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The gathered formulations' (token, k) pairs: each token's row once per pair [T * K, 1, H],
-    the pairs' experts [T * K] (each token's ascending) and the weights [T, K] in that order."""
+def dense_by_expert(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+    mlp: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """`mlp(x)`: every expert's MLP over every token, [E, T, H]; weighted by the routing weight
+    or an exact zero: the products a token was routed to are those of the grouped path, and
+    adding zeros changes no sum. Shapes depend only on the batch size."""
     ids, weights = sort_by_expert(topk_ids, topk_weights)
-    return x.repeat_interleave(topk_ids.shape[1], dim=0).unsqueeze(1), ids.flatten(), weights
+    dense = torch.zeros(x.shape[0], num_experts, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
+    return weighted_sum(mlp(x).transpose(0, 1), dense, x.dtype)  # over all experts, ascending (zeros exact)
+
+
+def gathered_by_expert(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    mlp: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """`mlp(rows, experts)`: each (token, k) pair's row [T * K, 1, H] through its expert
+    (`experts` [T * K], each token's ascending), [T * K, 1, H]. Shapes depend only on the batch
+    size, as the dense formulation's, but T * K experts are read instead of all E (the compiled
+    step's choice at decode sizes, T * K < E)."""
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    rows = x.repeat_interleave(topk_ids.shape[1], dim=0).unsqueeze(1)
+    return weighted_sum(mlp(rows, ids.flatten()).view(*topk_ids.shape, -1), weights, x.dtype)
+
+
+def aligned_by_expert(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+    mlp: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """`mlp(sorted_ids, block_expert)`: the pairs grouped by expert in the Triton kernels' row
+    blocks (`moe_align`), each pair's output written at its index t * K + k, [T * K, H]."""
+    from batonlm.kernels._triton_moe import BLOCK_M
+
+    ids, weights = sort_by_expert(topk_ids, topk_weights)
+    sorted_ids, block_expert = moe_align(ids, num_experts, BLOCK_M)
+    return weighted_sum(mlp(sorted_ids, block_expert).view(*topk_ids.shape, -1), weights, x.dtype)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,9 +197,10 @@ def fused_moe_triton(
     """`fused_moe_grouped` as two grouped GEMM launches (the activation between them in torch)."""
     from batonlm.kernels import _triton_moe
 
-    t, k = topk_ids.shape
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    sorted_ids, block_expert = moe_align(ids, w13.shape[0], _triton_moe.BLOCK_M)
-    h = _triton_moe.grouped_gemm(x, w13, sorted_ids, block_expert, rows=t * k, a_row_div=k)  # [T*K, 2I]
-    y = _triton_moe.grouped_gemm(gated(h, act), w2, sorted_ids, block_expert, rows=t * k, a_row_div=1)
-    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    pairs, k = topk_ids.numel(), topk_ids.shape[1]
+
+    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor) -> torch.Tensor:
+        h = _triton_moe.grouped_gemm(x, w13, sorted_ids, block_expert, rows=pairs, a_row_div=k)  # [T*K, 2I]
+        return _triton_moe.grouped_gemm(gated(h, act), w2, sorted_ids, block_expert, rows=pairs, a_row_div=1)
+
+    return aligned_by_expert(x, topk_ids, topk_weights, w13.shape[0], mlp)

@@ -33,12 +33,11 @@ import torch.nn.functional as F
 
 from batonlm.kernels.moe import (
     Activation,
+    aligned_by_expert,
+    dense_by_expert,
     gated,
+    gathered_by_expert,
     grouped_by_expert,
-    moe_align,
-    routed_pairs,
-    sort_by_expert,
-    weighted_sum,
 )
 from batonlm.kernels.quant import (
     dequantize_fp8_block,
@@ -114,24 +113,25 @@ def fused_moe_fp8_dense(
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, block)
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    h = gated(_dense_linear(x, w13_q, w13_scale, block), act)  # [E, T, I]
-    y = _dense_linear(h, w2_q, w2_scale, block)  # [E, T, H]
-    dense = torch.zeros(x.shape[0], w13_q.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
-    return weighted_sum(y.transpose(0, 1), dense, x.dtype)
+
+    def mlp(x: torch.Tensor) -> torch.Tensor:
+        return _dense_linear(gated(_dense_linear(x, w13_q, w13_scale, block), act), w2_q, w2_scale, block)
+
+    return dense_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], mlp)
 
 
 def fused_moe_fp8_gathered(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
 ) -> torch.Tensor:
-    """Each routed pair's expert gathered (codes and scales), the dense math pair by pair: T * K
-    experts read rather than E (the compiled step's batch-1 graph)."""
+    """Each routed pair's expert gathered (codes and scales), the dense math pair by pair."""
     _check(w13_q, w13_scale, w2_q, w2_scale, block)
-    rows, flat, weights = routed_pairs(x, topk_ids, topk_weights)
-    h = gated(_dense_linear(rows, w13_q[flat], w13_scale[flat], block), act)  # [T * K, 1, I]
-    y = _dense_linear(h, w2_q[flat], w2_scale[flat], block)  # [T * K, 1, H]
-    return weighted_sum(y.view(*topk_ids.shape, -1), weights, x.dtype)
+
+    def mlp(rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        h = gated(_dense_linear(rows, w13_q[e], w13_scale[e], block), act)  # [T * K, 1, I]
+        return _dense_linear(h, w2_q[e], w2_scale[e], block)
+
+    return gathered_by_expert(x, topk_ids, topk_weights, mlp)
 
 
 def fused_moe_fp8_triton(
@@ -142,12 +142,14 @@ def fused_moe_fp8_triton(
     from batonlm.kernels import _triton_moe
 
     _check(w13_q, w13_scale, w2_q, w2_scale, block)
-    t, k = topk_ids.shape
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    sorted_ids, block_expert = moe_align(ids, w13_q.shape[0], _triton_moe.BLOCK_M)
-    x_q, x_s = per_token_group_quant_fp8(x, _group(x, block), use_triton=True)
-    h = _triton_moe.grouped_gemm_fp8(x_q, x_s, w13_q, w13_scale, block, sorted_ids, block_expert, t * k, k, x.dtype)
-    g = gated(h, act)
-    g_q, g_s = per_token_group_quant_fp8(g, _group(g, block), use_triton=True)
-    y = _triton_moe.grouped_gemm_fp8(g_q, g_s, w2_q, w2_scale, block, sorted_ids, block_expert, t * k, 1, x.dtype)
-    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    pairs, k = topk_ids.numel(), topk_ids.shape[1]
+
+    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor) -> torch.Tensor:
+        x_q, x_s = per_token_group_quant_fp8(x, _group(x, block), use_triton=True)
+        h = _triton_moe.grouped_gemm_fp8(x_q, x_s, w13_q, w13_scale, block, sorted_ids, block_expert, pairs, k, x.dtype)
+        g = gated(h, act)
+        g_q, g_s = per_token_group_quant_fp8(g, _group(g, block), use_triton=True)
+        return _triton_moe.grouped_gemm_fp8(g_q, g_s, w2_q, w2_scale, block, sorted_ids, block_expert, pairs, 1,
+                                            x.dtype)
+
+    return aligned_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], mlp)

@@ -31,12 +31,11 @@ import torch.nn.functional as F
 
 from batonlm.kernels.moe import (
     Activation,
+    aligned_by_expert,
+    dense_by_expert,
     gated,
+    gathered_by_expert,
     grouped_by_expert,
-    moe_align,
-    routed_pairs,
-    sort_by_expert,
-    weighted_sum,
 )
 from batonlm.kernels.quant import dequantize_int4, int4_dequant_matmul_reference
 
@@ -100,38 +99,41 @@ def fused_moe_int4_dense(
 ) -> torch.Tensor:
     w13.check("w13", group)
     w2.check("w2", group)
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    h = gated(torch.matmul(x.unsqueeze(0), _dense_weights(w13, group, x.dtype).transpose(1, 2)), act)  # [E, T, I]
-    y = torch.matmul(h, _dense_weights(w2, group, x.dtype).transpose(1, 2))  # [E, T, H]
-    dense = torch.zeros(x.shape[0], w13.qweight.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
-    return weighted_sum(y.transpose(0, 1), dense, x.dtype)
+
+    def mlp(x: torch.Tensor) -> torch.Tensor:
+        h = gated(torch.matmul(x.unsqueeze(0), _dense_weights(w13, group, x.dtype).transpose(1, 2)), act)  # [E, T, I]
+        return torch.matmul(h, _dense_weights(w2, group, x.dtype).transpose(1, 2))  # [E, T, H]
+
+    return dense_by_expert(x, topk_ids, topk_weights, w13.qweight.shape[0], mlp)
 
 
 def fused_moe_int4_gathered(
     x: torch.Tensor, w13: Int4Weights, w2: Int4Weights, group: int, topk_ids: torch.Tensor,
     topk_weights: torch.Tensor, act: Activation = F.silu,
 ) -> torch.Tensor:
-    """Each routed pair's expert gathered and dequantized, one batched matmul (T * K experts read
-    rather than E: the compiled step's batch-1 graph)."""
+    """Each routed pair's expert gathered and dequantized, one batched matmul."""
     w13.check("w13", group)
     w2.check("w2", group)
-    rows, flat, weights = routed_pairs(x, topk_ids, topk_weights)
-    h = gated(torch.matmul(rows, _dense_weights(w13.expert(flat), group, x.dtype).transpose(1, 2)), act)
-    y = torch.matmul(h, _dense_weights(w2.expert(flat), group, x.dtype).transpose(1, 2))  # [T * K, 1, H]
-    return weighted_sum(y.view(*topk_ids.shape, -1), weights, x.dtype)
+
+    def mlp(rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        h = gated(torch.matmul(rows, _dense_weights(w13.expert(e), group, x.dtype).transpose(1, 2)), act)
+        return torch.matmul(h, _dense_weights(w2.expert(e), group, x.dtype).transpose(1, 2))  # [T * K, 1, H]
+
+    return gathered_by_expert(x, topk_ids, topk_weights, mlp)
 
 
 def fused_moe_int4_triton(
     x: torch.Tensor, w13: Int4Weights, w2: Int4Weights, group: int, topk_ids: torch.Tensor,
     topk_weights: torch.Tensor, act: Activation = F.silu,
 ) -> torch.Tensor:
-    from batonlm.kernels import _triton_moe, _triton_moe_int4
+    from batonlm.kernels import _triton_moe_int4
 
     w13.check("w13", group)
     w2.check("w2", group)
-    t, k = topk_ids.shape
-    ids, weights = sort_by_expert(topk_ids, topk_weights)
-    sorted_ids, block_expert = moe_align(ids, w13.qweight.shape[0], _triton_moe.BLOCK_M)
-    h = _triton_moe_int4.grouped_gemm_int4(x, w13, group, sorted_ids, block_expert, t * k, k)
-    y = _triton_moe_int4.grouped_gemm_int4(gated(h, act), w2, group, sorted_ids, block_expert, t * k, 1)
-    return weighted_sum(y.view(t, k, -1), weights, x.dtype)
+    pairs, k = topk_ids.numel(), topk_ids.shape[1]
+
+    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor) -> torch.Tensor:
+        h = _triton_moe_int4.grouped_gemm_int4(x, w13, group, sorted_ids, block_expert, pairs, k)
+        return _triton_moe_int4.grouped_gemm_int4(gated(h, act), w2, group, sorted_ids, block_expert, pairs, 1)
+
+    return aligned_by_expert(x, topk_ids, topk_weights, w13.qweight.shape[0], mlp)

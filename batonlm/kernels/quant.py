@@ -36,35 +36,21 @@ from __future__ import annotations
 
 import torch
 
+from batonlm.kernels._checks import check_2d, check_scale, fail
+
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # The least scale: float32's smallest normal (a zero group divides by it, not by 0).
 MIN_SCALE = torch.finfo(torch.float32).tiny
-
-
-def _fail(name: str, what: str, got: object) -> ValueError:
-    return ValueError(f"{name}: expected {what}, got {got}")
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _check_2d(t: torch.Tensor, name: str) -> None:
-    if t.dim() != 2:
-        raise _fail(name, "a 2-D tensor", f"shape {_shape(t)}")
-
-
 def _check_fp8(t: torch.Tensor, name: str) -> None:
-    _check_2d(t, name)
+    check_2d(t, name)
     if t.dtype not in FP8_DTYPES:
-        raise _fail(name, "float8_e4m3fn or float8_e5m2", t.dtype)
-
-
-def _check_scale(t: torch.Tensor, name: str, shapes: list[tuple[int, ...]]) -> None:
-    if t.dtype != torch.float32:
-        raise _fail(name, "float32", t.dtype)
-    if _shape(t) not in shapes:
-        raise _fail(name, " or ".join(str(list(s)) for s in shapes), f"shape {_shape(t)}")
+        raise fail(name, "float8_e4m3fn or float8_e5m2", t.dtype)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -90,13 +76,13 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _check_quant_args(x: torch.Tensor, group: int, dtype: torch.dtype) -> None:
-    _check_2d(x, "x")
+    check_2d(x, "x")
     if not x.is_floating_point():
-        raise _fail("x", "a floating-point tensor", x.dtype)
+        raise fail("x", "a floating-point tensor", x.dtype)
     if dtype not in FP8_DTYPES:
-        raise _fail("dtype", "float8_e4m3fn or float8_e5m2", dtype)
+        raise fail("dtype", "float8_e4m3fn or float8_e5m2", dtype)
     if group < 1:
-        raise _fail("group", "a positive number of columns", group)
+        raise fail("group", "a positive number of columns", group)
 
 
 def per_token_group_quant_fp8_reference(
@@ -130,14 +116,14 @@ def per_token_quant_fp8(
     x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *, use_triton: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (x_q [M, K], scale float32 [M, 1]): one group per row."""
-    _check_2d(x, "x")
+    check_2d(x, "x")
     return per_token_group_quant_fp8(x, max(1, x.shape[1]), dtype, use_triton=use_triton)
 
 
 def static_quant_fp8_reference(x: torch.Tensor, scale: torch.Tensor,
                                dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
     _check_quant_args(x, 1, dtype)
-    _check_scale(scale, "scale", [(), (1,)])
+    check_scale(scale, "scale", [(), (1,)])
     fp8_max = torch.finfo(dtype).max
     return (x.float() / scale.reshape(())).clamp(-fp8_max, fp8_max).to(dtype)
 
@@ -149,7 +135,7 @@ def static_quant_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = 
     if not _fp8_on_triton(x, use_triton):
         return static_quant_fp8_reference(x, scale, dtype)
     _check_quant_args(x, 1, dtype)
-    _check_scale(scale, "scale", [(), (1,)])
+    check_scale(scale, "scale", [(), (1,)])
     from batonlm.kernels import _triton_quant
 
     return _triton_quant.quant_fp8(x, 4096, dtype, MIN_SCALE, static_scale=scale)[0]
@@ -160,7 +146,7 @@ def static_quant_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = 
 
 def _check_block(block: tuple[int, int]) -> tuple[int, int]:
     if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
-        raise _fail("block", "(block_n, block_k), two positive ints", block)
+        raise fail("block", "(block_n, block_k), two positive ints", block)
     return block[0], block[1]
 
 
@@ -170,13 +156,13 @@ def dequantize_fp8_block(w_q: torch.Tensor, w_scale: torch.Tensor, block: tuple[
     _check_fp8(w_q, "w_q")
     bn, bk = _check_block(block)
     n, k = w_q.shape
-    _check_scale(w_scale, "w_scale", [(_cdiv(n, bn), _cdiv(k, bk))])
+    check_scale(w_scale, "w_scale", [(_cdiv(n, bn), _cdiv(k, bk))])
     c = _compute_dtype(dtype)
     return (w_q.to(c) * _expand(w_scale.to(c), bn, bk, n, k)).to(dtype)
 
 
 def _channel_scale(w_scale: torch.Tensor, n: int) -> torch.Tensor:
-    _check_scale(w_scale, "w_scale", [(), (1,), (n,), (n, 1)])
+    check_scale(w_scale, "w_scale", [(), (1,), (n,), (n, 1)])
     return w_scale.reshape(-1, 1)  # [1, 1] or [N, 1]
 
 
@@ -191,13 +177,13 @@ def _check_block_matmul(x_q, x_scale, w_q, w_scale, block) -> tuple[int, int]:
     _check_fp8(x_q, "x_q")
     _check_fp8(w_q, "w_q")
     if x_q.dtype != w_q.dtype:
-        raise _fail("w_q", f"x_q's dtype {x_q.dtype}", w_q.dtype)
+        raise fail("w_q", f"x_q's dtype {x_q.dtype}", w_q.dtype)
     if x_q.shape[1] != w_q.shape[1]:
-        raise _fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {_shape(w_q)}")
+        raise fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {_shape(w_q)}")
     bn, bk = _check_block(block)
     (m, k), n = x_q.shape, w_q.shape[0]
-    _check_scale(x_scale, "x_scale", [(m, _cdiv(k, bk))])
-    _check_scale(w_scale, "w_scale", [(_cdiv(n, bn), _cdiv(k, bk))])
+    check_scale(x_scale, "x_scale", [(m, _cdiv(k, bk))])
+    check_scale(w_scale, "w_scale", [(_cdiv(n, bn), _cdiv(k, bk))])
     return bn, bk
 
 
@@ -229,13 +215,13 @@ def _check_scaled_matmul(x_q, x_scale, w_q, w_scale, bias) -> tuple[torch.Tensor
     _check_fp8(x_q, "x_q")
     _check_fp8(w_q, "w_q")
     if x_q.dtype != w_q.dtype:
-        raise _fail("w_q", f"x_q's dtype {x_q.dtype}", w_q.dtype)
+        raise fail("w_q", f"x_q's dtype {x_q.dtype}", w_q.dtype)
     if x_q.shape[1] != w_q.shape[1]:
-        raise _fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {_shape(w_q)}")
+        raise fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {_shape(w_q)}")
     m, n = x_q.shape[0], w_q.shape[0]
-    _check_scale(x_scale, "x_scale", [(), (1,), (m, 1)])
+    check_scale(x_scale, "x_scale", [(), (1,), (m, 1)])
     if bias is not None and _shape(bias) != (n,):
-        raise _fail("bias", f"shape [{n}]", f"shape {_shape(bias)}")
+        raise fail("bias", f"shape [{n}]", f"shape {_shape(bias)}")
     return x_scale.reshape(-1, 1), _channel_scale(w_scale, n)
 
 
@@ -270,11 +256,11 @@ def fp8_scaled_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tenso
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """q [K, N] integers 0..15 -> qweight int32 [ceil(K / 8), N] (the layout above)."""
-    _check_2d(q, "q")
+    check_2d(q, "q")
     if q.is_floating_point() or q.is_complex():
-        raise _fail("q", "an integer tensor", q.dtype)
+        raise fail("q", "an integer tensor", q.dtype)
     if q.numel() and (int(q.min()) < 0 or int(q.max()) > 15):
-        raise _fail("q", "values in 0..15", f"{int(q.min())}..{int(q.max())}")
+        raise fail("q", "values in 0..15", f"{int(q.min())}..{int(q.max())}")
     k, n = q.shape
     rows = torch.nn.functional.pad(q.to(torch.int64), (0, 0, 0, _cdiv(k, 8) * 8 - k)).view(-1, 8, n)
     shifts = 4 * torch.arange(8, device=q.device).view(1, 8, 1)
@@ -284,11 +270,11 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4(qweight: torch.Tensor, k: int) -> torch.Tensor:
     """qweight int32 [ceil(K / 8), N] -> uint8 [K, N] values 0..15."""
-    _check_2d(qweight, "qweight")
+    check_2d(qweight, "qweight")
     if qweight.dtype != torch.int32:
-        raise _fail("qweight", "int32", qweight.dtype)
+        raise fail("qweight", "int32", qweight.dtype)
     if qweight.shape[0] != _cdiv(k, 8):
-        raise _fail("qweight", f"{_cdiv(k, 8)} rows (ceil(K / 8) for K = {k})", f"shape {_shape(qweight)}")
+        raise fail("qweight", f"{_cdiv(k, 8)} rows (ceil(K / 8) for K = {k})", f"shape {_shape(qweight)}")
     shifts = 4 * torch.arange(8, dtype=torch.int32, device=qweight.device).view(1, 8, 1)
     q = (qweight.unsqueeze(1) >> shifts) & 0xF  # the arithmetic shift's sign bits are masked off
     return q.reshape(-1, qweight.shape[1])[:k].to(torch.uint8)
@@ -296,24 +282,24 @@ def unpack_int4(qweight: torch.Tensor, k: int) -> torch.Tensor:
 
 def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Tensor | None = None) -> int:
     """The group size in rows (-1 -> K; with `g_idx`, each row's own group: 0)."""
-    _check_2d(qweight, "qweight")
+    check_2d(qweight, "qweight")
     n = qweight.shape[1]
     if qweight.dtype != torch.int32 or qweight.shape[0] != _cdiv(k, 8):
-        raise _fail("qweight", f"int32 [{_cdiv(k, 8)}, N] (ceil(K / 8) rows, K = {k})",
+        raise fail("qweight", f"int32 [{_cdiv(k, 8)}, N] (ceil(K / 8) rows, K = {k})",
                     f"{qweight.dtype} {_shape(qweight)}")
     if g_idx is not None:
         if g_idx.is_floating_point() or _shape(g_idx) != (k,):
-            raise _fail("g_idx", f"an integer [{k}] tensor (each input row's group)", f"{g_idx.dtype} {_shape(g_idx)}")
+            raise fail("g_idx", f"an integer [{k}] tensor (each input row's group)", f"{g_idx.dtype} {_shape(g_idx)}")
         groups, g = scales.shape[0] if scales.dim() == 2 else -1, 0
     else:
         if group_size != -1 and group_size < 1:
-            raise _fail("group_size", "a positive number of rows or -1 (one group)", group_size)
+            raise fail("group_size", "a positive number of rows or -1 (one group)", group_size)
         g = max(k if group_size == -1 else group_size, 1)
         groups = _cdiv(k, g)
     if not scales.is_floating_point() or _shape(scales) != (groups, n):
-        raise _fail("scales", f"a floating-point [{groups}, {n}] tensor", f"{scales.dtype} {_shape(scales)}")
+        raise fail("scales", f"a floating-point [{groups}, {n}] tensor", f"{scales.dtype} {_shape(scales)}")
     if zeros.is_floating_point() or _shape(zeros) != (groups, n):
-        raise _fail("zeros", f"an integer [{groups}, {n}] tensor (unpacked)", f"{zeros.dtype} {_shape(zeros)}")
+        raise fail("zeros", f"an integer [{groups}, {n}] tensor (unpacked)", f"{zeros.dtype} {_shape(zeros)}")
     return g
 
 
@@ -331,12 +317,12 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
 
 def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=None) -> int:
     """The group size in rows (-1 -> K; 0 with `g_idx`)."""
-    _check_2d(x, "x")
+    check_2d(x, "x")
     if not x.is_floating_point():
-        raise _fail("x", "a floating-point tensor", x.dtype)
+        raise fail("x", "a floating-point tensor", x.dtype)
     g = _check_int4(qweight, scales, zeros, group_size, x.shape[1], g_idx)
     if bias is not None and _shape(bias) != (qweight.shape[1],):
-        raise _fail("bias", f"shape [{qweight.shape[1]}]", f"shape {_shape(bias)}")
+        raise fail("bias", f"shape [{qweight.shape[1]}]", f"shape {_shape(bias)}")
     return g
 
 

@@ -40,8 +40,8 @@ def tp_layout(cfg: ModelConfig, rank: int, size: int) -> TPLayout:
 
 
 def multiplies_fp8(device: str | torch.device) -> bool:
-    """Whether FP8 experts can run on `device`: the CPU (the torch references), or a GPU whose
-    Triton multiplies FP8 (compute capability 8.9 or more)."""
+    """Whether FP8 layers multiply in FP8 on `device` (online FP8 kept FP8, FP8 experts): the CPU
+    (the torch references), or a GPU whose Triton has FP8 (compute capability 8.9 or more)."""
     if torch.device(device).type != "cuda":
         return True
     return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9)

@@ -209,11 +209,12 @@ def _narrow(x: torch.Tensor, t: Target, dim: int | None = None) -> torch.Tensor:
 
 
 def _load_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
-    p = f"{lin.prefix}."
-    w = _narrow(ckpt.get(p + "weight"), t).to(torch.float8_e4m3fn)
-    rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
-    module.weight_q[rows] = w.to(module.weight_q.device)
-    if module.block is not None:
+    w = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn)
+    if module.block is None:
+        _fill_channel_scaled(module, w, channel_scales(ckpt, lin), t)
+    else:
+        rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
+        module.weight_q[rows] = _narrow(w, t).to(module.weight_q.device)
         bn, bk = module.block
         scale = ckpt.get(lin.members[1]).to(torch.float32)
         if t.dim == 0:
@@ -221,35 +222,32 @@ def _load_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Targ
             module.weight_scale[t.offset // bn : t.offset // bn + s.shape[0]] = s
         else:
             module.weight_scale.copy_(scale[:, t.start // bk : cdiv(t.start + t.count, bk)])
-    else:
-        _load_channel_scales(module, ckpt, lin, t)
     _load_input_scale(module, ckpt, lin, t)
 
 
 def _load_online_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig,
                      ) -> None:
     """A float weight rounded per channel (over its whole rows, so every rank's columns share the
-    one-rank scales), this rank's part of the codes and scales."""
-    q, scale = fp8_per_channel(ckpt.get(lin.members[0]))
-    rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
-    module.weight_q[rows] = _narrow(q, t).to(module.weight_q.device)
-    module.weight_scale[rows] = scale[t.start : t.start + t.count] if t.dim == 0 else scale
+    one-rank scales)."""
+    _fill_channel_scaled(module, *fp8_per_channel(ckpt.get(lin.members[0])), t)
 
 
 def _load_int8(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
-    rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
-    module.weight_q[rows] = _narrow(ckpt.get(f"{lin.prefix}.weight"), t).to(module.weight_q.device)
-    _load_channel_scales(module, ckpt, lin, t)
+    _fill_channel_scaled(module, ckpt.get(f"{lin.prefix}.weight"), channel_scales(ckpt, lin), t)
     _load_input_scale(module, ckpt, lin, t)
 
 
-def _load_channel_scales(module: Fp8Linear | Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
-    """A per-channel (or per-tensor) weight scale: this rank's output rows of it, at their offset."""
-    scale = ckpt.get(lin.members[1]).to(torch.float32)
-    full = lin.shape[0]
-    per_channel = scale.reshape(-1).expand(full) if scale.numel() == 1 else scale.reshape(full)
+def channel_scales(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor:
+    """A layer's weight scale, per channel or per tensor, as one float32 per output row [N]."""
+    return ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
+
+
+def _fill_channel_scaled(module: Fp8Linear | Int8Linear, codes: torch.Tensor, scale: torch.Tensor, t: Target) -> None:
+    """This rank's part of a layer with one scale per output row (codes [N, K], scale [N]): its
+    rows at the target's offset with their scales, or its columns with every scale."""
     rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)
-    module.weight_scale[rows] = per_channel[t.start : t.start + t.count] if t.dim == 0 else per_channel
+    module.weight_q[rows] = _narrow(codes, t).to(module.weight_q.device)
+    module.weight_scale[rows] = scale[t.start : t.start + t.count] if t.dim == 0 else scale
 
 
 def _load_input_scale(module: Fp8Linear | Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:

@@ -23,6 +23,7 @@ from batonlm.model_runner.quantization.formats import QuantizedLinear, int_layou
 from batonlm.model_runner.quantization.resident import (
     ResidentLayer,
     cdiv,
+    channel_scales,
     fill_int4,
     int4_group,
     int8_per_channel,
@@ -148,7 +149,7 @@ def _fill_fp8(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Tar
         if lin.storage == "online":
             w, scale = fp8_per_channel(ckpt.get(lin.members[0]))
         else:
-            w, scale = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn), _channel_scales(ckpt, lin)
+            w, scale = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn), channel_scales(ckpt, lin)
         _fill_channels(module, _expert(lin), w, scale, t)
         return
     e, device = _expert(lin), module.w13_q.device
@@ -165,12 +166,7 @@ def _fill_fp8(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Tar
 
 
 def _fill_int8(module: Int8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
-    _fill_channels(module, _expert(lin), ckpt.get(f"{lin.prefix}.weight"), _channel_scales(ckpt, lin), t)
-
-
-def _channel_scales(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor:
-    """A layer's weight scale, per channel or per tensor, as one float32 per output row."""
-    return ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
+    _fill_channels(module, _expert(lin), ckpt.get(f"{lin.prefix}.weight"), channel_scales(ckpt, lin), t)
 
 
 def _fill_channels(module: Fp8Experts | Int8Experts, e: int, w: torch.Tensor, scale: torch.Tensor, t: Target) -> None:

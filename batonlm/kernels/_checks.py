@@ -1,0 +1,23 @@
+"""Argument checks the quantized kernels' entry points share (quant.py, int8.py): each bad
+argument is one ValueError naming it, what was expected and what came."""
+
+from __future__ import annotations
+
+import torch
+
+
+def fail(name: str, what: str, got: object) -> ValueError:
+    return ValueError(f"{name}: expected {what}, got {got}")
+
+
+def check_2d(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 2:
+        raise fail(name, "a 2-D tensor", f"shape {tuple(t.shape)}")
+
+
+def check_scale(t: torch.Tensor, name: str, shapes: list[tuple[int, ...]]) -> None:
+    """A float32 scale of one of `shapes`."""
+    if t.dtype != torch.float32:
+        raise fail(name, "float32", t.dtype)
+    if tuple(t.shape) not in shapes:
+        raise fail(name, " or ".join(str(list(s)) for s in shapes), f"shape {tuple(t.shape)}")
