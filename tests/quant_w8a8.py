@@ -64,3 +64,62 @@ def write_w8a8_checkpoint(src_dir: str | Path, out_dir: str | Path, dtype: torch
                "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None}
     _finish(src, out, config, qconfig, result, str(dtype).removeprefix("torch."))
     return deq
+
+
+def static_input_scales(names: list[str], qmax: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A static activation scale per layer (`<prefix>.input_scale`, float32 one element), as a
+    calibration would give one: an input range of 1 to 6 over the format's largest code, drawn per
+    layer, so the layers of a fused projection (and the experts) differ and large inputs saturate."""
+    g = torch.Generator().manual_seed(seed)
+    return {n.removesuffix(".weight"): (1 + 5 * torch.rand((), generator=g)) / qmax for n in names}
+
+
+def write_static_checkpoint(src_dir: str | Path, out_dir: str | Path, kind: str,
+                            linears: tuple[str, ...] = LINEARS, seed: int = 0,
+                            ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A checkpoint with static (calibrated) activation scales: `kind` "autofp8" is AutoFP8's
+    `quant_method: fp8, activation_scheme: static` (the FP8 Mixtral and Llama checkpoints): each
+    weight FP8 e4m3 with one float32 `weight_scale` per tensor (amax / 448) and a float32
+    `input_scale`, both 0-dim, the other tensors as they are; "int8" is llm-compressor's W8A8
+    int8 with static per-tensor activations (as the `w8a8-static` fixture: int8 weights per
+    channel, a [1] `input_scale` in bfloat16, the other tensors in bfloat16). The scales are
+    `static_input_scales`' (no calibration run: any positive scale is a valid checkpoint).
+    Returns (the dequantized float32 weights, each layer's input scale as float32)."""
+    src, out = Path(src_dir), Path(out_dir)
+    config, tensors = load_float_checkpoint(src)
+    names = sorted(n for n in tensors if is_quantized_linear(n, linears))
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    inputs = static_input_scales(names, fp8_max if kind == "autofp8" else 127.5, seed)
+    result: dict[str, torch.Tensor] = {}
+    deq: dict[str, torch.Tensor] = {}
+    scales: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        if name not in names:
+            result[name] = w if kind == "autofp8" or not w.is_floating_point() else w.to(torch.bfloat16)
+            continue
+        prefix = name.removesuffix(".weight")
+        if kind == "autofp8":
+            scale = (w.float().abs().amax() / fp8_max).clamp_min(torch.finfo(torch.float32).tiny)
+            q = (w.float() / scale).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn)
+            result[name], result[f"{prefix}.weight_scale"] = q, scale
+            result[f"{prefix}.input_scale"] = inputs[prefix]
+        else:
+            q, scale = w8a8_int8_quantize(w, torch.bfloat16)
+            result[name], result[f"{prefix}.weight_scale"] = q, scale
+            result[f"{prefix}.input_scale"] = inputs[prefix].reshape(1).to(torch.bfloat16)
+        deq[name] = q.to(torch.float32) * scale.to(torch.float32)
+        scales[prefix] = result[f"{prefix}.input_scale"].to(torch.float32).reshape(())
+    if kind == "autofp8":
+        qconfig: dict = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+        dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    else:
+        args = dict(_INT8, type="int")
+        group = {"targets": ["Linear"], "format": "int-quantized", "output_activations": None,
+                 "weights": {**args, "strategy": "channel", "dynamic": False, "observer": "memoryless_minmax"},
+                 "input_activations": {**args, "strategy": "tensor", "dynamic": False, "observer": "minmax"}}
+        qconfig = {"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"group_0": group},
+                   "ignore": ["lm_head"], "kv_cache_scheme": None, "quantization_status": "compressed",
+                   "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None}
+        dtype = "bfloat16"
+    _finish(src, out, config, qconfig, result, dtype)
+    return deq, scales

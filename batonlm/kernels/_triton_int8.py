@@ -24,12 +24,12 @@ _ROUNDER = tl.constexpr(12582912.0)  # 1.5 * 2^23: v + it - it is v rounded to a
 
 
 @triton.jit
-def _quant_int8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, half_range, min_scale,
+def _quant_int8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_s, half_range, min_scale,
                        STATIC: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
-    if STATIC:
-        scale = tl.load(s_ptr).to(tl.float32)
+    if STATIC:  # a stride of 0: one scale for every row
+        scale = tl.load(s_ptr + row * stride_s).to(tl.float32)
     else:
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         for k0 in range(0, K, BLOCK):
@@ -48,18 +48,20 @@ def _quant_int8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, half_range,
 
 def quant_int8(x: torch.Tensor, min_scale: float, half_range: float,
                static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (q int8 [M, K], scale float32 [M, 1]), or with `static_scale` (a
-    one-element float32 tensor) q divided by it, and that scale."""
+    """x [M, K] -> (q int8 [M, K], scale float32 [M, 1]), or with `static_scale` (one float32
+    element, or one per row [M, 1]) q divided by it, and that scale."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    scale = static_scale if static_scale is not None else torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    scale = static_scale.contiguous() if static_scale is not None else torch.empty(
+        (m, 1), dtype=torch.float32, device=x.device)
     if m and static_scale is None and not k:
         scale.fill_(min_scale)
     if m and k:
         cap = 8192 if INTERPRET else 1024
         block = tile(k, cap)
-        _quant_int8_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), half_range, min_scale,
+        stride_s = 1 if scale.numel() > 1 else 0  # static per row, or dynamic: row i's at i
+        _quant_int8_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), stride_s, half_range, min_scale,
                                  STATIC=static_scale is not None, BLOCK=block, **NO_FMA)
     return q, scale
 

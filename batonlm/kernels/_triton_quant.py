@@ -39,15 +39,15 @@ _GPU_OPTS = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
 
 @triton.jit
 def _quant_fp8_kernel(
-    x_ptr, q_ptr, s_ptr, K, group, groups_per_row, stride_xm, stride_qm, fp8_max, min_scale,
+    x_ptr, q_ptr, s_ptr, K, group, groups_per_row, stride_xm, stride_qm, stride_s, fp8_max, min_scale,
     STATIC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * group
     end = tl.minimum(start + group, K)
     x_row = x_ptr + row * stride_xm
-    if STATIC:
-        scale = tl.load(s_ptr).to(tl.float32)
+    if STATIC:  # a stride of 0: one scale for every row
+        scale = tl.load(s_ptr + row * stride_s).to(tl.float32)
     else:
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         for k0 in range(start, end, BLOCK):
@@ -66,18 +66,19 @@ def _quant_fp8_kernel(
 def quant_fp8(x: torch.Tensor, group: int, dtype: torch.dtype, min_scale: float,
               static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (q [M, K] in `dtype`, scale float32 [M, ceil(K / group)]), or with
-    `static_scale` (a one-element float32 tensor) q divided by it and that scale."""
+    `static_scale` (one float32 element, or one per row [M, 1]) q divided by it and that scale."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     groups = triton.cdiv(k, group)
     q = torch.empty((m, k), dtype=torch.float32 if INTERPRET else dtype, device=x.device)
-    scale = static_scale if static_scale is not None else torch.empty(
+    scale = static_scale.contiguous() if static_scale is not None else torch.empty(
         (m, groups), dtype=torch.float32, device=x.device)
+    stride_s = 1 if static_scale is not None and static_scale.numel() > 1 else 0
     if m and k:
         cap = 8192 if INTERPRET else 1024
         block = tile(group, cap)
         _quant_fp8_kernel[(m, groups)](
-            x, q, scale, k, group, groups, x.stride(0), q.stride(0), torch.finfo(dtype).max, min_scale,
+            x, q, scale, k, group, groups, x.stride(0), q.stride(0), stride_s, torch.finfo(dtype).max, min_scale,
             STATIC=static_scale is not None, BLOCK=block, **NO_FMA,
         )
     return (q.to(dtype) if INTERPRET else q), scale

@@ -11,7 +11,7 @@ reference for those checkpoints):
   token quantizes to zeros); code = x / scale rounded half to even and clamped to [-128, 127], so
   +amax lands on 127 and -amax on -128. (vLLM divides by 127; the two differ by at most one code.)
 - per tensor, statically (`static_quant_int8`): the same with a given scale (a checkpoint's
-  `input_scale`), saturating at -128 and 127.
+  `input_scale`; or one per row, MoE pairs each by its expert's), saturating at -128 and 127.
 - `int8_scaled_matmul`: y = (x_q @ w_q^T) * x_scale * w_scale (+ bias). The integer product is
   exact in int32 (|sum| <= 128^2 K < 2^31 for K < 131072); it is converted to float32 once and
   multiplied by the two scales in that order (then the bias is added, then the result is
@@ -41,6 +41,10 @@ def _on_triton(t: torch.Tensor, use_triton: bool | None) -> bool:
     return t.is_cuda if use_triton is None else use_triton
 
 
+def _static_shapes(x: torch.Tensor) -> list[tuple[int, ...]]:
+    return [(), (1,), (x.shape[0], 1)]
+
+
 def _codes(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.round(x.float() / scale).clamp(QMIN, QMAX).to(torch.int8)
 
@@ -65,16 +69,17 @@ def per_token_quant_int8(x: torch.Tensor, *, use_triton: bool | None = None) -> 
 
 def static_quant_int8_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     _check_x(x)
-    check_scale(scale, "scale", [(), (1,)])
-    return _codes(x, scale.reshape(()))
+    check_scale(scale, "scale", _static_shapes(x))
+    return _codes(x, scale.reshape(-1, 1))
 
 
 def static_quant_int8(x: torch.Tensor, scale: torch.Tensor, *, use_triton: bool | None = None) -> torch.Tensor:
-    """x [M, K] / a per-tensor float32 `scale` ([] or [1]), rounded and saturated -> x_q int8."""
+    """x [M, K] / a float32 `scale`, per tensor ([] or [1]) or per row ([M, 1]), rounded and
+    saturated -> x_q int8."""
     if not _on_triton(x, use_triton):
         return static_quant_int8_reference(x, scale)
     _check_x(x)
-    check_scale(scale, "scale", [(), (1,)])
+    check_scale(scale, "scale", _static_shapes(x))
     from batonlm.kernels import _triton_int8
 
     return _triton_int8.quant_int8(x, MIN_SCALE, INT8_HALF_RANGE, static_scale=scale)[0]

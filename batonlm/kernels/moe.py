@@ -154,15 +154,29 @@ def gathered_by_expert(
 
 def aligned_by_expert(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
-    mlp: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    mlp: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
-    """`mlp(sorted_ids, block_expert)`: the pairs grouped by expert in the Triton kernels' row
-    blocks (`moe_align`), each pair's output written at its index t * K + k, [T * K, H]."""
+    """`mlp(sorted_ids, block_expert, pair_expert)`: the pairs grouped by expert in the Triton
+    kernels' row blocks (`moe_align`), each pair's output written at its index t * K + k, [T * K,
+    H]; `pair_expert` [T * K]: each pair's expert (by that index)."""
     from batonlm.kernels._triton_moe import BLOCK_M
 
     ids, weights = sort_by_expert(topk_ids, topk_weights)
     sorted_ids, block_expert = moe_align(ids, num_experts, BLOCK_M)
-    return weighted_sum(mlp(sorted_ids, block_expert).view(*topk_ids.shape, -1), weights, x.dtype)
+    return weighted_sum(mlp(sorted_ids, block_expert, ids.flatten()).view(*topk_ids.shape, -1), weights, x.dtype)
+
+
+def check_input_scales(input_scales: tuple[torch.Tensor, torch.Tensor] | None, experts: int, allowed: bool) -> None:
+    """Quantized experts' static activation scales: (gate/up's, down's) float32 [E] each, where
+    the format takes them (`allowed`)."""
+    if input_scales is None:
+        return
+    if not allowed:
+        raise ValueError("input_scales: static activation scales go with per-channel weights only (block None)")
+    for a in input_scales:
+        if a.dtype != torch.float32 or tuple(a.shape) != (experts,):
+            raise ValueError(f"input_scales: expected two float32 [{experts}] (each expert's), got {a.dtype} "
+                             f"{list(a.shape)}")
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +213,7 @@ def fused_moe_triton(
 
     pairs, k = topk_ids.numel(), topk_ids.shape[1]
 
-    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor) -> torch.Tensor:
+    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
         h = _triton_moe.grouped_gemm(x, w13, sorted_ids, block_expert, rows=pairs, a_row_div=k)  # [T*K, 2I]
         return _triton_moe.grouped_gemm(gated(h, act), w2, sorted_ids, block_expert, rows=pairs, a_row_div=1)
 

@@ -13,6 +13,12 @@ bk)], and `w2_q` [E, H, I] with `w2_scale` [E, ceil(H / bn), ceil(I / bk)], floa
 code * the scale of its (bn, bk) block. I is a multiple of bn, so a block never holds both gate
 and up rows. `block` None: `w13_scale` [E, 2I] and `w2_scale` [E, H], one per output row.
 
+Static activation scales (`input_scales`, per channel only: AutoFP8's and llm-compressor's FP8
+checkpoints, Mixtral-8x7B-FP8): each expert's calibrated (a13 [E], a2 [E]) float32, its gate/up
+input divided by a13[e] and its gated intermediate by a2[e] (`static_quant_fp8`, saturating),
+each row's product scaled by its expert's scale: every expert as its own `Fp8Linear` with a
+static `input_scale` computes (other engines take the largest of the experts' scales for all).
+
 Four formulations of the same sum, as for float experts:
 - `fused_moe_fp8_grouped`: one expert at a time over the rows routed to it, through the torch
   references of `batonlm.kernels.quant` (the reference, and the CPU's eager path);
@@ -34,6 +40,7 @@ import torch.nn.functional as F
 from batonlm.kernels.moe import (
     Activation,
     aligned_by_expert,
+    check_input_scales,
     dense_by_expert,
     gated,
     gathered_by_expert,
@@ -45,14 +52,18 @@ from batonlm.kernels.quant import (
     fp8_scaled_matmul_reference,
     per_token_group_quant_fp8,
     per_token_group_quant_fp8_reference,
+    static_quant_fp8,
+    static_quant_fp8_reference,
 )
 
 Block = tuple[int, int] | None  # (bn, bk), or None: one scale per output channel
+Static = tuple[torch.Tensor, torch.Tensor] | None  # each expert's static input scales (a13 [E], a2 [E])
 
 
 def _check(w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-           block: Block) -> None:
+           block: Block, input_scales: Static = None) -> None:
     e, two_i, h = w13_q.shape
+    check_input_scales(input_scales, e, block is None)
     bn, bk = block or (1, 0)
     want: dict[str, tuple[int, ...]]
     if block is None:
@@ -72,7 +83,11 @@ def _group(x: torch.Tensor, block: Block) -> int:
     return block[1] if block is not None else max(1, x.shape[-1])
 
 
-def _quantized_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: Block) -> torch.Tensor:
+def _quantized_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: Block,
+                      a: torch.Tensor | None = None) -> torch.Tensor:
+    """One expert's product; `a`: its static input scale (0-dim), else dynamic per token."""
+    if a is not None:
+        return fp8_scaled_matmul_reference(static_quant_fp8_reference(x, a), a, w_q, w_scale, x.dtype)
     x_q, x_s = per_token_group_quant_fp8_reference(x, _group(x, block))
     if block is None:
         return fp8_scaled_matmul_reference(x_q, x_s, w_q, w_scale, x.dtype)
@@ -82,23 +97,32 @@ def _quantized_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
 def fused_moe_fp8_grouped(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+    input_scales: Static = None,
 ) -> torch.Tensor:
-    _check(w13_q, w13_scale, w2_q, w2_scale, block)
+    _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
+    a13, a2 = input_scales or (None, None)
 
     def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
-        h = gated(_quantized_linear(seg, w13_q[e], w13_scale[e], block), act)
-        return _quantized_linear(h, w2_q[e], w2_scale[e], block)
+        h = gated(_quantized_linear(seg, w13_q[e], w13_scale[e], block, None if a13 is None else a13[e]), act)
+        return _quantized_linear(h, w2_q[e], w2_scale[e], block, None if a2 is None else a2[e])
 
     return grouped_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], w2_q.shape[1], mlp)
 
 
-def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: Block) -> torch.Tensor:
+def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: Block,
+                  a: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., T, K] through every expert's weight [E, N, K] -> [E, T, N] in x's dtype: each row
     as `_quantized_linear` computes it (per block: the dequantized operands multiplied; per
-    channel: the codes multiplied, then both scales)."""
+    channel: the codes multiplied, then both scales); `a` [E]: each expert's static input scale,
+    its rows quantized by it."""
     k = x.shape[-1]
     group = _group(x, block)
-    q, s = per_token_group_quant_fp8_reference(x.reshape(-1, k), group)
+    if a is not None:  # each expert's rows, quantized by its scale
+        x = x.expand(w_q.shape[0], *x.shape[-2:])
+        s = a[:, None, None].expand(*x.shape[:-1], 1).reshape(-1, 1)
+        q = static_quant_fp8_reference(x.reshape(-1, k), s)
+    else:
+        q, s = per_token_group_quant_fp8_reference(x.reshape(-1, k), group)
     shape = (*x.shape[:-1], -1)
     if block is None:
         y = torch.matmul(q.float().view(*x.shape), w_q.float().transpose(1, 2)) * (s.view(shape) * w_scale[:, None, :])
@@ -111,11 +135,13 @@ def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, blo
 def fused_moe_fp8_dense(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+    input_scales: Static = None,
 ) -> torch.Tensor:
-    _check(w13_q, w13_scale, w2_q, w2_scale, block)
+    _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
+    a13, a2 = input_scales or (None, None)
 
     def mlp(x: torch.Tensor) -> torch.Tensor:
-        return _dense_linear(gated(_dense_linear(x, w13_q, w13_scale, block), act), w2_q, w2_scale, block)
+        return _dense_linear(gated(_dense_linear(x, w13_q, w13_scale, block, a13), act), w2_q, w2_scale, block, a2)
 
     return dense_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], mlp)
 
@@ -123,13 +149,15 @@ def fused_moe_fp8_dense(
 def fused_moe_fp8_gathered(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+    input_scales: Static = None,
 ) -> torch.Tensor:
     """Each routed pair's expert gathered (codes and scales), the dense math pair by pair."""
-    _check(w13_q, w13_scale, w2_q, w2_scale, block)
+    _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
+    a13, a2 = input_scales or (None, None)
 
     def mlp(rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        h = gated(_dense_linear(rows, w13_q[e], w13_scale[e], block), act)  # [T * K, 1, I]
-        return _dense_linear(h, w2_q[e], w2_scale[e], block)
+        h = gated(_dense_linear(rows, w13_q[e], w13_scale[e], block, None if a13 is None else a13[e]), act)
+        return _dense_linear(h, w2_q[e], w2_scale[e], block, None if a2 is None else a2[e])  # [T * K, 1, H]
 
     return gathered_by_expert(x, topk_ids, topk_weights, mlp)
 
@@ -137,14 +165,25 @@ def fused_moe_fp8_gathered(
 def fused_moe_fp8_triton(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
+    input_scales: Static = None,
 ) -> torch.Tensor:
-    """Two grouped FP8 GEMM launches; the activations quantized by the Triton quantizer."""
+    """Two grouped FP8 GEMM launches; the activations quantized by the Triton quantizer (with
+    static scales each pair's row by its expert's: the first GEMM reads pair rows then)."""
     from batonlm.kernels import _triton_moe
 
-    _check(w13_q, w13_scale, w2_q, w2_scale, block)
+    _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
     pairs, k = topk_ids.numel(), topk_ids.shape[1]
 
-    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor) -> torch.Tensor:
+    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor, pair_expert: torch.Tensor) -> torch.Tensor:
+        if input_scales is not None:
+            a13, a2 = (a[pair_expert][:, None] for a in input_scales)
+            rows = x.repeat_interleave(k, dim=0)
+            x_q = static_quant_fp8(rows, a13, use_triton=True)
+            h = _triton_moe.grouped_gemm_fp8(x_q, a13, w13_q, w13_scale, None, sorted_ids, block_expert, pairs, 1,
+                                             x.dtype)
+            g = gated(h, act)
+            return _triton_moe.grouped_gemm_fp8(static_quant_fp8(g, a2, use_triton=True), a2, w2_q, w2_scale, None,
+                                                sorted_ids, block_expert, pairs, 1, x.dtype)
         x_q, x_s = per_token_group_quant_fp8(x, _group(x, block), use_triton=True)
         h = _triton_moe.grouped_gemm_fp8(x_q, x_s, w13_q, w13_scale, block, sorted_ids, block_expert, pairs, k, x.dtype)
         g = gated(h, act)

@@ -132,7 +132,7 @@ def fused_moe_int4_triton(
     w2.check("w2", group)
     pairs, k = topk_ids.numel(), topk_ids.shape[1]
 
-    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor) -> torch.Tensor:
+    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
         h = _triton_moe_int4.grouped_gemm_int4(x, w13, group, sorted_ids, block_expert, pairs, k)
         return _triton_moe_int4.grouped_gemm_int4(gated(h, act), w2, group, sorted_ids, block_expert, pairs, 1)
 

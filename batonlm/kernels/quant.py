@@ -11,7 +11,8 @@ FP8 scales are float32 and mean "dequantized = stored value * scale" (a checkpoi
   group's amax / the format's max, so its largest value becomes +-max; values are divided by it
   and rounded to nearest even. A scale is at least float32's smallest normal, so an all-zero
   group quantizes to zeros (no 0 / 0). `per_token_quant_fp8`: one group per row.
-  Statically: `static_quant_fp8` divides by a given per-tensor scale and clamps to +-max.
+  Statically: `static_quant_fp8` divides by a given per-tensor scale (or one per row) and clamps
+  to +-max.
 - Weights per block (DeepSeek-V3, Qwen3 FP8): w_q [N, K], w_scale [ceil(N / bn), ceil(K / bk)]
   for block (bn, bk); W[n, k] = w_q[n, k] * w_scale[n // bn, k // bk]. `fp8_block_matmul`
   takes x quantized with group = bk and applies both scales per K block.
@@ -120,22 +121,27 @@ def per_token_quant_fp8(
     return per_token_group_quant_fp8(x, max(1, x.shape[1]), dtype, use_triton=use_triton)
 
 
+def _static_shapes(x: torch.Tensor) -> list[tuple[int, ...]]:
+    """A static activation scale: per tensor, or one per row (MoE pairs, each its expert's)."""
+    return [(), (1,), (x.shape[0], 1)]
+
+
 def static_quant_fp8_reference(x: torch.Tensor, scale: torch.Tensor,
                                dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
     _check_quant_args(x, 1, dtype)
-    check_scale(scale, "scale", [(), (1,)])
+    check_scale(scale, "scale", _static_shapes(x))
     fp8_max = torch.finfo(dtype).max
-    return (x.float() / scale.reshape(())).clamp(-fp8_max, fp8_max).to(dtype)
+    return (x.float() / scale.reshape(-1, 1)).clamp(-fp8_max, fp8_max).to(dtype)
 
 
 def static_quant_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *,
                      use_triton: bool | None = None) -> torch.Tensor:
-    """x [M, K] / a per-tensor float32 `scale` ([] or [1], e.g. a checkpoint's input_scale),
-    clamped to the format's range -> x_q [M, K]."""
+    """x [M, K] / a float32 `scale`, per tensor ([] or [1], e.g. a checkpoint's input_scale) or
+    per row ([M, 1]), clamped to the format's range -> x_q [M, K]."""
     if not _fp8_on_triton(x, use_triton):
         return static_quant_fp8_reference(x, scale, dtype)
     _check_quant_args(x, 1, dtype)
-    check_scale(scale, "scale", [(), (1,)])
+    check_scale(scale, "scale", _static_shapes(x))
     from batonlm.kernels import _triton_quant
 
     return _triton_quant.quant_fp8(x, 4096, dtype, MIN_SCALE, static_scale=scale)[0]

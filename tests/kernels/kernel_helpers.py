@@ -83,3 +83,37 @@ def flat_penalties(fn):
         return fn(logits, PenaltyBatch(*fields), banned)
 
     return call
+
+
+def calibrated_input_scales(x: torch.Tensor, w13: torch.Tensor, qmax: float, seed: int,
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static activation scales of MoE experts (float32 [E] each, for the gate/up and the down
+    projection), as a calibration over `x` would give, each times 0.5 to 1.5 drawn per expert:
+    some experts' inputs saturate, others use part of the range. w13: the experts' float gate/up
+    weights [E, 2I, H]."""
+    g = torch.Generator().manual_seed(seed)
+    experts = w13.shape[0]
+    gate, up = (x.double() @ w13.double().transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]
+    inner = torch.nn.functional.silu(gate) * up
+    spread = lambda: 0.5 + torch.rand(experts, generator=g, dtype=torch.float64)  # noqa: E731
+    a13 = x.double().abs().max() / qmax * spread()
+    a2 = inner.abs().amax(dim=(1, 2)) / qmax * spread()
+    return a13.float(), a2.float()
+
+
+def gated_with_error(x_d: torch.Tensor, w13: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An expert's gated intermediate g = silu(gate) * up in float64 from its dequantized input row
+    x_d [K] and gate/up weights w13 [2I, K], and a bound on how far float32's computation of it can
+    be: each K-term product within (K + 4) eps of its magnitudes, through the gate (silu's slope
+    is at most 1.1) and the product, plus a few roundings of g itself. A requantized element's
+    code can differ from the float64 one only where [g - bound, g + bound] straddles a rounding
+    boundary (tests take the codes at both ends)."""
+    eps = torch.finfo(torch.float32).eps
+    h = x_d @ w13.T
+    err = (x_d.shape[0] + 4) * eps * (x_d.abs() @ w13.abs().T)
+    gate, up = h.chunk(2)
+    e_gate, e_up = err.chunk(2)
+    silu = torch.nn.functional.silu(gate)
+    g = silu * up
+    bound = 1.1 * e_gate * (up.abs() + e_up) + (silu.abs() + 1.1 * e_gate) * e_up + 8 * eps * g.abs()
+    return g, 2 * bound + torch.finfo(torch.float32).tiny

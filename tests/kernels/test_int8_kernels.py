@@ -80,6 +80,18 @@ def test_triton_quantization_is_the_reference_bit_for_bit(m, k):
     assert torch.equal(I8.static_quant_int8(x, static, use_triton=True), I8.static_quant_int8_reference(x, static))
 
 
+@pytest.mark.parametrize("use_triton", IMPLS)
+def test_static_quantization_takes_a_scale_per_row(use_triton):
+    """[M, 1] scales (each MoE pair row by its expert's static scale): row i is the per-tensor
+    quantization of row i by scale i."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 130, generator=g) * 30
+    scales = 2.0 ** (torch.rand(9, 1, generator=g) * 6 - 3)
+    q = I8.static_quant_int8(x, scales, use_triton=use_triton)
+    for i in range(9):
+        assert torch.equal(q[i : i + 1], I8.static_quant_int8_reference(x[i : i + 1], scales[i, 0]))
+
+
 def _matmul_case(g: torch.Generator, m: int, n: int, k: int, per_token: bool, per_channel: bool, bias: bool):
     x_q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
     w_q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)

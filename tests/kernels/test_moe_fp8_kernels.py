@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from kernel_helpers import interpreted_only  # noqa: E402
+from kernel_helpers import calibrated_input_scales, gated_with_error, interpreted_only  # noqa: E402
 
 from batonlm.kernels import _triton_moe  # noqa: E402
 from batonlm.kernels.moe import moe_align, sort_by_expert  # noqa: E402
@@ -30,7 +30,11 @@ from batonlm.kernels.moe_fp8 import (  # noqa: E402
     fused_moe_fp8_grouped,
     fused_moe_fp8_triton,
 )
-from batonlm.kernels.quant import dequantize_fp8_block, per_token_group_quant_fp8_reference  # noqa: E402
+from batonlm.kernels.quant import (  # noqa: E402
+    dequantize_fp8_block,
+    per_token_group_quant_fp8_reference,
+    static_quant_fp8_reference,
+)
 
 E4M3 = torch.float8_e4m3fn
 EPS32 = torch.finfo(torch.float32).eps
@@ -131,8 +135,55 @@ def test_each_formulation_is_the_fp8_experts_layer(moe, case):
     assert (err <= bound).all(), f"max err {err.max():.3g} at bound {bound.flatten()[err.argmax()]:.3g}"
 
 
+def _static_truth(x, w13_q, w13_s, w2_q, w2_s, a13, a2, ids, weights):
+    """(y, bound) in float64 with static activation scales: each routed row quantized by its
+    expert's a13 (the codes float32's, the same quantizer's), its gated intermediate by the
+    expert's a2. Computed in float32 an intermediate element's code may differ only where its
+    rounding error straddles a code boundary (`gated_with_error`): that code difference through
+    |W2|, plus float32's roundings of the magnitudes. Tight: a wrong scale shows."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    bound = torch.zeros(x.shape, dtype=torch.float64)
+    depth = x.shape[1] + w2_q.shape[2] + ids.shape[1]
+    for t in range(x.shape[0]):
+        for slot in range(ids.shape[1]):
+            e, w = int(ids[t, slot]), float(weights[t, slot])
+            w13, w2 = _weight(w13_q[e], w13_s[e], None), _weight(w2_q[e], w2_s[e], None)
+            x_d = static_quant_fp8_reference(x[t : t + 1], a13[e])[0].double() * float(a13[e])
+            g, err = gated_with_error(x_d, w13)
+
+            def requantized(v: torch.Tensor, e: int = e) -> torch.Tensor:
+                return static_quant_fp8_reference(v.float()[None], a2[e])[0].double() * float(a2[e])
+
+            g_d = requantized(g)
+            out[t] += w * (g_d @ w2.T)
+            moved = requantized(g + err) - requantized(g - err)
+            bound[t] += w * (moved @ w2.abs().T + 4 * depth * EPS32 * ((g.abs() + g_d.abs()) @ w2.abs().T))
+    return out, bound
+
+
+@pytest.mark.parametrize("case", [(1, 2, 4, 64, 32), (13, 3, 5, 72, 40), (21, 2, 6, 96, 48)],
+                         ids=lambda c: "t{}-k{}-e{}-h{}-i{}".format(*c))
+@pytest.mark.parametrize("moe", FORMULATIONS)
+def test_static_activation_scales_are_each_experts_own(moe, case):
+    """Per-channel FP8 experts with static input scales (AutoFP8's and llm-compressor's FP8
+    Mixtral): each expert quantizes its rows by its own calibrated scales, gate/up and down."""
+    x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(*case, None, seed=sum(case))
+    w13 = torch.stack([_weight(w13_q[e], w13_s[e], None) for e in range(w13_q.shape[0])])
+    a13, a2 = calibrated_input_scales(x, w13, 448.0, seed=sum(case))
+    got = moe(x, w13_q, w13_s, w2_q, w2_s, None, ids, weights, input_scales=(a13, a2))
+    want, bound = _static_truth(x, w13_q, w13_s, w2_q, w2_s, a13, a2, ids, weights)
+    err = (got.double() - want).abs()
+    assert (err <= bound).all(), f"max err {err.max():.3g} at bound {bound.flatten()[err.argmax()]:.3g}"
+    # Each expert's own scales: the next expert's (or the largest, as other engines take) miss.
+    for wrong in ((a13.roll(1), a2), (a13, a2.roll(1)), (a13.max().expand_as(a13).contiguous(), a2)):
+        other = moe(x, w13_q, w13_s, w2_q, w2_s, None, ids, weights, input_scales=wrong)
+        assert ((other.double() - want).abs() > bound).any()
+
+
 def test_a_bad_shape_is_named():
     x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(3, 2, 4, 64, 32, (16, 16), seed=1)
+    with pytest.raises(ValueError, match="^input_scales:"):
+        fused_moe_fp8_grouped(x, w13_q, w13_s, w2_q, w2_s, (16, 16), ids, weights, input_scales=(w13_s, w2_s))
     with pytest.raises(ValueError, match="^w13_scale:"):
         fused_moe_fp8_grouped(x, w13_q, w13_s[:, :-1], w2_q, w2_s, (16, 16), ids, weights)
     with pytest.raises(ValueError, match="^w2_q:"):
@@ -162,5 +213,28 @@ def test_gpu_fp8_moe(t):
     # |g| <= |gate| |up| <= (|x| @ |Wg|)(|x| @ |Wu|): the magnitude the requantization scales, through |W2|.
     mag = fused_moe_reference(x_c.double().abs(), w13.abs(), w2.abs(), ids, weights.double(), act=lambda v: v)
     # bfloat16 outputs: one rounding of each of the K weighted sums, besides the FP8 requantization.
+    bound = (2.0**-3 + 8 * 2.0**-8) * mag + 1e-3 * want.double().abs().max()
+    assert ((got.double() - want.double()).abs() <= bound).all()
+
+
+@pytest.mark.gpu
+@compiled_only
+@pytest.mark.parametrize("t", [1, 64])
+def test_gpu_fp8_moe_static_scales(t):
+    """Mixtral-FP8-like experts (per-channel weights, each expert's static input scales) in
+    bfloat16: the Triton path against the torch reference on the device, as the block test bounds it."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(t, 2, 8, 2048, 1024, None, seed=t)
+    w13 = torch.stack([_weight(w13_q[e], w13_s[e], None) for e in range(8)])
+    scales = tuple(a.cuda() for a in calibrated_input_scales(x, w13, 448.0, seed=t))
+    rest = [v.cuda() for v in (w13_q, w13_s, w2_q, w2_s)]
+    x_c, ids, weights = x.bfloat16().cuda(), ids.cuda(), weights.cuda()
+    got = fused_moe_fp8_triton(x_c, *rest, None, ids, weights, input_scales=scales)
+    want = fused_moe_fp8_grouped(x_c, *rest, None, ids, weights, input_scales=scales)
+    from batonlm.kernels.moe import fused_moe_reference
+
+    w2 = torch.stack([_weight(w2_q[e], w2_s[e], None) for e in range(8)]).cuda()
+    mag = fused_moe_reference(x_c.double().abs(), w13.cuda().abs(), w2.abs(), ids, weights.double(), act=lambda v: v)
     bound = (2.0**-3 + 8 * 2.0**-8) * mag + 1e-3 * want.double().abs().max()
     assert ((got.double() - want.double()).abs() <= bound).all()

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from kernel_helpers import interpreted_only  # noqa: E402
+from kernel_helpers import calibrated_input_scales, gated_with_error, interpreted_only  # noqa: E402
 
-from batonlm.kernels.int8 import per_token_quant_int8_reference  # noqa: E402
+from batonlm.kernels.int8 import per_token_quant_int8_reference, static_quant_int8_reference  # noqa: E402
 from batonlm.kernels.moe_int8 import (  # noqa: E402
     fused_moe_int8_dense,
     fused_moe_int8_gathered,
@@ -94,8 +94,67 @@ def test_every_formulation_is_the_reference_bit_for_bit(moe, case):
     assert torch.equal(moe(x, w13_q, w13_s, w2_q, w2_s, ids, weights), want)
 
 
+def _static_truth(x, w13_q, w13_s, w2_q, w2_s, ids, weights, input_scales):
+    """(y, bound) in float64 with each expert's static scales (a13, a2): the integer sums exact,
+    an intermediate element's code different only where its float32 error straddles a code
+    boundary (`gated_with_error`), through |W2|, plus float32's roundings. Tight: a wrong scale
+    shows."""
+    a13, a2 = input_scales
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    bound = torch.zeros(x.shape, dtype=torch.float64)
+    depth = x.shape[1] + w2_q.shape[2] + ids.shape[1]
+    for t in range(x.shape[0]):
+        for slot in range(ids.shape[1]):
+            e, w = int(ids[t, slot]), float(weights[t, slot])
+            w13 = w13_q[e].double() * w13_s[e].double()[:, None]
+            w2 = w2_q[e].double() * w2_s[e].double()[:, None]
+            x_d = static_quant_int8_reference(x[t : t + 1], a13[e])[0].double() * float(a13[e])
+            g, err = gated_with_error(x_d, w13)
+
+            def requantized(v: torch.Tensor, e: int = e) -> torch.Tensor:
+                return static_quant_int8_reference(v.float()[None], a2[e])[0].double() * float(a2[e])
+
+            g_d = requantized(g)
+            out[t] += w * (g_d @ w2.T)
+            moved = requantized(g + err) - requantized(g - err)
+            bound[t] += w * (moved @ w2.abs().T + 4 * depth * EPS32 * ((g.abs() + g_d.abs()) @ w2.abs().T))
+    return out, bound
+
+
+def _static(case):
+    x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(*case, seed=sum(case))
+    a13, a2 = calibrated_input_scales(x, w13_q.double() * w13_s.double()[:, :, None], 127.5, seed=sum(case))
+    return (x, w13_q, w13_s, w2_q, w2_s, ids, weights), (a13, a2)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}-i{}".format(*c))
+def test_static_activation_scales_are_each_experts_own(case):
+    """W8A8 int8 experts with static input scales (llm-compressor's W8A8 with calibrated
+    activations): each expert quantizes its rows by its own scales, gate/up and down."""
+    args, scales = _static(case)
+    got = fused_moe_int8_grouped(*args, input_scales=scales)
+    want, bound = _static_truth(*args, input_scales=scales)
+    err = (got.double() - want).abs()
+    assert (err <= bound).all(), f"max err {err.max():.3g} at bound {bound.flatten()[err.argmax()]:.3g}"
+    # Each expert's own scales: the next expert's (or the largest, as other engines take) miss.
+    a13, a2 = scales
+    for wrong in ((a13.roll(1), a2), (a13, a2.roll(1)), (a13.max().expand_as(a13).contiguous(), a2)):
+        assert ((fused_moe_int8_grouped(*args, input_scales=wrong).double() - want).abs() > bound).any()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}-i{}".format(*c))
+@pytest.mark.parametrize("moe", [pytest.param(fused_moe_int8_dense, id="dense"),
+                                 pytest.param(fused_moe_int8_gathered, id="gathered"),
+                                 pytest.param(fused_moe_int8_triton, id="triton", marks=interpreted_only)])
+def test_every_formulation_with_static_scales_is_the_reference_bit_for_bit(moe, case):
+    args, scales = _static(case)
+    assert torch.equal(moe(*args, input_scales=scales), fused_moe_int8_grouped(*args, input_scales=scales))
+
+
 def test_a_bad_shape_is_named():
     x, w13_q, w13_s, w2_q, w2_s, ids, weights = _case(3, 2, 4, 64, 32, seed=1)
+    with pytest.raises(ValueError, match="^input_scales:"):
+        fused_moe_int8_grouped(x, w13_q, w13_s, w2_q, w2_s, ids, weights, input_scales=(w13_s, w2_s))
     with pytest.raises(ValueError, match="^w2_scale:"):
         fused_moe_int8_grouped(x, w13_q, w13_s, w2_q, w2_s[:, :-1], ids, weights)
 
@@ -111,3 +170,17 @@ def test_gpu_int8_moe(t):
     xb = x.bfloat16().cuda()
     got = fused_moe_int8_triton(xb, *args[:4], args[4], args[5])
     assert torch.equal(got, fused_moe_int8_grouped(xb, *args[:4], args[4], args[5]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
+@pytest.mark.parametrize("t", [1, 64])
+def test_gpu_int8_moe_static_scales(t):
+    """Each expert's static input scales: the Triton path (pair rows quantized by their expert's
+    scale) is the torch reference on the same device bit for bit."""
+    (x, w13_q, w13_s, w2_q, w2_s, ids, weights), scales = _static((t, 8, 16, 2048, 768))
+    args = [v.cuda() for v in (w13_q, w13_s, w2_q, w2_s, ids)] + [weights.bfloat16().cuda()]
+    scales = tuple(a.cuda() for a in scales)
+    xb = x.bfloat16().cuda()
+    got = fused_moe_int8_triton(xb, *args[:4], args[4], args[5], input_scales=scales)
+    assert torch.equal(got, fused_moe_int8_grouped(xb, *args[:4], args[4], args[5], input_scales=scales))

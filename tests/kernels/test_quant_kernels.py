@@ -124,6 +124,20 @@ def test_static_quantization_saturates_at_the_format_max(use_triton):
         assert _same_bits(q, Q.static_quant_fp8_reference(x.bfloat16(), scale))
 
 
+@pytest.mark.parametrize("use_triton", IMPLS)
+def test_static_quantization_takes_a_scale_per_row(use_triton):
+    """[M, 1] scales (each MoE pair row by its expert's static scale): row i is the per-tensor
+    quantization of row i by scale i, bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 130, generator=g) * 100
+    scales = 2.0 ** (torch.rand(9, 1, generator=g) * 6 - 3)
+    q = Q.static_quant_fp8(x, scales, use_triton=use_triton)
+    for i in range(9):
+        assert _same_bits(q[i : i + 1], Q.static_quant_fp8_reference(x[i : i + 1], scales[i, 0]))
+    with pytest.raises(ValueError, match="^scale:"):
+        Q.static_quant_fp8(x, scales[:-1], use_triton=use_triton)
+
+
 # --- FP8 block-wise matmul ---------------------------------------------------------------------
 
 
