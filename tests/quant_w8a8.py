@@ -13,6 +13,7 @@ against the llm-compressor fixtures (tests/data/quantized/w8a8, fp8-dynamic) byt
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -66,16 +67,31 @@ def write_w8a8_checkpoint(src_dir: str | Path, out_dir: str | Path, dtype: torch
     return deq
 
 
-def static_input_scales(names: list[str], qmax: float, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A static activation scale per layer (`<prefix>.input_scale`, float32 one element), as a
-    calibration would give one: an input range of 1 to 6 over the format's largest code, drawn per
-    layer, so the layers of a fused projection (and the experts) differ and large inputs saturate."""
+def _input_of(prefix: str) -> str:
+    """The layers that read one input (q/k/v; gate and up, Mixtral's w1 and w3) share a name."""
+    return re.sub(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|w1|w3)$", ".input", prefix)
+
+
+def static_input_scales(names: list[str], qmax: float, seed: int = 0, shared_inputs: bool = True,
+                        ) -> dict[str, torch.Tensor]:
+    """A static activation scale per layer (float32, 0-dim), as a calibration would give one: an
+    input range of 1 to 6 over the format's largest code, drawn per input (the layers reading one
+    input observe the same values, so calibration gives them one scale; `shared_inputs` False:
+    per layer, as a checkpoint may still have them), so experts differ and large inputs saturate."""
     g = torch.Generator().manual_seed(seed)
-    return {n.removesuffix(".weight"): (1 + 5 * torch.rand((), generator=g)) / qmax for n in names}
+    out: dict[str, torch.Tensor] = {}
+    drawn: dict[str, torch.Tensor] = {}
+    for n in names:
+        prefix = n.removesuffix(".weight")
+        key = _input_of(prefix) if shared_inputs else prefix
+        if key not in drawn:
+            drawn[key] = (1 + 5 * torch.rand((), generator=g)) / qmax
+        out[prefix] = drawn[key].clone()
+    return out
 
 
 def write_static_checkpoint(src_dir: str | Path, out_dir: str | Path, kind: str,
-                            linears: tuple[str, ...] = LINEARS, seed: int = 0,
+                            linears: tuple[str, ...] = LINEARS, seed: int = 0, shared_inputs: bool = True,
                             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """A checkpoint with static (calibrated) activation scales: `kind` "autofp8" is AutoFP8's
     `quant_method: fp8, activation_scheme: static` (the FP8 Mixtral and Llama checkpoints): each
@@ -84,12 +100,13 @@ def write_static_checkpoint(src_dir: str | Path, out_dir: str | Path, kind: str,
     int8 with static per-tensor activations (as the `w8a8-static` fixture: int8 weights per
     channel, a [1] `input_scale` in bfloat16, the other tensors in bfloat16). The scales are
     `static_input_scales`' (no calibration run: any positive scale is a valid checkpoint).
+    `linears`: the projections quantized (a MoE's expert names; its router stays float).
     Returns (the dequantized float32 weights, each layer's input scale as float32)."""
     src, out = Path(src_dir), Path(out_dir)
     config, tensors = load_float_checkpoint(src)
     names = sorted(n for n in tensors if is_quantized_linear(n, linears))
     fp8_max = torch.finfo(torch.float8_e4m3fn).max
-    inputs = static_input_scales(names, fp8_max if kind == "autofp8" else 127.5, seed)
+    inputs = static_input_scales(names, fp8_max if kind == "autofp8" else 127.5, seed, shared_inputs)
     result: dict[str, torch.Tensor] = {}
     deq: dict[str, torch.Tensor] = {}
     scales: dict[str, torch.Tensor] = {}

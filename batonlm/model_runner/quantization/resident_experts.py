@@ -1,6 +1,7 @@
 """A MoE layer's experts kept quantized (where resident.py keeps the projections): every expert
-in FP8 (blocks, or per channel with dynamic activations, or online FP8) becomes one `Fp8Experts`,
-every expert in W8A8 int8 per channel one `Int8Experts`, every expert in int4 with consecutive
+in FP8 (blocks, or per channel or tensor with dynamic or static activations, or online FP8)
+becomes one `Fp8Experts`, every expert in W8A8 int8 per channel (dynamic or static activations)
+one `Int8Experts`, every expert in int4 with consecutive
 groups (GPTQ, AWQ, compressed-tensors W4A16) one `Int4Experts` (model_runner/moe.py), swapped in
 on the meta device before the model is allocated and filled here with each expert's own codes and scales. A rank holds every expert's rows of its
 gate/up and columns of its down projection (as the float loader's `weight_targets` say); a slice
@@ -66,8 +67,8 @@ def make_resident_experts(
         out.append(layer)
     if kept:
         logger.info("%d MoE layer(s) run their experts dequantized (formats the expert kernels do not cover: "
-                    "weight-only int8, FP8 or int8 with static activation scales, gate and up in different "
-                    "activation orders, mixed), e.g. %s", len(kept), kept[0])
+                    "weight-only int8, gate and up in different activation orders, static and dynamic activations "
+                    "mixed, other mixes), e.g. %s", len(kept), kept[0])
     return out
 
 
@@ -76,11 +77,13 @@ def _fp8_experts(
     quant: QuantConfig,
 ) -> ResidentLayer | None:
     """`Fp8Experts` when every expert's projections are FP8 in blocks (an expert's intermediate
-    size in whole blocks), or FP8 per channel (or tensor) with dynamic activations, or online."""
+    size in whole blocks), or FP8 per channel (or tensor) with dynamic activations or every one
+    with its static input scale, or online."""
     storages = {lin.storage for lin, _ in sources}
-    channel = storages == {"online"} or (storages == {"fp8"} and quant.block is None and all(
-        per_channel_scale(ckpt, lin) and not static_scale(lin) for lin, _ in sources))
-    if not channel and not (storages == {"fp8"} and quant.block is not None):
+    statics = {static_scale(lin) for lin, _ in sources}
+    channel = storages == {"online"} or (storages == {"fp8"} and quant.block is None and len(statics) == 1 and all(
+        per_channel_scale(ckpt, lin) for lin, _ in sources))
+    if not channel and not (storages == {"fp8"} and quant.block is not None and statics == {False}):
         return None
     bn, bk = quant.block if not channel and quant.block is not None else (1, 1)
     start, count = module.rows
@@ -91,7 +94,7 @@ def _fp8_experts(
                                 f"each expert would split its FP8 {bn}x{bk} blocks; a --tp that divides them into "
                                 "whole blocks is needed")
     with torch.device("meta"):
-        layer = Fp8Experts(module, None if channel else quant.block)
+        layer = Fp8Experts(module, None if channel else quant.block, static=statics == {True})
     return ResidentLayer(module_name, layer, sources, _fill_fp8)
 
 
@@ -99,14 +102,15 @@ def _int8_experts(
     ckpt: Checkpoint, module_name: str, module: FusedExperts, sources: list[tuple[QuantizedLinear, Target]],
     quant: QuantConfig,
 ) -> ResidentLayer | None:
-    """`Int8Experts` when every expert's projections are int8 per channel with int8 activations
-    per token (dynamic: static input scales are not run for experts)."""
+    """`Int8Experts` when every expert's projections are int8 per channel with int8 activations,
+    per token or every one by its static input scale."""
     if quant.act_quant != "int8" or {lin.storage for lin, _ in sources} != {"int"}:
         return None
-    if not all(int8_per_channel(ckpt, lin) and not static_scale(lin) for lin, _ in sources):
+    statics = {static_scale(lin) for lin, _ in sources}
+    if len(statics) != 1 or not all(int8_per_channel(ckpt, lin) for lin, _ in sources):
         return None
     with torch.device("meta"):
-        layer = Int8Experts(module)
+        layer = Int8Experts(module, static=statics == {True})
     return ResidentLayer(module_name, layer, sources, _fill_int8)
 
 
@@ -151,6 +155,7 @@ def _fill_fp8(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Tar
         else:
             w, scale = ckpt.get(f"{lin.prefix}.weight").to(torch.float8_e4m3fn), channel_scales(ckpt, lin)
         _fill_channels(module, _expert(lin), w, scale, t)
+        _fill_input_scale(module, ckpt, lin, t)
         return
     e, device = _expert(lin), module.w13_q.device
     bn, bk = module.block
@@ -167,6 +172,20 @@ def _fill_fp8(module: Fp8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Tar
 
 def _fill_int8(module: Int8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     _fill_channels(module, _expert(lin), ckpt.get(f"{lin.prefix}.weight"), channel_scales(ckpt, lin), t)
+    _fill_input_scale(module, ckpt, lin, t)
+
+
+def _fill_input_scale(module: Fp8Experts | Int8Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+    """An expert's static activation scale: its down projection's, or for its fused gate and up
+    the larger of theirs (calibrated on the same input they are equal; the larger clips nothing),
+    every rank the whole layer's."""
+    if module.w13_input_scale is None or module.w2_input_scale is None:
+        return
+    e, given = _expert(lin), ckpt.get(f"{lin.prefix}.input_scale").to(torch.float32).reshape(())
+    if t.dim == 1:
+        module.w2_input_scale[e] = given
+    else:  # the gate (offset 0) fills first
+        module.w13_input_scale[e] = given if t.offset == 0 else torch.maximum(module.w13_input_scale[e], given)
 
 
 def _fill_channels(module: Fp8Experts | Int8Experts, e: int, w: torch.Tensor, scale: torch.Tensor, t: Target) -> None:
