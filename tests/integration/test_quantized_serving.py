@@ -48,3 +48,22 @@ def test_two_ranks_give_one_ranks_tokens(tmp_path: Path) -> None:
     for path in (DATA / "gptqmodel-w4g64", fp8, DATA / "w8a8-static"):
         one = _greedy(path, prompts, max_new)
         assert _greedy(path, prompts, max_new, tp_size=2, debug_tp_check_every=1) == one, path.name
+
+
+def test_static_quantized_experts_serve(tiny_models, tmp_path: Path) -> None:
+    """MoE checkpoints with static activation scales (AutoFP8 FP8 Mixtral, W8A8 int8 static
+    Qwen3-MoE), experts kept quantized: the compiled step gives the eager step's greedy tokens,
+    and two ranks give one rank's (every rank quantizes by the same scales)."""
+    from quant_formats import LINEARS
+    from quant_w8a8 import write_static_checkpoint
+
+    prompts = random_prompts(3, random.Random(5), lo=2, hi=40)
+    max_new = [20, 9, 14]
+    for family, kind, experts in (("mixtral", "autofp8", ("w1", "w3", "w2")),
+                                  ("qwen3_moe", "int8", ("gate_proj", "up_proj", "down_proj"))):
+        path = tmp_path / f"{family}-{kind}"
+        write_static_checkpoint(tiny_models[family], path, kind, LINEARS + experts)
+        eager = _greedy(path, prompts, max_new)
+        assert _greedy(path, prompts, max_new, compile="on") == eager, path.name
+        if kind == "int8":
+            assert _greedy(path, prompts, max_new, tp_size=2, debug_tp_check_every=1) == eager, path.name
