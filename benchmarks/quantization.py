@@ -12,7 +12,8 @@ Part 2, a random model (`--shape`: Llamas, or `qwen3-moe`, a small Qwen3-MoE who
 quantized where its projections do) written as float, W8A8 FP8 in 128x128 blocks (transformers'
 FineGrainedFP8 format), W8A8 int8 (llm-compressor's format, tests/quant_w8a8.py), GPTQ int4
 (group 128) and served by `batonlm.Engine` (overlap loop; eager step unless `--compile on`), plus
-`--quantization fp8` on the float checkpoint: start-up seconds, checkpoint MB, and output tok/s
+`--quantization fp8` on the float checkpoint, and AutoFP8's static FP8 (per-tensor weights and
+input scales, tests/quant_w8a8.py: Mixtral-8x7B-FP8's format): start-up seconds, checkpoint MB, and output tok/s
 of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill included), median of
 `--rounds`. On CUDA the quantized variants run on the kernels (the weights stay quantized); on
 the CPU int4 and online FP8 run dequantized and W8A8 on the torch references.
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests check against the tools
 from models import stream_tok_s, table  # noqa: E402
 from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
-from quant_w8a8 import write_w8a8_checkpoint  # noqa: E402
+from quant_w8a8 import write_static_checkpoint, write_w8a8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
 
 from batonlm.kernels.int8 import int8_scaled_matmul, per_token_quant_int8  # noqa: E402
@@ -113,11 +114,13 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
 
 def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
     """name -> (model directory, Engine arguments)."""
-    fp8, int8, gptq = out / "fp8-block", out / "w8a8-int8", out / "gptq-int4"
+    fp8, int8, gptq, static = out / "fp8-block", out / "w8a8-int8", out / "gptq-int4", out / "fp8-static"
     write_fp8_block_checkpoint(src, fp8)
     write_w8a8_checkpoint(src, int8)
     write_gptq_checkpoint(src, gptq, bits=4, group_size=128, sym=True)
+    write_static_checkpoint(src, static, "autofp8")
     return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
+            "fp8 static (AutoFP8)": (str(static), {}),
             "gptq int4 g128": (str(gptq), {}),
             "fp8 online (per channel)": (src, {"quantization": "fp8"})}
 
