@@ -12,7 +12,7 @@ Three kernels:
   An H100/H200 adds FP8 products in reduced precision (about 14 bits, DeepSeek-V3's report);
   `max_num_imprecise_acc` makes it add each tile's partial product into the float32
   accumulator, so the imprecision spans at most one K tile (<= 128), as DeepSeek-V3 does.
-- `_int4_matmul_kernel`: each K tile of `qweight` unpacked (8 nibbles per int32), dequantized
+- `_int4_matmul_kernel`: each K tile of `qweight` unpacked (8 nibbles, or 4 bytes, per int32), dequantized
   (q - zero) * scale in float32, rounded to the activation dtype and multiplied in `tl.dot`; the
   scale and zero of a row's group (row // group, or its `g_idx` entry in activation order).
 
@@ -166,13 +166,15 @@ def fp8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, x_sc
 
 @device_fn
 def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
-              stride_zg, ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr):
-    """[BLOCK_K, BLOCK_N] float32: rows `offs_k` and columns `offs_n` of W^T from int4 codes
-    (8 per int32 along K), (q - zero) * scale of each row's group (exact): the tile's one group
-    (`ROW_SCALES`), row // group, or in activation order the row's `g_idx` entry (`G_IDX`)."""
+              stride_zg, ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr, BITS: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] float32: rows `offs_k` and columns `offs_n` of W^T from `BITS`-bit
+    codes (32 / BITS per int32 along K), (q - zero) * scale of each row's group (exact): the
+    tile's one group (`ROW_SCALES`), row // group, or in activation order the row's `g_idx` entry
+    (`G_IDX`)."""
+    per: tl.constexpr = 32 // BITS
     kn = k_valid[:, None] & n_valid[None, :]
-    packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
-    q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
+    packed = tl.load(qw_ptr + (offs_k // per)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
+    q = (packed >> ((offs_k % per) * BITS)[:, None]) & ((1 << BITS) - 1)
     if ROW_SCALES:  # the whole tile in one group: one row of scales and zeros
         g = k0 // group
         s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
@@ -192,7 +194,7 @@ def _int4_matmul_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, gidx_ptr, M, N, K, group,
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -204,7 +206,7 @@ def _int4_matmul_kernel(
         k_valid = offs_k < K
         a = tl.load(x_rows + offs_k[None, :], mask=m_valid[:, None] & k_valid[None, :], other=0.0)
         w = int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk,
-                      stride_sg, stride_zg, ROW_SCALES, G_IDX).to(a.dtype)  # exact in float32, then rounded once
+                      stride_sg, stride_zg, ROW_SCALES, G_IDX, BITS).to(a.dtype)  # exact in float32, then rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -216,7 +218,7 @@ def _int4_matmul_kernel(
 
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
-                bias: torch.Tensor | None, g_idx: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None, g_idx: torch.Tensor | None = None, bits: int = 4) -> torch.Tensor:
     """y [M, N] in x's dtype = x [M, K] @ W^T, W dequantized tile by tile (quant.py's layout;
     with `g_idx` each row's scale and zero are its group's, read row by row)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -233,6 +235,6 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         x.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), y.stride(0),
         ROW_SCALES=g_idx is None and (group % block_k == 0 or group >= k), G_IDX=g_idx is not None,
         HAS_BIAS=bias is not None, UPCAST=INTERPRET,
-        IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
+        IEEE=x.dtype == torch.float32, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
     )
     return y

@@ -19,13 +19,15 @@ FP8 scales are float32 and mean "dequantized = stored value * scale" (a checkpoi
 - Weights per channel ([N] or [N, 1]) or per tensor ([] or [1]), activations per token
   ([M, 1]) or per tensor ([] or [1]): `fp8_scaled_matmul` applies both once, then a bias.
 
-int4 weight-only: the one layout GPTQ and AWQ checkpoints are repacked into.
-- `qweight` int32 [ceil(K / 8), N]: row j packs input rows 8j .. 8j + 7 of column n, nibble i
-  (bits 4i .. 4i + 3, i = 0 the least significant) holding row 8j + i, unsigned 0..15 (rows past
-  K are 0). `pack_int4` / `unpack_int4` convert from / to a [K, N] tensor of values.
+int4 (and int8) weight-only: the one layout GPTQ, AWQ and compressed-tensors checkpoints are
+repacked into, `bits` 4 or 8 (p = 32 / bits codes per word: 8 or 4).
+- `qweight` int32 [ceil(K / p), N]: row j packs input rows pj .. pj + p - 1 of column n, code i
+  (bits i*bits .. i*bits + bits - 1, i = 0 the least significant) holding row pj + i, unsigned
+  0..2^bits - 1 (rows past K are 0). `pack_int4` / `unpack_int4` convert from / to a [K, N]
+  tensor of values.
 - `scales` [ceil(K / G), N], float32 or the activation dtype; `zeros` [ceil(K / G), N], any
-  integer dtype, unpacked values 0..15 (8 everywhere for a symmetric checkpoint). G is the
-  group size; -1 means one group of all K rows.
+  integer dtype, unpacked values 0..2^bits - 1 (2^(bits-1) everywhere for a symmetric
+  checkpoint). G is the group size; -1 means one group of all K rows.
 - W[n, k] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n] (or with `g_idx` [K], GPTQ's
   activation order, group g_idx[k] of any number of groups): `dequantize_int4` gives W [N, K]
   (nn.Linear's layout); `int4_dequant_matmul` computes x @ W^T in x's dtype, W rounded to it
@@ -260,38 +262,50 @@ def fp8_scaled_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tenso
 # --- int4 weight-only --------------------------------------------------------------------------
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """q [K, N] integers 0..15 -> qweight int32 [ceil(K / 8), N] (the layout above)."""
+INT_BITS = (4, 8)
+
+
+def _per_word(bits: int) -> int:
+    if bits not in INT_BITS:
+        raise fail("bits", "4 or 8", bits)
+    return 32 // bits
+
+
+def pack_int4(q: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """q [K, N] integers 0..2^bits - 1 -> qweight int32 [ceil(K / p), N] (the layout above)."""
     check_2d(q, "q")
+    per = _per_word(bits)
     if q.is_floating_point() or q.is_complex():
         raise fail("q", "an integer tensor", q.dtype)
-    if q.numel() and (int(q.min()) < 0 or int(q.max()) > 15):
-        raise fail("q", "values in 0..15", f"{int(q.min())}..{int(q.max())}")
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) >= 1 << bits):
+        raise fail("q", f"values in 0..{(1 << bits) - 1}", f"{int(q.min())}..{int(q.max())}")
     k, n = q.shape
-    rows = torch.nn.functional.pad(q.to(torch.int64), (0, 0, 0, _cdiv(k, 8) * 8 - k)).view(-1, 8, n)
-    shifts = 4 * torch.arange(8, device=q.device).view(1, 8, 1)
+    rows = torch.nn.functional.pad(q.to(torch.int64), (0, 0, 0, _cdiv(k, per) * per - k)).view(-1, per, n)
+    shifts = bits * torch.arange(per, device=q.device).view(1, per, 1)
     packed = (rows << shifts).sum(dim=1)  # 0 .. 2^32 - 1, as int32's two's complement below
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
-def unpack_int4(qweight: torch.Tensor, k: int) -> torch.Tensor:
-    """qweight int32 [ceil(K / 8), N] -> uint8 [K, N] values 0..15."""
+def unpack_int4(qweight: torch.Tensor, k: int, bits: int = 4) -> torch.Tensor:
+    """qweight int32 [ceil(K / p), N] -> uint8 [K, N] values 0..2^bits - 1."""
     check_2d(qweight, "qweight")
+    per = _per_word(bits)
     if qweight.dtype != torch.int32:
         raise fail("qweight", "int32", qweight.dtype)
-    if qweight.shape[0] != _cdiv(k, 8):
-        raise fail("qweight", f"{_cdiv(k, 8)} rows (ceil(K / 8) for K = {k})", f"shape {_shape(qweight)}")
-    shifts = 4 * torch.arange(8, dtype=torch.int32, device=qweight.device).view(1, 8, 1)
-    q = (qweight.unsqueeze(1) >> shifts) & 0xF  # the arithmetic shift's sign bits are masked off
+    if qweight.shape[0] != _cdiv(k, per):
+        raise fail("qweight", f"{_cdiv(k, per)} rows (ceil(K / {per}) for K = {k})", f"shape {_shape(qweight)}")
+    shifts = bits * torch.arange(per, dtype=torch.int32, device=qweight.device).view(1, per, 1)
+    q = (qweight.unsqueeze(1) >> shifts) & ((1 << bits) - 1)  # the arithmetic shift's sign bits are masked off
     return q.reshape(-1, qweight.shape[1])[:k].to(torch.uint8)
 
 
-def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Tensor | None = None) -> int:
+def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Tensor | None = None,
+                bits: int = 4) -> int:
     """The group size in rows (-1 -> K; with `g_idx`, each row's own group: 0)."""
     check_2d(qweight, "qweight")
-    n = qweight.shape[1]
-    if qweight.dtype != torch.int32 or qweight.shape[0] != _cdiv(k, 8):
-        raise fail("qweight", f"int32 [{_cdiv(k, 8)}, N] (ceil(K / 8) rows, K = {k})",
+    n, per = qweight.shape[1], _per_word(bits)
+    if qweight.dtype != torch.int32 or qweight.shape[0] != _cdiv(k, per):
+        raise fail("qweight", f"int32 [{_cdiv(k, per)}, N] (ceil(K / {per}) rows, K = {k}, {bits} bits)",
                     f"{qweight.dtype} {_shape(qweight)}")
     if g_idx is not None:
         if g_idx.is_floating_point() or _shape(g_idx) != (k,):
@@ -310,23 +324,24 @@ def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Te
 
 
 def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int, k: int,
-                    dtype: torch.dtype = torch.bfloat16, g_idx: torch.Tensor | None = None) -> torch.Tensor:
-    """W [N, K] in `dtype` (nn.Linear's layout): computed in float32 (exact: a 4-bit integer
-    times a scale of at most 24 bits, but float32 scales, which round once) or float64. `g_idx`
-    [K]: each input row's group (GPTQ's activation order), instead of row // group_size."""
-    g = _check_int4(qweight, scales, zeros, group_size, k, g_idx)
+                    dtype: torch.dtype = torch.bfloat16, g_idx: torch.Tensor | None = None,
+                    bits: int = 4) -> torch.Tensor:
+    """W [N, K] in `dtype` (nn.Linear's layout): computed in float32 (exact: a 4- or 8-bit
+    integer times a scale of at most 16 bits, but float32 scales, which round once) or float64.
+    `g_idx` [K]: each input row's group (GPTQ's activation order), instead of row // group_size."""
+    g = _check_int4(qweight, scales, zeros, group_size, k, g_idx, bits)
     c = _compute_dtype(dtype)
     groups = g_idx.long() if g_idx is not None else torch.arange(k, device=qweight.device) // g
-    w = (unpack_int4(qweight, k).to(c) - zeros[groups].to(c)) * scales[groups].to(c)  # [K, N]
+    w = (unpack_int4(qweight, k, bits).to(c) - zeros[groups].to(c)) * scales[groups].to(c)  # [K, N]
     return w.T.contiguous().to(dtype)
 
 
-def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=None) -> int:
+def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=None, bits: int = 4) -> int:
     """The group size in rows (-1 -> K; 0 with `g_idx`)."""
     check_2d(x, "x")
     if not x.is_floating_point():
         raise fail("x", "a floating-point tensor", x.dtype)
-    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1], g_idx)
+    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1], g_idx, bits)
     if bias is not None and _shape(bias) != (qweight.shape[1],):
         raise fail("bias", f"shape [{qweight.shape[1]}]", f"shape {_shape(bias)}")
     return g
@@ -334,20 +349,21 @@ def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=N
 
 def int4_dequant_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                                   zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None = None,
-                                  g_idx: torch.Tensor | None = None) -> torch.Tensor:
-    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx)
-    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype, g_idx)
+                                  g_idx: torch.Tensor | None = None, bits: int = 4) -> torch.Tensor:
+    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits)
+    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype, g_idx, bits)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
 def int4_dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                        group_size: int, bias: torch.Tensor | None = None, g_idx: torch.Tensor | None = None, *,
-                        use_triton: bool | None = None) -> torch.Tensor:
+                        group_size: int, bias: torch.Tensor | None = None, g_idx: torch.Tensor | None = None,
+                        bits: int = 4, *, use_triton: bool | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype = x [M, K] @ W^T (+ bias), W from `qweight`, `scales`, `zeros`
-    (the layout above; group_size 32, 64, 128, ... or -1; or `g_idx` [K], each row's group)."""
+    (the layout above, of `bits` 4 or 8; group_size 32, 64, 128, ... or -1; or `g_idx` [K],
+    each row's group)."""
     if not (x.is_cuda if use_triton is None else use_triton):
-        return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias, g_idx)
-    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx)
+        return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias, g_idx, bits)
+    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits)
     from batonlm.kernels import _triton_quant
 
-    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias, g_idx)
+    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias, g_idx, bits)

@@ -238,41 +238,59 @@ def test_the_packed_layout_nibble_by_nibble():
     assert torch.equal(Q.unpack_int4(packed, 10), q.to(torch.uint8))
 
 
+def test_the_8_bit_layout_byte_by_byte():
+    q = torch.tensor([[1], [0x23], [0x45], [0xF7], [0x89], [0xAB]])  # K = 6: 2 packed rows of 4
+    packed = Q.pack_int4(q, bits=8)
+    assert packed.dtype == torch.int32 and packed.shape == (2, 1)
+    assert int(packed[0, 0]) == 0xF7452301 - 2**32  # row 4j + i in bits 8i..8i+7
+    assert int(packed[1, 0]) == 0xAB89  # rows past K are zeros
+    assert torch.equal(Q.unpack_int4(packed, 6, bits=8), q.to(torch.uint8))
+    with pytest.raises(ValueError, match="^q:"):
+        Q.pack_int4(q, bits=4)
+    with pytest.raises(ValueError, match="^bits:"):
+        Q.pack_int4(q, bits=6)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("k,n", [(200, 48), (203, 5), (8, 1)])
-def test_pack_unpack_round_trip(k, n):
-    q = torch.randint(0, 16, (k, n), generator=torch.Generator().manual_seed(k))
-    assert torch.equal(Q.unpack_int4(Q.pack_int4(q), k), q.to(torch.uint8))
+def test_pack_unpack_round_trip(k, n, bits):
+    q = torch.randint(0, 1 << bits, (k, n), generator=torch.Generator().manual_seed(k))
+    assert torch.equal(Q.unpack_int4(Q.pack_int4(q, bits), k, bits), q.to(torch.uint8))
 
 
-def _int4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, seed: int):
+def _int4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, seed: int, bits: int = 4):
     g = torch.Generator().manual_seed(seed)
     rows = k if group == -1 else group
     groups = _cdiv(k, rows)
-    q = torch.randint(0, 16, (k, n), generator=g)
-    scales = ((torch.rand(groups, n, generator=g) + 0.05) * 0.02).to(dtype)
-    zeros = torch.full((groups, n), 8, dtype=torch.int32) if symmetric else torch.randint(
-        0, 16, (groups, n), generator=g, dtype=torch.int32)
+    top = 1 << bits
+    q = torch.randint(0, top, (k, n), generator=g)
+    scales = ((torch.rand(groups, n, generator=g) + 0.05) * 0.02 * 16 / top).to(dtype)
+    zeros = torch.full((groups, n), top // 2, dtype=torch.int32) if symmetric else torch.randint(
+        0, top, (groups, n), generator=g, dtype=torch.int32)
     x = torch.randn(m, k, generator=g).to(dtype)
     idx = torch.arange(k) // rows
     w = (q.double() - zeros.double()[idx]) * scales.double()[idx]  # [K, N], the layout's meaning
-    return x, Q.pack_int4(q), scales, zeros, w
+    return x, Q.pack_int4(q, bits), scales, zeros, w
 
 
-def test_dequantize_int4_is_the_layouts_meaning():
-    x, qweight, scales, zeros, w = _int4_case(1, 48, 200, 64, torch.float64, False, 1)
-    assert torch.equal(Q.dequantize_int4(qweight, scales, zeros, 64, 200, torch.float64), w.T)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequantize_int4_is_the_layouts_meaning(bits):
+    x, qweight, scales, zeros, w = _int4_case(1, 48, 200, 64, torch.float64, False, 1, bits)
+    assert torch.equal(Q.dequantize_int4(qweight, scales, zeros, 64, 200, torch.float64, bits=bits), w.T)
 
 
 @pytest.mark.parametrize("use_triton", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,group,symmetric", [(1, 48, 200, 64, False), (3, 48, 200, 32, True),
-                                                   (17, 48, 256, 128, False), (17, 40, 200, -1, False),
-                                                   (3, 48, 203, 64, True)])
-def test_int4_matmul_equals_float64(use_triton, dtype, m, n, k, group, symmetric):
-    """K off the group size (a partial last group), one group of all K, K not a multiple of 8."""
-    x, qweight, scales, zeros, w = _int4_case(m, n, k, group, dtype, symmetric, seed=m + k)
+@pytest.mark.parametrize("m,n,k,group,symmetric,bits", [(1, 48, 200, 64, False, 4), (3, 48, 200, 32, True, 4),
+                                                        (17, 48, 256, 128, False, 4), (17, 40, 200, -1, False, 4),
+                                                        (3, 48, 203, 64, True, 4), (1, 48, 200, 64, False, 8),
+                                                        (3, 48, 203, 32, True, 8), (17, 40, 256, -1, False, 8)])
+def test_int4_matmul_equals_float64(use_triton, dtype, m, n, k, group, symmetric, bits):
+    """K off the group size (a partial last group), one group of all K, K not a multiple of the
+    codes per word; 4 and 8 bits."""
+    x, qweight, scales, zeros, w = _int4_case(m, n, k, group, dtype, symmetric, seed=m + k, bits=bits)
     bias = torch.randn(n).to(dtype) if m == 3 else None
-    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, group, bias, use_triton=use_triton)
+    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, group, bias, bits=bits, use_triton=use_triton)
     assert got.dtype == dtype and got.shape == (m, n)
     want = x.double() @ w + (bias.double() if bias is not None else 0.0)
     mag = x.double().abs() @ w.abs() + (bias.double().abs() if bias is not None else 0.0)
@@ -282,17 +300,18 @@ def test_int4_matmul_equals_float64(use_triton, dtype, m, n, k, group, symmetric
 
 @pytest.mark.parametrize("use_triton", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,group", [(1, 48, 256, 64), (17, 40, 200, 32), (3, 48, 384, 128)])
-def test_int4_matmul_in_activation_order_equals_float64(use_triton, dtype, m, n, k, group):
+@pytest.mark.parametrize("m,n,k,group,bits", [(1, 48, 256, 64, 4), (17, 40, 200, 32, 4), (3, 48, 384, 128, 4),
+                                               (17, 40, 200, 32, 8)])
+def test_int4_matmul_in_activation_order_equals_float64(use_triton, dtype, m, n, k, group, bits):
     """GPTQ's activation order: each input row's group from `g_idx` (groups of `group` rows in a
     permuted order, so a K tile holds rows of many groups), not row // group."""
-    x, qweight, scales, zeros, _ = _int4_case(m, n, k, group, dtype, False, seed=m + k)
+    x, qweight, scales, zeros, _ = _int4_case(m, n, k, group, dtype, False, seed=m + k, bits=bits)
     g = torch.Generator().manual_seed(k)
     g_idx = (torch.randperm(k, generator=g) // group).to(torch.int32)  # GPTQ's: invperm // group
-    q = Q.unpack_int4(qweight, k).double()
+    q = Q.unpack_int4(qweight, k, bits).double()
     w = (q - zeros.double()[g_idx.long()]) * scales.double()[g_idx.long()]
-    assert torch.equal(Q.dequantize_int4(qweight, scales, zeros, 0, k, torch.float64, g_idx), w.T)
-    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, 0, None, g_idx, use_triton=use_triton)
+    assert torch.equal(Q.dequantize_int4(qweight, scales, zeros, 0, k, torch.float64, g_idx, bits), w.T)
+    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, 0, None, g_idx, bits, use_triton=use_triton)
     rel = (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0)
     _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), rel)
 
@@ -375,11 +394,11 @@ def test_gpu_fp8_kernels(m, n, k):
 @pytest.mark.gpu
 @compiled_only
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
-@pytest.mark.parametrize("group", [128, -1])
-def test_gpu_int4_kernel(m, n, k, group):
-    x, qweight, scales, zeros, w = _int4_case(m, n, k, group, torch.bfloat16, False, seed=m)
+@pytest.mark.parametrize("group,bits", [(128, 4), (-1, 4), (128, 8)])
+def test_gpu_int4_kernel(m, n, k, group, bits):
+    x, qweight, scales, zeros, w = _int4_case(m, n, k, group, torch.bfloat16, False, seed=m, bits=bits)
     x, qweight, scales, zeros, w = (t.cuda() for t in (x, qweight, scales, zeros, w))
-    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, group)
+    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, group, bits=bits)
     _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
 
 
