@@ -29,7 +29,7 @@ def _grouped_gemm_int4_kernel(
     rows, N, K, group, a_row_div, num_experts,
     stride_am, stride_qe, stride_qk, stride_se, stride_sg, stride_ze, stride_zg, stride_ge, stride_cm,
     G_IDX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, BITS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -46,7 +46,7 @@ def _grouped_gemm_int4_kernel(
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_valid[None, :], other=0.0)
         w = int4_tile(qw, s, z, gidx, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg, stride_zg,
-                      False, G_IDX, 4).to(a.dtype)  # exact in float32, then rounded once
+                      False, G_IDX, BITS).to(a.dtype)  # exact in float32, then rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -74,6 +74,7 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
         rows, n, k, k if group == -1 else max(group, 1), a_row_div, qweight.shape[0],
         a.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         zeros.stride(0), zeros.stride(1), g_idx.stride(0) if g_idx is not None else 0, c.stride(0),
-        G_IDX=g_idx is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, UPCAST=INTERPRET, IEEE=a.dtype == torch.float32, **NO_FMA,
+        G_IDX=g_idx is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, UPCAST=INTERPRET,
+        IEEE=a.dtype == torch.float32, BITS=w.bits, **NO_FMA,
     )
     return c.to(a.dtype)

@@ -1,10 +1,11 @@
 """Mixture-of-experts with every expert's weights in int4 (GPTQ, AWQ, compressed-tensors W4A16
 MoE checkpoints: Qwen3-MoE, Mixtral, DeepSeek in 4 bits): each expert's gated MLP is
-`Int4Linear`'s math twice, weight-only. Each weight is dequantized exactly ((q - zero) * scale,
+`PackedIntLinear`'s math twice, weight-only. Each weight is dequantized exactly ((q - zero) * scale,
 in float32) and rounded once to the activation dtype, then multiplied in that dtype
 (`int4_dequant_matmul`); the routed outputs are summed as `batonlm.kernels.moe` sums them.
 
-Weights, one `batonlm.kernels.quant` int4 layout per expert (W^T packed along its input rows):
+Weights, one `batonlm.kernels.quant` int4 layout per expert (W^T packed along its input rows;
+or its 8-bit twin, `bits` 8: GPTQ 8-bit and W8A16 experts, 4 codes per word instead of 8):
 `w13_qweight` int32 [E, ceil(H / 8), 2I] (gate columns then up columns), `w13_scales` float32
 and `w13_zeros` uint8 [E, ceil(H / G), 2I]; `w2_qweight` [E, ceil(I / 8), H], `w2_scales` /
 `w2_zeros` [E, ceil(I / G), H]. One group size G for both (-1: one group of all rows); or GPTQ's
@@ -42,19 +43,20 @@ from batonlm.kernels.quant import dequantize_int4, int4_dequant_matmul_reference
 
 @dataclass(frozen=True)
 class Int4Weights:
-    """One projection of every expert: qweight [E, ceil(K / 8), N], scales and zeros [E, G, N];
-    in GPTQ's activation order (group 0) `g_idx` [E, K], each expert's rows' groups."""
+    """One projection of every expert: qweight [E, ceil(K / (32 / bits)), N], scales and zeros
+    [E, G, N]; in GPTQ's activation order (group 0) `g_idx` [E, K], each expert's rows' groups."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     k: int  # input features
     g_idx: torch.Tensor | None = None
+    bits: int = 4
 
     def expert(self, e: int | torch.Tensor) -> Int4Weights:
         """Expert e's weights (a tensor of experts: those experts', gathered)."""
         return Int4Weights(self.qweight[e], self.scales[e], self.zeros[e], self.k,
-                           None if self.g_idx is None else self.g_idx[e])
+                           None if self.g_idx is None else self.g_idx[e], self.bits)
 
     def check(self, name: str, group: int) -> None:
         e, packed, n = self.qweight.shape
@@ -63,8 +65,9 @@ class Int4Weights:
             raise ValueError(f"{name}_g_idx: expected [{e}, {self.k}] exactly when the group is 0 (activation "
                              f"order), got {None if self.g_idx is None else list(self.g_idx.shape)} for group {group}")
         groups = self.scales.shape[1] if group == 0 else 1 if group == -1 else -(-self.k // group)
-        if self.qweight.dtype != torch.int32 or packed != -(-self.k // 8):
-            raise ValueError(f"{name}_qweight: expected int32 [{e}, {-(-self.k // 8)}, N], got "
+        rows = -(-self.k // (32 // self.bits)) if self.bits in (4, 8) else -1
+        if self.qweight.dtype != torch.int32 or packed != rows:
+            raise ValueError(f"{name}_qweight: expected int32 [{e}, {rows}, N] ({self.bits} bits), got "
                              f"{self.qweight.dtype} {list(self.qweight.shape)}")
         for what, t in (("scales", self.scales), ("zeros", self.zeros)):
             if tuple(t.shape) != (e, groups, n):
@@ -79,7 +82,7 @@ def fused_moe_int4_grouped(
     w2.check("w2", group)
 
     def linear(x: torch.Tensor, w: Int4Weights) -> torch.Tensor:
-        return int4_dequant_matmul_reference(x, w.qweight, w.scales, w.zeros, group, None, w.g_idx)
+        return int4_dequant_matmul_reference(x, w.qweight, w.scales, w.zeros, group, None, w.g_idx, w.bits)
 
     def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
         return linear(gated(linear(seg, w13.expert(e)), act), w2.expert(e))
@@ -90,7 +93,8 @@ def fused_moe_int4_grouped(
 def _dense_weights(w: Int4Weights, group: int, dtype: torch.dtype) -> torch.Tensor:
     """[E, N, K] in `dtype`: each expert's weight as the reference rounds it."""
     experts = [w.expert(e) for e in range(w.qweight.shape[0])]
-    return torch.stack([dequantize_int4(x.qweight, x.scales, x.zeros, group, w.k, dtype, x.g_idx) for x in experts])
+    return torch.stack([dequantize_int4(x.qweight, x.scales, x.zeros, group, w.k, dtype, x.g_idx, w.bits)
+                        for x in experts])
 
 
 def fused_moe_int4_dense(

@@ -152,7 +152,8 @@ def _static(experts: Fp8Experts | Int8Experts) -> tuple[torch.Tensor, torch.Tens
 
 class Int4Experts(nn.Module):
     """Every expert's gated MLP kept in int4 (GPTQ, AWQ, compressed-tensors W4A16 experts, all
-    repacked into `kernels/quant.py`'s int4 layout; GPTQ's activation order with each expert's
+    repacked into `kernels/quant.py`'s int4 layout; `bits` 8: its 8-bit twin, GPTQ 8-bit and
+    W8A16 experts; GPTQ's activation order with each expert's
     `g_idx`, `group` 0, of `order_groups` groups for w13 and w2), weight-only, this rank's slice of their
     intermediate features, in place of `FusedExperts` (quantization/resident_experts.py).
     `kernels/moe_int4.py`, picked as for float experts."""
@@ -166,14 +167,15 @@ class Int4Experts(nn.Module):
     w13_g_idx: torch.Tensor | None
     w2_g_idx: torch.Tensor | None
 
-    def __init__(self, experts: FusedExperts, group: int, order_groups: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, experts: FusedExperts, group: int, order_groups: tuple[int, int] = (0, 0),
+                 bits: int = 4) -> None:
         super().__init__()
-        self.intermediate, self.rows, self.group = experts.intermediate, experts.rows, group
+        self.intermediate, self.rows, self.group, self.bits = experts.intermediate, experts.rows, group, bits
         num, two_count, hidden = experts.w13.shape
         count = two_count // 2
         for (name, k, n), ordered in zip((("w13", hidden, two_count), ("w2", count, hidden)), order_groups):
             groups = ordered if group == 0 else 1 if group == -1 else -(-k // group)
-            self.register_buffer(f"{name}_qweight", torch.empty(num, -(-k // 8), n, dtype=torch.int32))
+            self.register_buffer(f"{name}_qweight", torch.empty(num, -(-k // (32 // bits)), n, dtype=torch.int32))
             # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
             self.register_buffer(f"{name}_scales", torch.empty(num, groups, n))
             self.register_buffer(f"{name}_zeros", torch.empty(num, groups, n, dtype=torch.uint8))
@@ -183,8 +185,9 @@ class Int4Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
-        w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden, self.w13_g_idx)
-        w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count, self.w2_g_idx)
+        w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden, self.w13_g_idx,
+                                   self.bits)
+        w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count, self.w2_g_idx, self.bits)
         run = _pick(x, ids.shape[1], self.w13_qweight.shape[0], moe_int4.fused_moe_int4_triton,
                     moe_int4.fused_moe_int4_gathered, moe_int4.fused_moe_int4_dense, moe_int4.fused_moe_int4_grouped)
         return run(x, w13, w2, self.group, ids, weights, act)

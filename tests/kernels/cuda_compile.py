@@ -93,8 +93,8 @@ KERNELS = [
             block_expert_ptr=I64, rows="i32", N="i32", K="i32", group="i32", a_row_div="i32", num_experts="i32",
             stride_am="i32", stride_qe="i32", stride_qk="i32", stride_se="i32", stride_sg="i32", stride_ze="i32",
             stride_zg="i32", stride_ge="i32", stride_cm="i32"),
-       dict(G_IDX=g_idx, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, UPCAST=False, IEEE=False), dict(num_warps=4, **NO_FMA))
-      for g_idx in (False, True)),
+       dict(G_IDX=g_idx, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, UPCAST=False, IEEE=False, BITS=bits),
+       dict(num_warps=4, **NO_FMA)) for g_idx, bits in ((False, 4), (True, 4), (False, 8))),
 ]
 
 

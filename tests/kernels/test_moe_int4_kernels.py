@@ -34,46 +34,47 @@ EPS32 = torch.finfo(torch.float32).eps
 
 
 def _weights(g: torch.Generator, experts: int, k: int, n: int, group: int, sym: bool,
-             ordered: bool = False) -> tuple[Int4Weights, torch.Tensor]:
+             ordered: bool = False, bits: int = 4) -> tuple[Int4Weights, torch.Tensor]:
     """Random codes, zeros and half-precision scales; and the meaning W [E, N, K] in float64.
     `ordered`: GPTQ's activation order, each expert's own permutation of its rows' groups."""
     groups = 1 if group == -1 else -(-k // group)
     size = k if group == -1 else group
-    q = torch.randint(0, 16, (experts, k, n), generator=g)
-    zeros = torch.full((experts, groups, n), 8) if sym else torch.randint(0, 16, (experts, groups, n), generator=g)
-    scales = (torch.rand(experts, groups, n, generator=g) + 0.1).half().float() / (8 * k**0.5)
+    top = 1 << bits
+    q = torch.randint(0, top, (experts, k, n), generator=g)
+    zeros = torch.full((experts, groups, n), top // 2) if sym else torch.randint(0, top, (experts, groups, n), generator=g)
+    scales = (torch.rand(experts, groups, n, generator=g) + 0.1).half().float() / (top // 2 * k**0.5)
     if ordered:
         rows = torch.stack([torch.randperm(k, generator=g) // size for _ in range(experts)])  # [E, K]
     else:
         rows = (torch.arange(k) // size).expand(experts, k)
     pick = torch.arange(experts)[:, None]
     w = ((q - zeros[pick, rows]).double() * scales[pick, rows].double()).transpose(1, 2)
-    packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
-    return Int4Weights(packed, scales, zeros.to(torch.uint8), k, rows.to(torch.int32) if ordered else None), w
+    packed = torch.stack([pack_int4(q[e], bits) for e in range(experts)])
+    return Int4Weights(packed, scales, zeros.to(torch.uint8), k, rows.to(torch.int32) if ordered else None, bits), w
 
 
 def _case(t: int, k: int, experts: int, hidden: int, inter: int, group: int, sym: bool, seed: int,
-          ordered: bool = False):
+          ordered: bool = False, bits: int = 4):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, hidden, generator=g, dtype=torch.float64)
-    w13, w13_64 = _weights(g, experts, hidden, 2 * inter, group, sym, ordered)
-    w2, w2_64 = _weights(g, experts, inter, hidden, group, sym, ordered)
+    w13, w13_64 = _weights(g, experts, hidden, 2 * inter, group, sym, ordered, bits)
+    w2, w2_64 = _weights(g, experts, inter, hidden, group, sym, ordered, bits)
     scores = torch.rand(t, experts, generator=g) + torch.linspace(1.0, 0.0, experts)  # a hot expert, cold ones
     ids = scores.topk(k, dim=1).indices
     weights = torch.rand(t, k, generator=g, dtype=torch.float64) + 0.1
     return x, w13, w2, w13_64, w2_64, ids, weights
 
 
-# (tokens, top-k, experts, hidden, intermediate, group, symmetric): decode's one token, ragged loads,
-# sizes off the tiles and groups (a partial last group), one group of all rows.
-CASES = [(1, 2, 4, 64, 32, 32, True), (7, 3, 5, 80, 48, 32, False), (19, 2, 6, 96, 64, 64, False),
-         (5, 2, 3, 72, 40, -1, True)]
+# (tokens, top-k, experts, hidden, intermediate, group, symmetric, bits): decode's one token, ragged
+# loads, sizes off the tiles and groups (a partial last group), one group of all rows; 8-bit codes.
+CASES = [(1, 2, 4, 64, 32, 32, True, 4), (7, 3, 5, 80, 48, 32, False, 4), (19, 2, 6, 96, 64, 64, False, 4),
+         (5, 2, 3, 72, 40, -1, True, 4), (7, 3, 5, 80, 48, 32, False, 8), (5, 2, 3, 72, 40, -1, True, 8)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}-i{}-g{}".format(*c))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{}-k{}-e{}-h{}-i{}-g{}-sym{}-b{}".format(*c))
 @pytest.mark.parametrize("moe", FORMULATIONS)
 def test_each_formulation_is_the_int4_experts_layer(moe, case):
-    x, w13, w2, w13_64, w2_64, ids, weights = _case(*case, seed=sum(case[:5]))
+    x, w13, w2, w13_64, w2_64, ids, weights = _case(*case[:7], seed=sum(case[:5]), bits=case[7])
     group = case[5]
     got = moe(x.float(), w13, w2, group, ids, weights.float())
     assert got.dtype == torch.float32 and got.shape == x.shape
@@ -119,11 +120,11 @@ def test_a_bad_shape_is_named():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
-@pytest.mark.parametrize("t", [1, 64])
-def test_gpu_int4_moe(t):
+@pytest.mark.parametrize("t,bits", [(1, 4), (64, 4), (64, 8)])
+def test_gpu_int4_moe(t, bits):
     """Qwen3-30B-A3B-sized experts (hidden 2048, 768 features, groups of 128) in bfloat16."""
-    x, w13, w2, w13_64, w2_64, ids, weights = _case(t, 8, 16, 2048, 768, 128, False, seed=t)
-    cuda = [Int4Weights(w.qweight.cuda(), w.scales.cuda(), w.zeros.cuda(), w.k) for w in (w13, w2)]
+    x, w13, w2, w13_64, w2_64, ids, weights = _case(t, 8, 16, 2048, 768, 128, False, seed=t, bits=bits)
+    cuda = [Int4Weights(w.qweight.cuda(), w.scales.cuda(), w.zeros.cuda(), w.k, None, bits) for w in (w13, w2)]
     xb, wb, idc = x.bfloat16().cuda(), weights.bfloat16().cuda(), ids.cuda()
     got = fused_moe_int4_triton(xb, *cuda, 128, idc, wb)
     want = fused_moe_reference(x.bfloat16().double(), w13_64, w2_64, ids, weights.bfloat16().double())

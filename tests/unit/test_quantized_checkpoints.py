@@ -14,6 +14,7 @@ the other order; none does on this prompt (transformers agrees to the bound).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_runner import ModelRunner
 from batonlm.model_runner.moe import Fp8Experts
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, PackedIntLinear
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 # transformers (+ compressed-tensors) computes exactly what these mean.
@@ -62,6 +63,39 @@ def test_compressed_tensors_checkpoints_give_transformers_logits(name: str) -> N
     ref = _reference(name)
     ours = _prompt_logits(_runner(DATA / name), ref["input_ids"].reshape(-1))
     assert (ours - ref["logits"]).abs().max() <= RELATIVE * ref["logits"].abs().max()
+
+
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16"])
+def test_weight_only_checkpoints_kept_packed_give_transformers_logits(name: str) -> None:
+    """Kept in their codes (CUDA's default; here the kernels' torch references): int4, and
+    8-bit (W8A16: 4 codes per word) alike, transformers' logits."""
+    ref = _reference(name)
+    runner = _runner(DATA / name, resident=True)
+    assert any(isinstance(m, PackedIntLinear) for m in runner.model.modules())
+    ours = _prompt_logits(runner, ref["input_ids"].reshape(-1))
+    assert (ours - ref["logits"]).abs().max() <= RELATIVE * ref["logits"].abs().max()
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_gptq_8_bit_kept_packed_gives_the_dequantized_models_logits(desc_act: bool, tmp_path: Path) -> None:
+    """GPTQ 8-bit (AutoGPTQ / GPTQModel `bits: 8`), asymmetric, in activation order too: kept in
+    8-bit codes, the dequantized float32 model's logits."""
+    from quant_formats import write_gptq_checkpoint
+
+    gptq = tmp_path / "gptq8"
+    def shared_order(name: str) -> str:  # GPTQ orders the projections of one input together
+        return re.sub(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$", ".input", name)
+
+    deq = write_gptq_checkpoint(DATA / "fp32-source", gptq, bits=8, group_size=64, sym=False, desc_act=desc_act,
+                                order_key=shared_order)
+    save_dequantized(gptq, deq, tmp_path / "float")
+    ids = _reference("fp32-source")["input_ids"].reshape(-1)
+    want = _prompt_logits(_runner(tmp_path / "float"), ids)
+    runner = _runner(gptq, resident=True)
+    layers = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(layers) == 8 and all(m.bits == 8 and (m.g_idx is not None) == desc_act for m in layers)
+    ours = _prompt_logits(runner, ids)
+    assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
 
 
 def _dequantized_dir(name: str, tmp: Path) -> Path:
@@ -112,23 +146,24 @@ def test_w8a8_int8_quantizes_activations_as_the_checkpoint_says() -> None:
 
 def test_the_layers_kernels_cover_stay_quantized() -> None:
     """On the CPU W8A8 stays quantized, FP8 and int8 (its activations are quantized, as the
-    checkpoint says); weight-only formats are dequantized on load unless asked; weight-only int8
-    has no kernel and is always dequantized."""
+    checkpoint says); weight-only formats are dequantized on load unless asked (CUDA's default),
+    then int4 and packed int8 (W8A16) alike keep their codes, 4 or 8 bits."""
     def kinds(name: str, resident: bool | None = None) -> set[str]:
         model = _runner(DATA / name, resident).model
-        return {type(m).__name__ for m in model.modules() if isinstance(m, (Fp8Linear, Int8Linear, Int4Linear))}
+        return {type(m).__name__ for m in model.modules() if isinstance(m, (Fp8Linear, Int8Linear, PackedIntLinear))}
 
     assert kinds("fp8-block") == {"Fp8Linear"} and kinds("fp8-dynamic") == {"Fp8Linear"}
     assert kinds("w8a8") == {"Int8Linear"} and kinds("w8a8-static") == {"Int8Linear"}
-    assert kinds("w4a16") == set() and kinds("w4a16", resident=True) == {"Int4Linear"}
-    assert kinds("w8a16", resident=True) == set()
+    assert kinds("w4a16") == set() and kinds("w4a16", resident=True) == {"PackedIntLinear"}
+    assert kinds("w8a16") == set() and kinds("w8a16", resident=True) == {"PackedIntLinear"}
+    assert {m.bits for m in _runner(DATA / "w8a16", True).model.modules() if isinstance(m, PackedIntLinear)} == {8}
     # GPTQ in activation order: int4 with each row's group (q/k/v and gate/up share one order:
     # GPTQModel ordered them by the same input's Hessian).
-    acts = [m for m in _runner(DATA / "gptqmodel-w4g64-asym-descact", True).model.modules() if isinstance(m, Int4Linear)]
+    acts = [m for m in _runner(DATA / "gptqmodel-w4g64-asym-descact", True).model.modules() if isinstance(m, PackedIntLinear)]
     assert len(acts) == 8 and all(m.g_idx is not None and m.group_size == 0 for m in acts)
 
 
-@pytest.mark.parametrize("name", ["fp8-block", "w4a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8"])
+@pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,
@@ -218,7 +253,7 @@ def test_phi3_fused_projections_in_gptq_int4(tiny_models, tmp_path: Path) -> Non
         for resident in (False, True):
             ours = _prompt_logits(_runner(gptq, resident), ids)
             assert (ours - want).abs().max() <= RELATIVE * want.abs().max(), resident
-    assert any(isinstance(m, Int4Linear) for m in _runner(gptq, True).model.modules())
+    assert any(isinstance(m, PackedIntLinear) for m in _runner(gptq, True).model.modules())
 
 
 @pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", *GPTQ_AWQ])

@@ -254,6 +254,36 @@ def test_int4_experts_are_the_dequantized_experts(family: str, int4_moe) -> None
         assert torch.equal(traced, fused_moe_int4_dense(x, w13, w2, e.group, ids, weights, moe.act))
 
 
+def test_8_bit_experts_are_the_dequantized_experts(tmp_path) -> None:
+    """GPTQ 8-bit experts (4 codes per word) stay packed like int4 ones: with float32
+    activations the dequantized experts' outputs, bit for bit, eager and traced."""
+    from helpers import build_tiny_model
+    from quant_formats import write_gptq_checkpoint
+
+    from batonlm.kernels.moe import fused_moe_grouped
+    from batonlm.model_runner.moe import Int4Experts
+
+    build_tiny_model("qwen3_moe", tmp_path / "qwen3_moe", moe_intermediate_size=64, intermediate_size=128)
+    path = tmp_path / "qwen3_moe-gptq8"  # groups of 32: two per expert's down projection
+    write_gptq_checkpoint(tmp_path / "qwen3_moe", path, bits=8, group_size=32, sym=False,
+                          linears=LINEARS + FAMILIES["qwen3_moe"])
+    cfg = ModelConfig.from_hf(path)
+    model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
+    plain = load_model(cfg, torch.float32, "cpu", resident=False)[0]
+    layers = _moe_layers(model)
+    assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.bits == 8 for _, m in layers)
+    x = torch.randn(7, cfg.hidden_size, generator=torch.Generator().manual_seed(9))
+    for name, moe in layers:
+        floats = plain.get_submodule(name).experts
+        assert isinstance(floats, FusedExperts)
+        ids, weights = moe.route(x)
+        want = fused_moe_grouped(x, floats.w13, floats.w2, ids, weights, moe.act)
+        assert torch.equal(moe.experts(x, ids, weights, moe.act), want)
+        traced = torch.compile(lambda x, moe=moe, ids=ids, weights=weights: moe.experts(x, ids, weights, moe.act),
+                               backend="eager", fullgraph=True)(x)
+        assert (traced - want).abs().max() <= 1e-5 * want.abs().max()
+
+
 def test_two_ranks_int4_experts_sum_to_one_ranks(int4_moe) -> None:
     """Qwen3-MoE's experts of 64 features in groups of 32: each of two ranks holds one whole group
     of every expert's down rows; their outputs sum to the one-rank layer's (float32 apart)."""

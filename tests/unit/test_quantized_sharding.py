@@ -25,7 +25,7 @@ from quant_formats import write_fp8_block_checkpoint
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model, tp_layout
 from batonlm.model_runner.quantization.config import QuantizationError
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, PackedIntLinear
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 LAYER = "model.layers.1."
@@ -47,11 +47,11 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
 
 
 @pytest.mark.parametrize("name, resident, kind", [
-    ("gptqmodel-w4g64", True, Int4Linear),
-    ("gptqmodel-awq-w4g64", True, Int4Linear),
+    ("gptqmodel-w4g64", True, PackedIntLinear),
+    ("gptqmodel-awq-w4g64", True, PackedIntLinear),
     ("w4a16-asym", False, None),  # groups of 128: two ranks' 192 down_proj columns need it dequantized
     ("gptqmodel-w4g64-asym-descact", False, None),
-    ("gptqmodel-w4g64-asym-descact", True, Int4Linear),  # activation order: a rank's rows keep their groups
+    ("gptqmodel-w4g64-asym-descact", True, PackedIntLinear),  # activation order: a rank's rows keep their groups
     ("w8a16", False, None),
     ("fp8-block64", True, Fp8Linear),
     ("fp8-dynamic", True, Fp8Linear),
@@ -108,10 +108,10 @@ def _dense_weight(mod, k: int) -> torch.Tensor:
     inner = getattr(mod, "local", None) or mod
     if isinstance(inner, Int8Linear):
         return inner.weight_q.double() * inner.weight_scale.double()[:, None]
-    if isinstance(inner, (Fp8Linear, Int4Linear)):
+    if isinstance(inner, (Fp8Linear, PackedIntLinear)):
         from batonlm.kernels.quant import dequantize_fp8, dequantize_fp8_block, dequantize_int4
 
-        if isinstance(inner, Int4Linear):
+        if isinstance(inner, PackedIntLinear):
             return dequantize_int4(inner.qweight, inner.scales, inner.zeros, inner.group_size, k, torch.float64,
                                    inner.g_idx)
         if inner.block is not None:
@@ -124,7 +124,7 @@ def test_a_slice_that_would_split_a_block_or_group_is_refused() -> None:
     """128x128 FP8 blocks: two ranks' 64 K/V rows each split a block. int4 groups of 128 over
     down_proj's 384 input features: two ranks' 192 each split a group."""
     for name, words in (("fp8-block", ["qkv_proj", "k_proj", "FP8 128x128 blocks", "--tp"]),
-                        ("w4a16", ["down_proj", "int4 groups of 128", "--tp"])):
+                        ("w4a16", ["down_proj", "groups of 128 rows", "--tp"])):
         cfg = ModelConfig.from_hf(DATA / name)
         with pytest.raises(QuantizationError) as e:
             load_model(cfg, torch.float32, "cpu", shard=tp_layout(cfg, 1, 2), resident=True)

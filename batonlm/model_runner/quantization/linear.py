@@ -84,23 +84,25 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.n)
 
 
-class Int4Linear(nn.Module):
-    """y = x W^T (+ bias) with W^T [K, N] as 4-bit integers packed along K (`qweight` [K/8, N]),
-    a zero and a scale per group of `group_size` input rows and output column (GPTQ, AWQ and
-    compressed-tensors W4A16, repacked into this one layout on load). `group_size` 0: GPTQ's
-    activation order, each input row's group in `g_idx` [K] (of `groups` groups)."""
+class PackedIntLinear(nn.Module):
+    """y = x W^T (+ bias) with W^T [K, N] as `bits`-bit integers (4 or 8) packed along K
+    (`qweight` [K / (32 / bits), N]), a zero and a scale per group of `group_size` input rows and
+    output column (GPTQ, AWQ and compressed-tensors W4A16 / W8A16, repacked into this one layout
+    on load). `group_size` 0: GPTQ's activation order, each input row's group in `g_idx` [K] (of
+    `groups` groups)."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     g_idx: torch.Tensor | None
 
-    def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0) -> None:
+    def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
+                 bits: int = 4) -> None:
         super().__init__()
-        self.n, self.k, self.group_size = n, k, group_size
+        self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
         if group_size != 0:
             groups = 1 if group_size == -1 else _cdiv(k, group_size)
-        self.register_buffer("qweight", torch.empty(_cdiv(k, 8), n, dtype=torch.int32))
+        self.register_buffer("qweight", torch.empty(_cdiv(k, 32 // bits), n, dtype=torch.int32))
         # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
         self.register_buffer("scales", torch.empty(groups, n, dtype=torch.float32))
         self.register_buffer("zeros", torch.empty(groups, n, dtype=torch.uint8))
@@ -109,5 +111,6 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
-        y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias, self.g_idx)
+        y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias, self.g_idx,
+                                self.bits)
         return y.reshape(*x.shape[:-1], self.n)

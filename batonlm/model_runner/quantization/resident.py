@@ -1,7 +1,7 @@
 """Quantized weights kept quantized on the device (CUDA by default, W8A8 everywhere): each
 decoder projection whose checkpoint layers are all FP8, all int8 per channel with int8
 activations (W8A8-int8), or all 4-bit with consecutive groups, becomes an `Fp8Linear` /
-`Int8Linear` / `Int4Linear` (quantization/linear.py) before the model's memory is allocated, and
+`Int8Linear` / `PackedIntLinear` (quantization/linear.py) before the model's memory is allocated, and
 is filled here from the checkpoint's own integers and scales: never through a float copy.
 
 A projection the kernels do not cover (weight-only int8, int8 per group or with zeros, fused
@@ -36,7 +36,7 @@ from batonlm.model_runner.quantization.formats import (
     int_layout,
     int_weights,
 )
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int4Linear, Int8Linear
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, PackedIntLinear
 from batonlm.model_runner.weight_loader import Target
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class ResidentLayer:
     that fill it and how."""
 
     name: str  # the model's module name (e.g. model.layers.0.self_attn.qkv_proj)
-    module: nn.Module  # Fp8Linear, Int8Linear, Int4Linear; Fp8Experts, Int4Experts (resident_experts.py)
+    module: nn.Module  # Fp8Linear, Int8Linear, PackedIntLinear; Fp8Experts, Int4Experts (resident_experts.py)
     sources: list[tuple[QuantizedLinear, Target]]
     fill: Fill
 
@@ -83,7 +83,7 @@ def make_resident(
             continue
         n, k = weight.shape
         storages = {lin.storage for lin, _ in sources}
-        layer: Fp8Linear | Int8Linear | Int4Linear
+        layer: Fp8Linear | Int8Linear | PackedIntLinear
         static = any(static_scale(lin) for lin, _ in sources)
         if storages == {"fp8"}:
             block = quant.block
@@ -102,9 +102,10 @@ def make_resident(
             if group is None:
                 kept.add(module_name)
                 continue
-            groups = int_layout(ckpt, sources[0][0], quant)[2] if group == 0 else 0
+            bits, _, num_groups = int_layout(ckpt, sources[0][0], quant)
             with torch.device("meta"):
-                layer = Int4Linear(n, k, group, dtype, bias=False, groups=groups)
+                layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
+                                        bits=bits)
         else:
             kept.add(module_name)
             continue
@@ -137,16 +138,18 @@ def int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
 def int4_group(
     ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]], quant: QuantConfig
 ) -> int | None:
-    """The group size the int4 layout takes (-1: one group; 0: GPTQ's activation order, one
+    """The group size the packed int layout takes (-1: one group; 0: GPTQ's activation order, one
     `g_idx` its layers share, as a fused projection's do: their Hessians are of the same input),
-    or None: not 4-bit, or layers ordered differently. A slice that would split a group is
-    refused (in activation order a rank's rows keep their own groups: any slice)."""
+    or None: not 4- or 8-bit, layers of different widths, or layers ordered differently. A slice
+    that would split a group is refused (in activation order a rank's rows keep their own
+    groups: any slice)."""
     sizes = set()
     order: torch.Tensor | None = None
+    widths = {int_layout(ckpt, lin, quant)[0] for lin, _ in sources}
+    if len(widths) != 1 or not widths <= {4, 8}:
+        return None
     for lin, t in sources:
-        bits, size, _ = int_layout(ckpt, lin, quant)
-        if bits != 4:
-            return None
+        _, size, _ = int_layout(ckpt, lin, quant)
         if size is None:  # activation order: the checkpoint's g_idx (GPTQ) or weight_g_idx (compressed-tensors)
             name = group_index_name(lin)
             g_idx = ckpt.get(name) if name is not None else None
@@ -155,7 +158,7 @@ def int4_group(
             order, size = g_idx, 0
         if t.dim == 1 and size > 0 and size != -1 and (t.start % size or (t.count % size and t.start + t.count != t.full)):
             raise QuantizationError(f"{module_name}: this rank's input features [{t.start}, {t.start + t.count}) of "
-                                    f"{lin.prefix} would split its int4 groups of {size}; choose a --tp that "
+                                    f"{lin.prefix} would split its groups of {size} rows; choose a --tp that "
                                     "divides them into whole groups")
         sizes.add(size)
     if len(sizes) != 1:
@@ -177,7 +180,7 @@ def _check_fp8_slice(module_name: str, lin: QuantizedLinear, t: Target, block: t
                                 "them into whole blocks is needed")
 
 
-def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int8Linear | Int4Linear,
+def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int8Linear | PackedIntLinear,
           dtype: torch.dtype) -> None:
     if isinstance(old, RowParallelLinear):  # its bias stays, added once after the ranks' sum
         del old.weight
@@ -258,7 +261,7 @@ def _load_input_scale(module: Fp8Linear | Int8Linear, ckpt: Checkpoint, lin: Qua
         module.input_scale.copy_(given if t.offset == 0 else torch.maximum(module.input_scale, given))
 
 
-def _load_int4(module: Int4Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
+def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     iw = int_weights(ckpt, lin, quant)
     fill_int4(module.qweight, module.zeros, module.scales, module.group_size, iw, t)
     if module.g_idx is not None:  # activation order: this rank's rows' groups (the fused layers share them)
@@ -281,6 +284,6 @@ def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor, scales_out: torch.
             g = slice(t.start // group_size, cdiv(t.start + t.count, group_size))
             zeros, scales = zeros[g], scales[g]
     device = qweight.device
-    qweight[:, cols] = pack_int4(q).to(device)
+    qweight[:, cols] = pack_int4(q, iw.bits).to(device)
     zeros_out[:, cols] = zeros.to(device=device, dtype=zeros_out.dtype)
     scales_out[:, cols] = scales.to(device=device, dtype=scales_out.dtype)

@@ -136,8 +136,9 @@ def _int4_experts(
         gate = next(lin for lin, t in sources if t.dim == 0)
         down = next(lin for lin, t in sources if t.dim == 1)
         order_groups = (int_layout(ckpt, gate, quant)[2], int_layout(ckpt, down, quant)[2])
+    bits = int_layout(ckpt, sources[0][0], quant)[0]
     with torch.device("meta"):
-        layer = Int4Experts(module, group, order_groups)
+        layer = Int4Experts(module, group, order_groups, bits)
     return ResidentLayer(module_name, layer, sources, _fill_int4)
 
 
