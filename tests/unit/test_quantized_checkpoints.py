@@ -98,6 +98,58 @@ def test_gptq_8_bit_kept_packed_gives_the_dequantized_models_logits(desc_act: bo
     assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
 
 
+def _weight_only_int8(tmp: Path, group: int | None) -> Path:
+    """The `w8a8` fixture's int8 weights read weight-only (compressed-tensors int-quantized
+    without input activations: W8A16); `group`: instead, every weight re-quantized asymmetric
+    per group of `group` input features (int8 codes, a scale and an int8 zero point per group)."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = tmp / f"int8-weight-only-{group}"
+    shutil.copytree(DATA / "w8a8", out)
+    config = json.loads((out / "config.json").read_text())
+    scheme = config["quantization_config"]["config_groups"]["group_0"]
+    scheme["input_activations"] = None
+    tensors = load_file(str(out / "model.safetensors"))
+    if group is not None:
+        scheme["weights"].update(strategy="group", group_size=group, symmetric=False)
+        float_ones = load_file(str(DATA / "fp32-source" / "model.safetensors"))
+        for name in [n for n in tensors if n.endswith(".weight_scale")]:
+            p = name.removesuffix(".weight_scale")
+            w = float_ones[p + ".weight"].reshape(-1, group)  # [N * K / group, group]
+            lo, hi = w.amin(dim=1, keepdim=True).clamp(max=0), w.amax(dim=1, keepdim=True).clamp(min=0)
+            scale = ((hi - lo) / 255).clamp(min=1e-8)
+            zero = (torch.round(-lo / scale) - 128).clamp(-128, 127)
+            q = (torch.round(w / scale) + zero).clamp(-128, 127)
+            n = float_ones[p + ".weight"].shape[0]
+            tensors[p + ".weight"] = q.to(torch.int8).view(n, -1)
+            tensors[name] = scale.view(n, -1).to(torch.bfloat16)
+            tensors[p + ".weight_zero_point"] = zero.to(torch.int8).view(n, -1)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("group", [None, 64])
+def test_weight_only_int8_kept_packed_gives_its_dequantized_logits(group: int | None, tmp_path: Path) -> None:
+    """Unpacked int8 weights whose activations are not int8 (W8A16, per channel; or asymmetric
+    per group with zero points) join the 8-bit packed layout where weight-only formats stay
+    quantized: the dequantized model's logits (the loader's float view of the same codes)."""
+    path = _weight_only_int8(tmp_path, group)
+    ids = _reference("w8a8")["input_ids"].reshape(-1)
+    want = _prompt_logits(_runner(path, resident=False), ids)
+    runner = _runner(path, resident=True)
+    layers = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(layers) == 8 and all(m.bits == 8 for m in layers)
+    assert not any(isinstance(m, Int8Linear) for m in runner.model.modules())
+    ours = _prompt_logits(runner, ids)
+    assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
+    # The W8A8 checkpoint itself (int8 activations) keeps its int8 kernels, not the packed layout.
+    assert not any(isinstance(m, PackedIntLinear) for m in _runner(DATA / "w8a8", resident=True).model.modules())
+
+
 def _dequantized_dir(name: str, tmp: Path) -> Path:
     """The float32 checkpoint a GPTQ / AWQ fixture means, read by quant_formats.py's readers."""
     src = DATA / name
@@ -256,7 +308,7 @@ def test_phi3_fused_projections_in_gptq_int4(tiny_models, tmp_path: Path) -> Non
     assert any(isinstance(m, PackedIntLinear) for m in _runner(gptq, True).model.modules())
 
 
-@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", *GPTQ_AWQ])
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static", *GPTQ_AWQ])
 def test_the_int_layout_read_from_shapes_is_the_unpacked_ones(name: str) -> None:
     """What decides whether a layer stays int4 (its bits and consecutive groups) is read without
     unpacking its values; it is what the unpacked layer says, activation order included."""

@@ -26,6 +26,7 @@ W8A8 checkpoints as W8A16 (activations unquantized, at least as accurate).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -145,6 +146,9 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
     and its group index alone, never unpacking its values (what `int_weights` says)."""
     p = f"{lin.prefix}."
     k = lin.shape[1]
+    if lin.storage == "int":
+        num_groups = _int8_groups(ckpt, lin)
+        return (8 if num_groups else 0), (-1 if num_groups == 1 else -(-k // max(num_groups, 1))), max(num_groups, 1)
     if lin.storage == "packed":
         packed = ckpt.shape(p + "weight_packed")
         bits = next((b for b in (4, 8) if -(-k * b // 32) == packed[1]), 0)
@@ -218,7 +222,41 @@ def _awq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeigh
     return IntWeights(q, zeros, scales, groups, 4)
 
 
-_INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq}
+def _int8_groups(ckpt: Checkpoint, lin: QuantizedLinear) -> int:
+    """An unpacked int8 layer's scale groups along K (1: per tensor or channel), or 0 where its
+    scales are not per tensor, channel or group (blocks) or its codes are not signed int8."""
+    n, k = lin.shape
+    scale = tuple(ckpt.shape(lin.members[1]))
+    if ckpt.dtype(f"{lin.prefix}.weight") != "I8":
+        return 0
+    if math.prod(scale) == 1 or scale in ((n,), (n, 1)):
+        return 1
+    return scale[1] if len(scale) == 2 and scale[0] == n and -(-k // -(-k // scale[1])) == scale[1] else 0
+
+
+def _int8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
+    """compressed-tensors' int-quantized int8 weights read as weight-only (their activations not
+    int8: W8A16): signed codes offset to unsigned (+128), a zero of 128 (+ the zero point), a
+    scale per tensor, channel or group."""
+    p = f"{lin.prefix}."
+    n, k = lin.shape
+    num_groups = _int8_groups(ckpt, lin)
+    if not num_groups:
+        raise QuantizationError(f"{p}weight: int8 codes with scales per tensor, channel or group are read as "
+                                "packed integers; this layer's are not")
+    def per_row(t: torch.Tensor) -> torch.Tensor:  # per tensor, channel or group -> [N, G]
+        return (t.reshape(-1, num_groups) if t.numel() > 1 else t.reshape(1, 1)).expand(n, num_groups)
+
+    q = (ckpt.get(p + "weight").to(torch.int32) + 128).t()  # [K, N]
+    scale = per_row(ckpt.get(lin.members[1]).to(torch.float32))
+    zero = torch.full((n, num_groups), 128, dtype=torch.int32)
+    if p + "weight_zero_point" in lin.members:
+        zero = zero + per_row(ckpt.get(p + "weight_zero_point").to(torch.int32))
+    groups = _group_index(ckpt, p + "weight_g_idx", lin, k, num_groups, -1 if num_groups == 1 else -(-k // num_groups))
+    return IntWeights(q.contiguous(), zero.t().contiguous(), scale.t().contiguous(), groups, 8)
+
+
+_INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq, "int": _int8}
 
 
 def _int_dense(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:

@@ -4,9 +4,10 @@ activations (W8A8-int8), or all 4-bit with consecutive groups, becomes an `Fp8Li
 `Int8Linear` / `PackedIntLinear` (quantization/linear.py) before the model's memory is allocated, and
 is filled here from the checkpoint's own integers and scales: never through a float copy.
 
-A projection the kernels do not cover (weight-only int8, int8 per group or with zeros, fused
-layers in different activation orders, mixed formats) stays a float layer filled by the
-dequantizing view.
+Weight-only integer layers, 4- or 8-bit (GPTQ, AWQ, compressed-tensors packed, and unpacked
+int8 whose activations are not int8), become one packed layout. A projection the kernels do not
+cover (int8 scaled per block, fused layers in different activation orders or widths, mixed
+formats) stays a float layer filled by the dequantizing view.
 Under tensor parallelism a rank holds the rows or columns of every source layer the float loader
 would give it (`weight_targets`); a slice that would split an FP8 block or an int4 group is
 refused at start-up, naming the layer. A MoE layer's experts: resident_experts.py.
@@ -97,7 +98,7 @@ def make_resident(
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
-        elif storages <= {"gptq", "awq", "packed"}:
+        elif storages <= {"gptq", "awq", "packed"} | weight_only_int8(quant):  # weight-only, 4 or 8 bits
             group = int4_group(ckpt, module_name, sources, quant)
             if group is None:
                 kept.add(module_name)
@@ -112,8 +113,8 @@ def make_resident(
         _swap(model, module_name, module, layer, dtype)
         out.append(ResidentLayer(module_name, layer, sources, _fill_of(layer, storages)))
     if kept:
-        logger.info("%d quantized projection(s) run dequantized (weight-only int8, int8 per group or with zeros, "
-                    "fused layers in different activation orders or mixed formats), e.g. %s", len(kept), sorted(kept)[0])
+        logger.info("%d quantized projection(s) run dequantized (int8 scaled per block, fused layers in different "
+                    "activation orders or widths, mixed formats), e.g. %s", len(kept), sorted(kept)[0])
     return out
 
 
@@ -126,6 +127,13 @@ def per_channel_scale(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
 
 def static_scale(lin: QuantizedLinear) -> bool:
     return any(m.endswith(".input_scale") for m in lin.members)
+
+
+def weight_only_int8(quant: QuantConfig) -> set[str]:
+    """{"int"} where unpacked int8 layers are weight-only (their activations are not int8: they
+    join the packed layout), else nothing (W8A8: its int8 layers the int8 kernels do not run stay
+    dequantized, as the CPU runs them faster so)."""
+    return set() if quant.act_quant == "int8" else {"int"}
 
 
 def int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
@@ -270,7 +278,7 @@ def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, 
 
 def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor, scales_out: torch.Tensor, group_size: int,
               iw: IntWeights, t: Target) -> None:
-    """One int4 layout (qweight [K/8, N], zeros and scales [G, N]) filled with this rank's part
+    """One packed int layout (qweight [K / (32 / bits), N], zeros and scales [G, N]) filled with this rank's part
     of a checkpoint layer: its output columns at the target's offset, or its input rows in whole
     groups."""
     q, zeros, scales = iw.q, iw.zeros, iw.scales  # [K, N], [G, N], [G, N]

@@ -30,6 +30,7 @@ from batonlm.model_runner.quantization.resident import (
     int8_per_channel,
     per_channel_scale,
     static_scale,
+    weight_only_int8,
 )
 from batonlm.model_runner.weight_loader import Target, checkpoint_name
 
@@ -121,7 +122,7 @@ def _int4_experts(
     """`Int4Experts` when every expert's projections are 4-bit with consecutive groups of one
     size (a rank's slice of the down projections' rows in whole groups, or a start-up error), or
     in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
-    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed"}:
+    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed"} | weight_only_int8(quant):
         return None
     by_expert: dict[tuple[int, int], list[tuple[QuantizedLinear, Target]]] = {}
     for lin, t in sources:  # (expert, 0: gate and up / 1: down) -> its layers
