@@ -170,9 +170,11 @@ class ModelConfig:
             quant = resolve_quantization(raw, quantization)
         except QuantizationError as e:
             raise ModelConfigError(f"{cfg_file}: {e}") from None
-        if quant is not None and impl != "native":
-            raise ModelConfigError(f"{cfg_file}: a quantized model ({quant.description}) runs on batonlm's native "
-                                   f"models only, and {architecture} has none (--model-impl {model_impl})")
+        if quant is not None and impl != "native" and (quant.act_quant != "none" or quant.online):
+            raise ModelConfigError(f"{cfg_file}: a quantized model ({quant.description}) whose activations are "
+                                   f"quantized too runs on batonlm's native models only, and {architecture} has none "
+                                   f"(--model-impl {model_impl}); on transformers' code weight-only formats run "
+                                   "(GPTQ, AWQ, compressed-tensors W4A16 / W8A16), dequantized")
         embedding_only = architecture != _declared_architecture(raw)
         # transformers' config maps other names (GPT-2's n_embd, ...) to the ones read below.
         text = raw if impl == "native" else _transformers_fields(root, raw)

@@ -43,10 +43,12 @@ def held_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
 def _meta_model(cfg: ModelConfig, dtype: torch.dtype, tp: int, mlp_split: int | None, device: str,
                 resident: bool | None) -> nn.Module:
     if cfg.impl == "transformers":
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
 
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.path)).to(dtype)
+        from batonlm.model_runner.models.transformers_fallback import float_config
+
+        with torch.device("meta"):  # (a quantized checkpoint runs dequantized: float weights)
+            return AutoModelForCausalLM.from_config(float_config(cfg.path)).to(dtype)
     from batonlm.model_runner.model_loader import build_meta_model
 
     mlp_group = TPGroup(0, mlp_split) if mlp_split is not None and mlp_split != tp else None

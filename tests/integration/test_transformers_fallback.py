@@ -9,6 +9,7 @@ import zlib
 
 import httpx
 import pytest
+import torch
 from helpers import (
     FALLBACK_FAMILIES,
     SchedulerHarness,
@@ -110,6 +111,39 @@ def test_what_the_fallback_cannot_do_is_refused_in_one_line(fallback_models, tmp
         msg = str(e.value)
         assert f"model architecture {arch!r} is not supported" in msg and why in msg
         assert "native: LlamaForCausalLM" in msg and "\n" not in msg
+
+
+def test_a_weight_only_quantized_checkpoint_runs_dequantized(fallback_models, tmp_path):
+    """GPTQ int4 of GPT-NeoX (no native module) on transformers' code, its weights dequantized:
+    transformers' greedy tokens on the float checkpoint it means, in both loops. A checkpoint
+    that quantizes activations too (W8A8) is refused in one line naming what runs."""
+    from quant_formats import save_dequantized, write_gptq_checkpoint
+    from quant_w8a8 import write_w8a8_checkpoint
+
+    src = fallback_models["gpt_neox"]
+    linears = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+    gptq = tmp_path / "gptq"
+    deq = write_gptq_checkpoint(src, gptq, bits=4, group_size=32, sym=False, linears=linears)
+    save_dequantized(gptq, deq, tmp_path / "float")
+    cfg = ModelConfig.from_hf(gptq)
+    assert cfg.impl == "transformers" and cfg.quantization is not None
+    from batonlm.model_runner.weight_size import weight_bytes
+
+    # A GPU's KV budget counts the dequantized weights: the float model's bytes.
+    assert weight_bytes(cfg, torch.bfloat16, device="cpu") == weight_bytes(ModelConfig.from_hf(src), torch.bfloat16,
+                                                                          device="cpu")
+    prompts, max_new = _workload("gpt_neox")
+    want = hf_greedy(str(tmp_path / "float"), prompts, max_new)
+    assert want != hf_greedy(src, prompts, max_new)  # the rounding shows: the float source is not the reference
+    h = SchedulerHarness(str(gptq), chunked_prefill_size=16)
+    try:
+        for overlap in (False, True):
+            assert _run(h, prompts, max_new, overlap) == want, f"overlap={overlap}"
+    finally:
+        h.close()
+    write_w8a8_checkpoint(src, tmp_path / "w8a8", linears=linears)
+    with pytest.raises(ModelConfigError, match=r"activations are quantized too .*GPTNeoXForCausalLM has none.*GPTQ"):
+        ModelConfig.from_hf(tmp_path / "w8a8")
 
 
 def test_serve_says_which_code_runs_the_model(fallback_models):

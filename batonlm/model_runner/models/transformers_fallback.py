@@ -10,6 +10,13 @@ mask built (the backend applies causality and sliding windows itself), and the m
 without a transformers cache (`use_cache=False`). So the scheduler, the radix cache, chunked
 prefill, retraction, both event loops, speculative decoding and sampling apply unchanged.
 
+A quantized checkpoint with weight-only formats (GPTQ, AWQ, compressed-tensors W4A16 / W8A16)
+runs dequantized: transformers' model is built from the config and filled by batonlm's
+dequantizing view of the checkpoint (`open_checkpoint`), by the tensors' names, which must be
+transformers' own (its checkpoint conversions do not apply); transformers' loader would need the
+format's package, and a GPU for most. W8A8 and FP8 checkpoints are refused (their activations are
+quantized too: run with float ones, their outputs are not the checkpoint's).
+
 What it does not do: tensor parallelism and DP attention (transformers' layers are whole), the
 compiled CPU step and CUDA graphs (the step runs eagerly); attention logit soft-capping (Gemma 2)
 only on the torch attention backend. The backend attends with the scale each layer passes; each layer's
@@ -30,10 +37,10 @@ from batonlm.model_runner.attention.base import AttentionBackend
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.models.base import CausalLM
-from batonlm.model_runner.weight_loader import LoadStats, checkpoint_files
+from batonlm.model_runner.weight_loader import LoadStats, checkpoint_files, open_checkpoint
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PretrainedConfig, PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -126,9 +133,44 @@ def load_transformers_model(
         raise ValueError("the transformers fallback runs on one rank: tensor parallelism and DP attention "
                          "need a native model")
     _register()
-    hf = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation=IMPLEMENTATION)
+    hf: PreTrainedModel
+    if cfg.quantization is None:
+        hf = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation=IMPLEMENTATION)
+    else:
+        hf = _dequantized(cfg, dtype)
     nn.Module.to(hf, torch.device(device)).eval()  # (transformers' own `to` is typed for its decorators)
     files = checkpoint_files(cfg.path)
     size = sum(f.stat().st_size for f in files)
-    logger.info("model %s runs on transformers' modeling code (%s)", cfg.architecture, type(hf).__name__)
+    logger.info("model %s runs on transformers' modeling code (%s)%s", cfg.architecture, type(hf).__name__,
+                f", its {cfg.quantization.description} weights dequantized" if cfg.quantization else "")
     return TransformersCausalLM(cfg, hf), LoadStats(size, size)
+
+
+def float_config(path: str) -> PretrainedConfig:
+    """transformers' config of the checkpoint at `path` without its quantization: the model the
+    fallback builds holds float weights."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
+def _dequantized(cfg: ModelConfig, dtype: torch.dtype) -> PreTrainedModel:
+    """transformers' model loaded from the checkpoint's tensors as the dequantizing view reads
+    them (transformers' own renames of its checkpoint names apply, as to any state dict)."""
+    import transformers
+
+    config = float_config(cfg.path)
+    with open_checkpoint(checkpoint_files(cfg.path), cfg.quantization) as ckpt:
+        state = {name: ckpt.read(name) for name in ckpt.names()}
+    model_class = getattr(transformers, cfg.architecture)  # (the auto class needs a path)
+    hf, info = model_class.from_pretrained(None, config=config, state_dict=state, dtype=dtype,
+                                           attn_implementation=IMPLEMENTATION, output_loading_info=True)
+    unread = [n for n in info.get("missing_keys", ()) if n in dict(hf.named_parameters())]
+    if unread or info.get("unexpected_keys"):
+        raise ValueError(f"{cfg.path}: transformers' {cfg.architecture} does not take the quantized checkpoint's "
+                         f"tensors as its parameters (missing {sorted(unread)[:3]}, unexpected "
+                         f"{sorted(info.get('unexpected_keys', ()))[:3]})")
+    return hf
