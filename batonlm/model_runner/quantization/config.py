@@ -56,7 +56,8 @@ class QuantConfig:
         if self.method in ("gptq", "awq"):
             return f"{self.method} int{self.bits} (group {self.group_size}{'' if self.sym else ', asymmetric'})"
         if self.method == "fp8":
-            return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks)" if self.block else "(per tensor)")
+            static = ", static activation scales" if self.activation_scheme == "static" else ""
+            return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
         return self.method + (f" ({self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
