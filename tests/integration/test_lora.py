@@ -423,3 +423,25 @@ def test_the_lora_mix_benchmark_runs_end_to_end(tmp_path):
     assert set(rows) == {"LoRA off", 0, 2} and rows["LoRA off"]["ratio_to_lora_off"] == 1.0
     assert all(r["tokens_per_s"] > 0 and r["device_per_iter_ms"] > 0 for r in rows.values())
     assert "adapters in use" in done.stdout
+
+
+def test_adapters_on_a_quantized_base(adapters, references, stories_path, tmp_path):
+    """Adapters trained on the float model served on its GPTQ int4 checkpoint (as QLoRA adapters
+    are): each request gets transformers + PEFT's tokens on the float model the checkpoint means
+    (its dequantized weights), base rows and adapter rows mixed in one batch."""
+    from quant_formats import save_dequantized, write_gptq_checkpoint
+
+    prompts, _ = references
+    gptq = tmp_path / "gptq"
+    # The attention projections: the MLP's 172 features do not pack into int32 words of 8 (GPTQ
+    # would leave them float too).
+    linears = ("q_proj", "k_proj", "v_proj", "o_proj")
+    deq = write_gptq_checkpoint(stories_path, gptq, bits=4, group_size=64, sym=False, linears=linears)
+    save_dequantized(gptq, deq, tmp_path / "float")
+    want = peft_references(str(tmp_path / "float"), adapters, prompts, 12)
+    assert want[(None, 0)] != peft_greedy(stories_path, None, prompts[0], 12)  # the base is the quantized one
+    h = SchedulerHarness(str(gptq), lora_paths=lora_paths(adapters))
+    try:
+        check_mixed_batch(h, adapters, prompts, want, SHORT, overlaps=(True,))
+    finally:
+        h.close()
