@@ -166,7 +166,11 @@ def aligned_by_expert(
     return weighted_sum(mlp(sorted_ids, block_expert, ids.flatten()).view(*topk_ids.shape, -1), weights, x.dtype)
 
 
-def check_input_scales(input_scales: tuple[torch.Tensor, torch.Tensor] | None, experts: int, allowed: bool) -> None:
+# Quantized experts' static activation scales: each expert's (gate/up's [E], down's [E]), or None.
+StaticScales = tuple[torch.Tensor, torch.Tensor] | None
+
+
+def check_input_scales(input_scales: StaticScales, experts: int, allowed: bool = True) -> None:
     """Quantized experts' static activation scales: (gate/up's, down's) float32 [E] each, where
     the format takes them (`allowed`)."""
     if input_scales is None:

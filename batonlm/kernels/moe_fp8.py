@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from batonlm.kernels.moe import (
     Activation,
+    StaticScales,
     aligned_by_expert,
     check_input_scales,
     dense_by_expert,
@@ -57,11 +58,10 @@ from batonlm.kernels.quant import (
 )
 
 Block = tuple[int, int] | None  # (bn, bk), or None: one scale per output channel
-Static = tuple[torch.Tensor, torch.Tensor] | None  # each expert's static input scales (a13 [E], a2 [E])
 
 
 def _check(w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-           block: Block, input_scales: Static = None) -> None:
+           block: Block, input_scales: StaticScales = None) -> None:
     e, two_i, h = w13_q.shape
     check_input_scales(input_scales, e, block is None)
     bn, bk = block or (1, 0)
@@ -97,7 +97,7 @@ def _quantized_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
 def fused_moe_fp8_grouped(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
-    input_scales: Static = None,
+    input_scales: StaticScales = None,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
     a13, a2 = input_scales or (None, None)
@@ -135,7 +135,7 @@ def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, blo
 def fused_moe_fp8_dense(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
-    input_scales: Static = None,
+    input_scales: StaticScales = None,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
     a13, a2 = input_scales or (None, None)
@@ -149,7 +149,7 @@ def fused_moe_fp8_dense(
 def fused_moe_fp8_gathered(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
-    input_scales: Static = None,
+    input_scales: StaticScales = None,
 ) -> torch.Tensor:
     """Each routed pair's expert gathered (codes and scales), the dense math pair by pair."""
     _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
@@ -165,7 +165,7 @@ def fused_moe_fp8_gathered(
 def fused_moe_fp8_triton(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     block: Block, topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu,
-    input_scales: Static = None,
+    input_scales: StaticScales = None,
 ) -> torch.Tensor:
     """Two grouped FP8 GEMM launches; the activations quantized by the Triton quantizer (with
     static scales each pair's row by its expert's: the first GEMM reads pair rows then)."""

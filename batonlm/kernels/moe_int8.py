@@ -36,6 +36,7 @@ from batonlm.kernels.int8 import (
 )
 from batonlm.kernels.moe import (
     Activation,
+    StaticScales,
     aligned_by_expert,
     check_input_scales,
     dense_by_expert,
@@ -44,13 +45,11 @@ from batonlm.kernels.moe import (
     grouped_by_expert,
 )
 
-Static = tuple[torch.Tensor, torch.Tensor] | None  # each expert's static input scales (a13 [E], a2 [E])
-
 
 def _check(w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-           input_scales: Static = None) -> None:
+           input_scales: StaticScales = None) -> None:
     e, two_i, h = w13_q.shape
-    check_input_scales(input_scales, e, True)
+    check_input_scales(input_scales, e)
     want = {"w13_q": (e, two_i, h), "w2_q": (e, h, two_i // 2)}
     for name, t in (("w13_q", w13_q), ("w2_q", w2_q)):
         if t.dtype != torch.int8 or tuple(t.shape) != want[name]:
@@ -75,7 +74,7 @@ def _linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, a: torch.
 
 def fused_moe_int8_grouped(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: Static = None,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: StaticScales = None,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, input_scales)
     a13, a2 = input_scales or (None, None)
@@ -103,7 +102,7 @@ def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, a: 
 
 def fused_moe_int8_dense(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: Static = None,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: StaticScales = None,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, input_scales)
     a13, a2 = input_scales or (None, None)
@@ -116,7 +115,7 @@ def fused_moe_int8_dense(
 
 def fused_moe_int8_gathered(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: Static = None,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: StaticScales = None,
 ) -> torch.Tensor:
     """Each routed pair's expert gathered, the dense math pair by pair."""
     _check(w13_q, w13_scale, w2_q, w2_scale, input_scales)
@@ -130,7 +129,7 @@ def fused_moe_int8_gathered(
 
 def fused_moe_int8_triton(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
-    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: Static = None,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: StaticScales = None,
 ) -> torch.Tensor:
     """Two grouped int8 GEMM launches (with static scales the first reads pair rows, each
     quantized by its expert's scale)."""

@@ -117,3 +117,27 @@ def gated_with_error(x_d: torch.Tensor, w13: torch.Tensor) -> tuple[torch.Tensor
     g = silu * up
     bound = 1.1 * e_gate * (up.abs() + e_up) + (silu.abs() + 1.1 * e_gate) * e_up + 8 * eps * g.abs()
     return g, 2 * bound + torch.finfo(torch.float32).tiny
+
+
+def static_experts_truth(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, a13: torch.Tensor, a2: torch.Tensor,
+                         ids: torch.Tensor, weights: torch.Tensor, quantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, bound) in float64 of W8A8 experts with static activation scales, from the dequantized
+    weights w13 [E, 2I, H] and w2 [E, H, I] (float64) and `quantized(v, scale)`: a float32 row [1,
+    K] quantized by a scale and dequantized, float64 [K] (the format's own quantizer). Each routed
+    row is quantized by its expert's a13 (the same float32 codes the kernels take), its gated
+    intermediate by the expert's a2. Computed in float32 an intermediate element's code may differ
+    only where its rounding error straddles a code boundary (`gated_with_error`): that difference
+    through |W2|, plus float32's roundings of the magnitudes. Tight: a wrong scale shows."""
+    eps = torch.finfo(torch.float32).eps
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    bound = torch.zeros(x.shape, dtype=torch.float64)
+    depth = x.shape[1] + w2.shape[2] + ids.shape[1]
+    for t in range(x.shape[0]):
+        for slot in range(ids.shape[1]):
+            e, w = int(ids[t, slot]), float(weights[t, slot])
+            g, err = gated_with_error(quantized(x[t : t + 1], a13[e]), w13[e])
+            g_d = quantized(g.float()[None], a2[e])
+            moved = quantized((g + err).float()[None], a2[e]) - quantized((g - err).float()[None], a2[e])
+            out[t] += w * (g_d @ w2[e].T)
+            bound[t] += w * (moved.abs() @ w2[e].abs().T + 4 * depth * eps * ((g.abs() + g_d.abs()) @ w2[e].abs().T))
+    return out, bound

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from kernel_helpers import calibrated_input_scales, gated_with_error, interpreted_only  # noqa: E402
+from kernel_helpers import calibrated_input_scales, interpreted_only, static_experts_truth  # noqa: E402
 
 from batonlm.kernels import _triton_moe  # noqa: E402
 from batonlm.kernels.moe import moe_align, sort_by_expert  # noqa: E402
@@ -136,29 +136,15 @@ def test_each_formulation_is_the_fp8_experts_layer(moe, case):
 
 
 def _static_truth(x, w13_q, w13_s, w2_q, w2_s, a13, a2, ids, weights):
-    """(y, bound) in float64 with static activation scales: each routed row quantized by its
-    expert's a13 (the codes float32's, the same quantizer's), its gated intermediate by the
-    expert's a2. Computed in float32 an intermediate element's code may differ only where its
-    rounding error straddles a code boundary (`gated_with_error`): that code difference through
-    |W2|, plus float32's roundings of the magnitudes. Tight: a wrong scale shows."""
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    bound = torch.zeros(x.shape, dtype=torch.float64)
-    depth = x.shape[1] + w2_q.shape[2] + ids.shape[1]
-    for t in range(x.shape[0]):
-        for slot in range(ids.shape[1]):
-            e, w = int(ids[t, slot]), float(weights[t, slot])
-            w13, w2 = _weight(w13_q[e], w13_s[e], None), _weight(w2_q[e], w2_s[e], None)
-            x_d = static_quant_fp8_reference(x[t : t + 1], a13[e])[0].double() * float(a13[e])
-            g, err = gated_with_error(x_d, w13)
+    """(y, bound) in float64 with each expert's static scales (`static_experts_truth`)."""
+    experts = range(w13_q.shape[0])
+    w13 = torch.stack([_weight(w13_q[e], w13_s[e], None) for e in experts])
+    w2 = torch.stack([_weight(w2_q[e], w2_s[e], None) for e in experts])
 
-            def requantized(v: torch.Tensor, e: int = e) -> torch.Tensor:
-                return static_quant_fp8_reference(v.float()[None], a2[e])[0].double() * float(a2[e])
+    def quantized(v: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return static_quant_fp8_reference(v, scale)[0].double() * float(scale)
 
-            g_d = requantized(g)
-            out[t] += w * (g_d @ w2.T)
-            moved = requantized(g + err) - requantized(g - err)
-            bound[t] += w * (moved @ w2.abs().T + 4 * depth * EPS32 * ((g.abs() + g_d.abs()) @ w2.abs().T))
-    return out, bound
+    return static_experts_truth(x, w13, w2, a13, a2, ids, weights, quantized)
 
 
 @pytest.mark.parametrize("case", [(1, 2, 4, 64, 32), (13, 3, 5, 72, 40), (21, 2, 6, 96, 48)],

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from kernel_helpers import calibrated_input_scales, gated_with_error, interpreted_only  # noqa: E402
+from kernel_helpers import calibrated_input_scales, interpreted_only, static_experts_truth  # noqa: E402
 
 from batonlm.kernels.int8 import per_token_quant_int8_reference, static_quant_int8_reference  # noqa: E402
 from batonlm.kernels.moe_int8 import (  # noqa: E402
@@ -95,30 +95,15 @@ def test_every_formulation_is_the_reference_bit_for_bit(moe, case):
 
 
 def _static_truth(x, w13_q, w13_s, w2_q, w2_s, ids, weights, input_scales):
-    """(y, bound) in float64 with each expert's static scales (a13, a2): the integer sums exact,
-    an intermediate element's code different only where its float32 error straddles a code
-    boundary (`gated_with_error`), through |W2|, plus float32's roundings. Tight: a wrong scale
-    shows."""
-    a13, a2 = input_scales
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    bound = torch.zeros(x.shape, dtype=torch.float64)
-    depth = x.shape[1] + w2_q.shape[2] + ids.shape[1]
-    for t in range(x.shape[0]):
-        for slot in range(ids.shape[1]):
-            e, w = int(ids[t, slot]), float(weights[t, slot])
-            w13 = w13_q[e].double() * w13_s[e].double()[:, None]
-            w2 = w2_q[e].double() * w2_s[e].double()[:, None]
-            x_d = static_quant_int8_reference(x[t : t + 1], a13[e])[0].double() * float(a13[e])
-            g, err = gated_with_error(x_d, w13)
+    """(y, bound) in float64 with each expert's static scales (`static_experts_truth`): the
+    integer sums exact."""
+    w13 = w13_q.double() * w13_s.double()[:, :, None]
+    w2 = w2_q.double() * w2_s.double()[:, :, None]
 
-            def requantized(v: torch.Tensor, e: int = e) -> torch.Tensor:
-                return static_quant_int8_reference(v.float()[None], a2[e])[0].double() * float(a2[e])
+    def quantized(v: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return static_quant_int8_reference(v, scale)[0].double() * float(scale)
 
-            g_d = requantized(g)
-            out[t] += w * (g_d @ w2.T)
-            moved = requantized(g + err) - requantized(g - err)
-            bound[t] += w * (moved @ w2.abs().T + 4 * depth * EPS32 * ((g.abs() + g_d.abs()) @ w2.abs().T))
-    return out, bound
+    return static_experts_truth(x, w13, w2, *input_scales, ids, weights, quantized)
 
 
 def _static(case):

@@ -146,9 +146,9 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
     and its group index alone, never unpacking its values (what `int_weights` says)."""
     p = f"{lin.prefix}."
     k = lin.shape[1]
-    if lin.storage == "int":
+    if lin.storage == "int":  # unpacked int8, consecutive groups (bits 0: scales the packed layout cannot take)
         num_groups = _int8_groups(ckpt, lin)
-        return (8 if num_groups else 0), (-1 if num_groups == 1 else -(-k // max(num_groups, 1))), max(num_groups, 1)
+        return (8, -1 if num_groups == 1 else -(-k // num_groups), num_groups) if num_groups else (0, -1, 1)
     if lin.storage == "packed":
         packed = ckpt.shape(p + "weight_packed")
         bits = next((b for b in (4, 8) if -(-k * b // 32) == packed[1]), 0)
@@ -231,7 +231,11 @@ def _int8_groups(ckpt: Checkpoint, lin: QuantizedLinear) -> int:
         return 0
     if math.prod(scale) == 1 or scale in ((n,), (n, 1)):
         return 1
-    return scale[1] if len(scale) == 2 and scale[0] == n and -(-k // -(-k // scale[1])) == scale[1] else 0
+    if len(scale) != 2 or scale[0] != n:
+        return 0
+    groups = scale[1]
+    size = -(-k // groups)
+    return groups if -(-k // size) == groups else 0  # groups of `size` rows, the last one partial
 
 
 def _int8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
@@ -244,6 +248,7 @@ def _int8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeig
     if not num_groups:
         raise QuantizationError(f"{p}weight: int8 codes with scales per tensor, channel or group are read as "
                                 "packed integers; this layer's are not")
+
     def per_row(t: torch.Tensor) -> torch.Tensor:  # per tensor, channel or group -> [N, G]
         return (t.reshape(-1, num_groups) if t.numel() > 1 else t.reshape(1, 1)).expand(n, num_groups)
 
@@ -252,7 +257,7 @@ def _int8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeig
     zero = torch.full((n, num_groups), 128, dtype=torch.int32)
     if p + "weight_zero_point" in lin.members:
         zero = zero + per_row(ckpt.get(p + "weight_zero_point").to(torch.int32))
-    groups = _group_index(ckpt, p + "weight_g_idx", lin, k, num_groups, -1 if num_groups == 1 else -(-k // num_groups))
+    groups = _group_index(ckpt, None, lin, k, num_groups, -1 if num_groups == 1 else -(-k // num_groups))
     return IntWeights(q.contiguous(), zero.t().contiguous(), scale.t().contiguous(), groups, 8)
 
 
