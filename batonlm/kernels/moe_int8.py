@@ -87,17 +87,30 @@ def fused_moe_int8_grouped(
 
 
 def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
-    """x [T, K] (or [E, T, K]: expert e's rows for expert e) through every expert -> [E, T, N]
-    (the experts may be gathered pairs: [P, 1, K] through P weights); `a` [E]: each expert's
-    static input scale, its rows quantized by it."""
+    """x [T, K] (or [E, T, K]: expert e's rows for expert e) through every expert -> [E, T, N];
+    `a` [E]: each expert's static input scale, its rows quantized by it."""
     e = w_q.shape[0]
     if a is not None:
         x = x.expand(e, *x.shape[-2:])
     t = x.shape[-2]
     q, s = _quantized(x.reshape(-1, x.shape[-1]), None if a is None else a[:, None].expand(e, t))
-    per = [(q, s) if x.dim() == 2 else (q[i * t : (i + 1) * t], s[i * t : (i + 1) * t]) for i in range(e)]
+    if x.dim() == 2:
+        per = [(q, s)] * e
+    else:  # expert i's rows: a view per expert (slicing by a traced batch size would fix it in the graph)
+        q3, s3 = q.view(e, t, -1), s.view(e, t, 1)
+        per = [(q3[i], s3[i]) for i in range(e)]
     out = [(int_product(qi, w_q[i]).float() * si * w_scale[i][None, :]).to(x.dtype) for i, (qi, si) in enumerate(per)]
     return torch.stack(out)
+
+
+def _pair_linear(rows: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, a: torch.Tensor | None,
+                 ) -> torch.Tensor:
+    """Gathered pairs: row p [P, 1, K] through its own expert's weight w_q[p] [P, N, K] -> [P, 1,
+    N], one batched product (float64: every integer sum exact, as `int_product`'s), no loop over
+    the pairs; each row's result the grouped path's bit for bit."""
+    q, s = _quantized(rows.reshape(-1, rows.shape[-1]), a)
+    y = torch.matmul(q.double().unsqueeze(1), w_q.double().transpose(1, 2)).squeeze(1)
+    return (y.float() * s * w_scale).to(rows.dtype).unsqueeze(1)
 
 
 def fused_moe_int8_dense(
@@ -122,7 +135,7 @@ def fused_moe_int8_gathered(
 
     def mlp(rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         a13, a2 = (None, None) if input_scales is None else (a[e] for a in input_scales)
-        return _dense_linear(gated(_dense_linear(rows, w13_q[e], w13_scale[e], a13), act), w2_q[e], w2_scale[e], a2)
+        return _pair_linear(gated(_pair_linear(rows, w13_q[e], w13_scale[e], a13), act), w2_q[e], w2_scale[e], a2)
 
     return gathered_by_expert(x, topk_ids, topk_weights, mlp)
 

@@ -28,6 +28,7 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import split_evenly
@@ -198,14 +199,16 @@ Run = TypeVar("Run")
 
 def _pick(x: torch.Tensor, top_k: int, num_experts: int, triton: Run, gathered: Run, dense: Run, grouped: Run) -> Run:
     """Which formulation of the experts runs: Triton on CUDA; in a traced graph (the CPU's
-    compiled step) the gathered one when the batch size is fixed (the batch-1 graph) and its
-    routed expert copies, T * K, are fewer than the experts, else the dense one (shapes fixed by
-    the batch size either way); eager on the CPU the grouped one."""
+    compiled step) the gathered one for a batch of one token (its K routed expert copies fewer
+    than the experts: the batch-1 graph), else the dense one (shapes fixed by the batch size
+    either way); eager on the CPU the grouped one. The batch size is read without a guard
+    (`statically_known_true`): the 2-64 row graph's is symbolic, and comparing it would fix the
+    graph to the size it was traced with."""
     if x.is_cuda:
         return triton
     if torch.compiler.is_compiling():
-        tokens = x.shape[0]
-        return gathered if isinstance(tokens, int) and tokens * top_k < num_experts else dense
+        one = statically_known_true(x.shape[0] == 1)
+        return gathered if one and top_k < num_experts else dense
     return grouped
 
 

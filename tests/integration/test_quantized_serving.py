@@ -15,13 +15,18 @@ from safetensors.torch import load_file
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 
 
-def _greedy(path: str | Path, prompts: list[list[int]], max_new: list[int], **args) -> list[list[int]]:
+def _greedy(path: str | Path, prompts: list[list[int]], max_new: list[int], graph_steps: list[int] | None = None,
+            **args) -> list[list[int]]:
+    """Each prompt's greedy tokens (`graph_steps`: given, the decode batches the compiled step
+    ran is appended; an inline device worker's)."""
     h = SchedulerHarness(str(path), **args)
     try:
         for i, (ids, n) in enumerate(zip(prompts, max_new)):
             h.submit(f"r{i}", ids, {"temperature": 0.0, "max_new_tokens": n}, at=i)
         records = h.run(overlap=True)
         h.assert_all_free()
+        if graph_steps is not None:
+            graph_steps.append(h.sched.device.executor.runner.graph_steps)
         return [records[f"r{i}"].token_ids for i in range(len(prompts))]
     finally:
         h.close()
@@ -52,18 +57,28 @@ def test_two_ranks_give_one_ranks_tokens(tmp_path: Path) -> None:
 
 def test_static_quantized_experts_serve(tiny_models, tmp_path: Path) -> None:
     """MoE checkpoints with static activation scales (AutoFP8 FP8 Mixtral, W8A8 int8 static
-    Qwen3-MoE), experts kept quantized: the compiled step gives the eager step's greedy tokens,
-    and two ranks give one rank's (every rank quantizes by the same scales)."""
+    Qwen3-MoE), experts kept quantized, and the float Qwen3-MoE: the compiled step (its batch-1
+    graph gathering the routed experts, its 2-64 row graph running them all) runs the decode
+    batches and gives the eager step's greedy tokens; two ranks give one rank's (every rank
+    quantizes by the same scales)."""
     from quant_formats import LINEARS
     from quant_w8a8 import write_static_checkpoint
 
     prompts = random_prompts(3, random.Random(5), lo=2, hi=40)
     max_new = [20, 9, 14]
     for family, kind, experts in (("mixtral", "autofp8", ("w1", "w3", "w2")),
-                                  ("qwen3_moe", "int8", ("gate_proj", "up_proj", "down_proj"))):
-        path = tmp_path / f"{family}-{kind}"
-        write_static_checkpoint(tiny_models[family], path, kind, LINEARS + experts)
+                                  ("qwen3_moe", "int8", ("gate_proj", "up_proj", "down_proj")),
+                                  ("qwen3_moe", None, ())):
+        path = Path(tiny_models[family])
+        if kind is not None:
+            path = tmp_path / f"{family}-{kind}"
+            write_static_checkpoint(tiny_models[family], path, kind, LINEARS + experts)
         eager = _greedy(path, prompts, max_new)
-        assert _greedy(path, prompts, max_new, compile="on") == eager, path.name
+        steps: list[int] = []
+        compiled = _greedy(path, prompts, max_new, compile="on", compile_cache_dir=str(tmp_path / "inductor"),
+                           cpu_device_worker="inline", graph_steps=steps)
+        # A decode step that fails to compile runs eagerly (one warning): no batch through a graph.
+        assert steps[0] >= max(max_new) - len(max_new), (path.name, steps)
+        assert compiled == eager, path.name
         if kind == "int8":
             assert _greedy(path, prompts, max_new, tp_size=2, debug_tp_check_every=1) == eager, path.name

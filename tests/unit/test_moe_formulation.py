@@ -1,8 +1,9 @@
 """Which formulation of the experts a MoE layer runs (batonlm/model_runner/moe.py): eager, the
-grouped one; traced into a graph of a fixed batch size whose routed expert copies (T * K) are
-fewer than the experts, the gathered one (the compiled step's batch-1 graph: it reads K experts'
-weights, not all E); any other graph (a symbolic batch size, or as many copies as experts), the
-dense one. The kernel tests check each formulation's numbers."""
+grouped one; traced into a graph of one token (the compiled step's batch-1 graph: it reads K
+experts' weights, not all E), the gathered one; any other graph (the 2-64 row graph's symbolic
+batch size, read without a guard that would fix it to the traced size), the dense one. The kernel
+tests check each formulation's numbers; tests/integration/test_quantized_serving.py that MoE
+models' decode steps compile."""
 
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ def _expected(layer: SparseMoE, x: torch.Tensor, formulation: moe_kernels.MoEFun
 
 
 @pytest.mark.parametrize("tokens, dynamic, formulation", [
-    (1, False, moe_kernels.fused_moe_gathered),  # 3 copies of 8 experts
-    (2, False, moe_kernels.fused_moe_gathered),  # 6 of 8
-    (3, False, moe_kernels.fused_moe_dense),  # 9: as many as reading every expert
-    (4, True, moe_kernels.fused_moe_dense),  # a symbolic batch size
+    (1, False, moe_kernels.fused_moe_gathered),  # the batch-1 graph: 3 copies of 8 experts
+    (2, False, moe_kernels.fused_moe_dense),
+    (2, True, moe_kernels.fused_moe_dense),  # a symbolic batch size (the 2-64 row graph), traced at 2
+    (4, True, moe_kernels.fused_moe_dense),
 ])
 def test_the_traced_layer_takes_the_formulation_its_shapes_call_for(moe_layer, tokens, dynamic, formulation):
     """The choice, read inside the trace (the formulations may agree to the bit on some inputs),
