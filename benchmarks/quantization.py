@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--compile", choices=["on", "off"], default="off",
                     help="Part 2's step: eager (the kernels' path, the default here) or the compiled CPU "
                          "decode step (what `batonlm serve` runs on a CPU)")
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="serve only the variants whose names contain one of these (e.g. int8 float)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     shape = dict(SHAPES[args.shape], **({"num_hidden_layers": args.layers} if args.layers else {}))
@@ -174,8 +176,9 @@ def main() -> None:
         src = build_random_llama(config, Path(tmp) / "float")
         print(f"\nPart 2: a random model ({args.shape}, {shape['num_hidden_layers']} layers) served, "
               f"{args.new_tokens} new tokens per stream, {'compiled' if args.compile == 'on' else 'eager'} step")
-        rows = served(variants(src, Path(tmp)), args.batch, args.new_tokens, args.rounds, args.device, args.dtype,
-                      args.compile)
+        models = {name: v for name, v in variants(src, Path(tmp)).items()
+                  if not args.only or any(o in name for o in args.only)}
+        rows = served(models, args.batch, args.new_tokens, args.rounds, args.device, args.dtype, args.compile)
     print(table(rows))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -103,16 +103,6 @@ def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, a: 
     return torch.stack(out)
 
 
-def _pair_linear(rows: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, a: torch.Tensor | None,
-                 ) -> torch.Tensor:
-    """Gathered pairs: row p [P, 1, K] through its own expert's weight w_q[p] [P, N, K] -> [P, 1,
-    N], one batched product (float64: every integer sum exact, as `int_product`'s), no loop over
-    the pairs; each row's result the grouped path's bit for bit."""
-    q, s = _quantized(rows.reshape(-1, rows.shape[-1]), a)
-    y = torch.matmul(q.double().unsqueeze(1), w_q.double().transpose(1, 2)).squeeze(1)
-    return (y.float() * s * w_scale).to(rows.dtype).unsqueeze(1)
-
-
 def fused_moe_int8_dense(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: StaticScales = None,
@@ -130,12 +120,13 @@ def fused_moe_int8_gathered(
     x: torch.Tensor, w13_q: torch.Tensor, w13_scale: torch.Tensor, w2_q: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: StaticScales = None,
 ) -> torch.Tensor:
-    """Each routed pair's expert gathered, the dense math pair by pair."""
+    """Each routed pair's expert gathered, the dense math pair by pair (an int8 GEMM per pair: the
+    compiled step takes it for one token, K pairs, a number its graph fixes)."""
     _check(w13_q, w13_scale, w2_q, w2_scale, input_scales)
 
     def mlp(rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         a13, a2 = (None, None) if input_scales is None else (a[e] for a in input_scales)
-        return _pair_linear(gated(_pair_linear(rows, w13_q[e], w13_scale[e], a13), act), w2_q[e], w2_scale[e], a2)
+        return _dense_linear(gated(_dense_linear(rows, w13_q[e], w13_scale[e], a13), act), w2_q[e], w2_scale[e], a2)
 
     return gathered_by_expert(x, topk_ids, topk_weights, mlp)
 
