@@ -154,9 +154,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--compile", choices=["on", "off"], default="off",
-                    help="Part 2's step: eager (the kernels' path, the default here) or the compiled CPU "
-                         "decode step (what `batonlm serve` runs on a CPU)")
+    ap.add_argument("--compile", choices=["on", "off", "auto"], default="off",
+                    help="Part 2's step: eager (the kernels' path, the default here), the compiled CPU "
+                         "decode step, or what `batonlm serve` runs by default (auto: a MoE model's "
+                         "batch-1 graph only)")
     ap.add_argument("--only", nargs="+", metavar="NAME",
                     help="serve only the variants whose names contain one of these (e.g. int8 float)")
     ap.add_argument("--json", type=Path)
@@ -175,7 +176,7 @@ def main() -> None:
                                       "tie_word_embeddings": False, **shape}))  # a shape may name its family
         src = build_random_llama(config, Path(tmp) / "float")
         print(f"\nPart 2: a random model ({args.shape}, {shape['num_hidden_layers']} layers) served, "
-              f"{args.new_tokens} new tokens per stream, {'compiled' if args.compile == 'on' else 'eager'} step")
+              f"{args.new_tokens} new tokens per stream, { {'on': 'compiled', 'off': 'eager', 'auto': 'default (--compile auto)'}[args.compile]} step")
         models = {name: v for name, v in variants(src, Path(tmp)).items()
                   if not args.only or any(o in name for o in args.only)}
         rows = served(models, args.batch, args.new_tokens, args.rounds, args.device, args.dtype, args.compile)
