@@ -105,9 +105,13 @@ def _check_matmul(x_q, x_scale, w_q, w_scale, bias) -> tuple[torch.Tensor, torch
 def int_product(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     """x_q [M, K] @ w_q [N, K]^T, int32, exact: the CPU's int8 GEMM (oneDNN, through
     `torch._int_mm`), elsewhere float64 (every partial sum is an integer below 2^53). K = 1 goes
-    through float64 too: the CPU kernel misreads a one-column weight's transpose (torch 2.13)."""
+    through float64 too: the CPU kernel misreads a one-column weight's transpose (torch 2.13).
+    One row goes in twice: a compiled graph may hand the kernel a row of a larger buffer with a
+    zero row stride (legal for a size-1 dimension), which it misreads too (torch 2.13)."""
     if x_q.device.type == "cpu" and x_q.shape[0] and x_q.shape[1] > 1:
-        return torch._int_mm(x_q.contiguous(), w_q.t())
+        if x_q.shape[0] == 1:
+            return torch._int_mm(x_q.expand(2, -1).contiguous(), w_q.contiguous().t())[:1]
+        return torch._int_mm(x_q.contiguous(), w_q.contiguous().t())
     return (x_q.double() @ w_q.double().t()).to(torch.int32)
 
 

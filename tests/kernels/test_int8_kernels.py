@@ -179,3 +179,20 @@ def test_gpu_int8_kernels(m, n, k):
     bias = torch.randn(n, device="cuda", generator=g, dtype=torch.bfloat16)
     got = I8.int8_scaled_matmul(q, s, w_q, w_scale, torch.bfloat16, bias)
     assert torch.equal(got, I8.int8_scaled_matmul_reference(q, s, w_q, w_scale, torch.bfloat16, bias))
+
+
+def test_one_row_of_a_compiled_graphs_buffer_multiplies_exactly():
+    """In a compiled graph (inductor) a row sliced from a larger int8 buffer reaches the int8 GEMM
+    with a zero row stride, which torch 2.13's CPU `_int_mm` misreads (garbage sums): the gathered
+    int8 experts of the compiled batch-1 graph did so. `int_product` gives it a real row."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 64, generator=g) * 40
+    w_q = torch.randint(-128, 128, (96, 64), generator=g, dtype=torch.int8)
+
+    def rows(x: torch.Tensor) -> torch.Tensor:
+        q = torch.round(x).clamp(-128, 127).to(torch.int8)
+        return torch.stack([I8.int_product(q[i : i + 1], w_q) for i in range(3)])
+
+    torch._dynamo.reset()
+    want = torch.round(x).clamp(-128, 127).double() @ w_q.double().T
+    assert torch.equal(torch.compile(rows, backend="inductor", fullgraph=True)(x).squeeze(1).double(), want)
