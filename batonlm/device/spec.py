@@ -202,9 +202,10 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
     # auto compiles every dense native model where a C++ compiler is found: the compiled step is
     # the faster one at every size measured (benchmarks/decode_step.py; docs/benchmarks.md): op
     # dispatch on small models, the weights read at memory bandwidth on larger ones (linear.py).
-    # A mixture of experts only its batch-1 graph: one token gathers its K routed experts (1.96x
+    # A mixture of experts only its batch-1 graph: one token gathers its K routed experts (2.00x
     # the eager step on a 32-expert Qwen3-MoE), while the 2-64 row graph runs every expert over
-    # every token, slower there than the eager step's grouped experts (models.md, benchmarks.md).
+    # every token, slower there than the eager step's grouped experts (models.md, benchmarks.md);
+    # but W8A8 int8 experts both (their int8 GEMMs make the 2-64 row graph 1.9x their eager step).
     # Not bfloat16 / float16 (auto is float32 on the CPU): fused, the compiled step rounds
     # differently from the eager step and transformers (greedy tokens part after 4-19 on
     # stories260K, where eager bfloat16 keeps transformers' tokens), and is no faster on the CPU
@@ -212,7 +213,8 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
     if args.compile == "on":
         return min(args.max_running_requests, COMPILE_MAX_BS), 0
     if args.compile == "auto" and args.dtype in ("auto", "float32") and cxx_compiler() is not None:
-        return (1 if cfg.is_moe else min(args.max_running_requests, COMPILE_MAX_BS)), 0
+        int8_experts = cfg.quantization is not None and cfg.quantization.act_quant == "int8"
+        return (1 if cfg.is_moe and not int8_experts else min(args.max_running_requests, COMPILE_MAX_BS)), 0
     return 0, 0
 
 

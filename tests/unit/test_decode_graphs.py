@@ -136,6 +136,10 @@ def test_decode_step_resolution(monkeypatch, stories_path):
     # (every expert over every token, slower than the eager step's grouped experts).
     moe = dataclasses.replace(tiny, raw={**tiny.raw, "num_experts": 8})
     assert decode_step(args, "cpu", moe) == (1, 0)
+    from batonlm.model_runner.quantization.config import QuantConfig
+
+    w8a8 = dataclasses.replace(moe, quantization=QuantConfig("compressed-tensors", act_quant="int8"))
+    assert decode_step(args, "cpu", w8a8) == (64, 0)  # int8 experts: the 2-64 row graph gains too
     assert decode_step(args.replace(compile="on"), "cpu", moe) == (64, 0)
     assert decode_step(args.replace(compile="on"), "cpu", larger) == (64, 0)
     assert decode_step(args.replace(max_running_requests=8), "cpu", tiny) == (8, 0)
