@@ -14,7 +14,7 @@
 #      LoRA: 16 streams over 0 / 1 / 4 / 8 adapters (writes benchmarks/results/lora_mix_gpu.json);
 #   6. quantized weights (writes benchmarks/results/quantization_gpu.json, and
 #      quantization_moe_gpu.json for a small Qwen3-MoE whose experts stay quantized): bf16 vs FP8
-#      vs W8A8 int8 vs int4 decode tok/s; the host side next to the real device step
+#      vs static FP8 (AutoFP8) vs W8A8 int8 vs int4 decode tok/s; the host side next to the real device step
 #      (benchmarks/results/host_gpu.json): main-process CPU per token and scheduler CPU per iteration against the iteration's time;
 #   7. scale-out, where there are at least 2 GPUs (writes benchmarks/results/tp_sync_gpu.json):
 #      NCCL collective costs, decode tokens/s at --tp 1/2, and serving with --tp 2, --dp 2 and
