@@ -425,10 +425,13 @@ def test_the_lora_mix_benchmark_runs_end_to_end(tmp_path):
     assert "adapters in use" in done.stdout
 
 
-def test_adapters_on_a_quantized_base(adapters, references, stories_path, tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["dequantized", "packed"])
+def test_adapters_on_a_quantized_base(adapters, references, stories_path, tmp_path, monkeypatch, packed):
     """Adapters trained on the float model served on its GPTQ int4 checkpoint (as QLoRA adapters
     are): each request gets transformers + PEFT's tokens on the float model the checkpoint means
-    (its dequantized weights), base rows and adapter rows mixed in one batch."""
+    (its dequantized weights), base rows and adapter rows mixed in one batch; with the
+    projections dequantized on load (the CPU's default) or kept packed (CUDA's, forced here in an
+    inline device: `PackedIntLinear`, its torch reference exact in float32)."""
     from quant_formats import save_dequantized, write_gptq_checkpoint
 
     prompts, _ = references
@@ -440,8 +443,19 @@ def test_adapters_on_a_quantized_base(adapters, references, stories_path, tmp_pa
     save_dequantized(gptq, deq, tmp_path / "float")
     want = peft_references(str(tmp_path / "float"), adapters, prompts, 12)
     assert want[(None, 0)] != peft_greedy(stories_path, None, prompts[0], 12)  # the base is the quantized one
-    h = SchedulerHarness(str(gptq), lora_paths=lora_paths(adapters))
+    extra = {}
+    if packed:
+        from batonlm.model_runner import model_loader
+
+        monkeypatch.setattr(model_loader, "keeps_quantized", lambda cfg, device: True)
+        extra = {"cpu_device_worker": "inline"}
+    h = SchedulerHarness(str(gptq), lora_paths=lora_paths(adapters), **extra)
     try:
+        if packed:
+            from batonlm.model_runner.quantization.linear import PackedIntLinear
+
+            model = h.sched.device.executor.runner.model
+            assert sum(isinstance(m, PackedIntLinear) for m in model.modules()) == 2 * 5  # qkv and o, 5 layers
         check_mixed_batch(h, adapters, prompts, want, SHORT, overlaps=(True,))
     finally:
         h.close()
