@@ -170,6 +170,11 @@ def aligned_by_expert(
 StaticScales = tuple[torch.Tensor, torch.Tensor] | None
 
 
+def expert_scales(input_scales: StaticScales, e: int | torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Expert e's (or a tensor of experts': theirs, gathered) static input scales, or (None, None)."""
+    return (None, None) if input_scales is None else (input_scales[0][e], input_scales[1][e])
+
+
 def check_input_scales(input_scales: StaticScales, experts: int, allowed: bool = True) -> None:
     """Quantized experts' static activation scales: (gate/up's, down's) float32 [E] each, where
     the format takes them (`allowed`)."""

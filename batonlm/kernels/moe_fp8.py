@@ -43,6 +43,7 @@ from batonlm.kernels.moe import (
     aligned_by_expert,
     check_input_scales,
     dense_by_expert,
+    expert_scales,
     gated,
     gathered_by_expert,
     grouped_by_expert,
@@ -100,11 +101,11 @@ def fused_moe_fp8_grouped(
     input_scales: StaticScales = None,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
-    a13, a2 = input_scales or (None, None)
 
     def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
-        h = gated(_quantized_linear(seg, w13_q[e], w13_scale[e], block, None if a13 is None else a13[e]), act)
-        return _quantized_linear(h, w2_q[e], w2_scale[e], block, None if a2 is None else a2[e])
+        a13, a2 = expert_scales(input_scales, e)
+        h = gated(_quantized_linear(seg, w13_q[e], w13_scale[e], block, a13), act)
+        return _quantized_linear(h, w2_q[e], w2_scale[e], block, a2)
 
     return grouped_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], w2_q.shape[1], mlp)
 
@@ -153,11 +154,11 @@ def fused_moe_fp8_gathered(
 ) -> torch.Tensor:
     """Each routed pair's expert gathered (codes and scales), the dense math pair by pair."""
     _check(w13_q, w13_scale, w2_q, w2_scale, block, input_scales)
-    a13, a2 = input_scales or (None, None)
 
     def mlp(rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        h = gated(_dense_linear(rows, w13_q[e], w13_scale[e], block, None if a13 is None else a13[e]), act)
-        return _dense_linear(h, w2_q[e], w2_scale[e], block, None if a2 is None else a2[e])  # [T * K, 1, H]
+        a13, a2 = expert_scales(input_scales, e)
+        h = gated(_dense_linear(rows, w13_q[e], w13_scale[e], block, a13), act)
+        return _dense_linear(h, w2_q[e], w2_scale[e], block, a2)  # [T * K, 1, H]
 
     return gathered_by_expert(x, topk_ids, topk_weights, mlp)
 

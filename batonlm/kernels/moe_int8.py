@@ -40,6 +40,7 @@ from batonlm.kernels.moe import (
     aligned_by_expert,
     check_input_scales,
     dense_by_expert,
+    expert_scales,
     gated,
     gathered_by_expert,
     grouped_by_expert,
@@ -77,11 +78,10 @@ def fused_moe_int8_grouped(
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, act: Activation = F.silu, input_scales: StaticScales = None,
 ) -> torch.Tensor:
     _check(w13_q, w13_scale, w2_q, w2_scale, input_scales)
-    a13, a2 = input_scales or (None, None)
 
     def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
-        h = gated(_linear(seg, w13_q[e], w13_scale[e], None if a13 is None else a13[e]), act)
-        return _linear(h, w2_q[e], w2_scale[e], None if a2 is None else a2[e])
+        a13, a2 = expert_scales(input_scales, e)
+        return _linear(gated(_linear(seg, w13_q[e], w13_scale[e], a13), act), w2_q[e], w2_scale[e], a2)
 
     return grouped_by_expert(x, topk_ids, topk_weights, w13_q.shape[0], w2_q.shape[1], mlp)
 
@@ -125,7 +125,7 @@ def fused_moe_int8_gathered(
     _check(w13_q, w13_scale, w2_q, w2_scale, input_scales)
 
     def mlp(rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        a13, a2 = (None, None) if input_scales is None else (a[e] for a in input_scales)
+        a13, a2 = expert_scales(input_scales, e)
         return _dense_linear(gated(_dense_linear(rows, w13_q[e], w13_scale[e], a13), act), w2_q[e], w2_scale[e], a2)
 
     return gathered_by_expert(x, topk_ids, topk_weights, mlp)
@@ -143,7 +143,7 @@ def fused_moe_int8_triton(
     pairs, k = topk_ids.numel(), topk_ids.shape[1]
 
     def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor, pair_expert: torch.Tensor) -> torch.Tensor:
-        a13, a2 = (None, None) if input_scales is None else (a[pair_expert] for a in input_scales)
+        a13, a2 = expert_scales(input_scales, pair_expert)
         rows, div = (x, k) if a13 is None else (x.repeat_interleave(k, dim=0), 1)
         x_q, x_s = _quantized(rows, a13, use_triton=True)
         h = _triton_moe.grouped_gemm_int8(x_q, x_s, w13_q, w13_scale, sorted_ids, block_expert, pairs, div, x.dtype)

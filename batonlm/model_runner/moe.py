@@ -70,19 +70,10 @@ class FusedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(opts.num_experts, hidden, count))
 
 
-def _input_scales(module: nn.Module, num: int, static: bool) -> None:
-    """Each expert's static activation scales (gate/up's, down's), float32 [E], or None."""
-    for name in ("w13_input_scale", "w2_input_scale"):
-        module.register_buffer(name, torch.empty(num) if static else None)
-
-
-class Fp8Experts(nn.Module):
-    """Every expert's gated MLP kept in FP8, in blocks (`block`: a W8A8 block checkpoint's
-    experts, DeepSeek-V3, Qwen3-MoE FP8) or per output channel (None: FP8_DYNAMIC, online FP8;
-    with `static`, each expert's calibrated input scales: AutoFP8's Mixtral-8x7B-FP8),
-    this rank's slice of their intermediate features, in place of `FusedExperts`
-    (quantization/resident_experts.py swaps it in and fills it). `kernels/moe_fp8.py`, picked
-    as for float experts (`_pick`)."""
+class _ScaledExperts(nn.Module):
+    """What FP8 and int8 experts share: codes with their scales (`w13_q`, `w13_scale`, `w2_q`,
+    `w2_scale`, registered by each), this rank's slice, and each expert's static activation
+    scales (gate/up's, down's: float32 [E]) where the checkpoint calibrated them, else None."""
 
     w13_q: torch.Tensor
     w13_scale: torch.Tensor
@@ -91,9 +82,30 @@ class Fp8Experts(nn.Module):
     w13_input_scale: torch.Tensor | None
     w2_input_scale: torch.Tensor | None
 
-    def __init__(self, experts: FusedExperts, block: tuple[int, int] | None, static: bool = False) -> None:
+    def __init__(self, experts: FusedExperts, static: bool) -> None:
         super().__init__()
-        self.intermediate, self.rows, self.block = experts.intermediate, experts.rows, block
+        self.intermediate, self.rows = experts.intermediate, experts.rows
+        num = experts.w13.shape[0]
+        for name in ("w13_input_scale", "w2_input_scale"):
+            self.register_buffer(name, torch.empty(num) if static else None)
+
+    @property
+    def input_scales(self) -> moe_kernels.StaticScales:
+        a13, a2 = self.w13_input_scale, self.w2_input_scale
+        return None if a13 is None or a2 is None else (a13, a2)
+
+
+class Fp8Experts(_ScaledExperts):
+    """Every expert's gated MLP kept in FP8, in blocks (`block`: a W8A8 block checkpoint's
+    experts, DeepSeek-V3, Qwen3-MoE FP8) or per output channel (None: FP8_DYNAMIC, online FP8;
+    with `static`, each expert's calibrated input scales: AutoFP8's Mixtral-8x7B-FP8),
+    this rank's slice of their intermediate features, in place of `FusedExperts`
+    (quantization/resident_experts.py swaps it in and fills it). `kernels/moe_fp8.py`, picked
+    as for float experts (`_pick`)."""
+
+    def __init__(self, experts: FusedExperts, block: tuple[int, int] | None, static: bool = False) -> None:
+        super().__init__(experts, static)
+        self.block = block
         num, two_count, hidden = experts.w13.shape
         count = two_count // 2
         self.register_buffer("w13_q", torch.empty(num, two_count, hidden, dtype=torch.float8_e4m3fn))
@@ -105,50 +117,35 @@ class Fp8Experts(nn.Module):
             bn, bk = block
             self.register_buffer("w13_scale", torch.empty(num, -(-two_count // bn), -(-hidden // bk)))
             self.register_buffer("w2_scale", torch.empty(num, -(-hidden // bn), -(-count // bk)))
-        _input_scales(self, num, static)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
         run = _pick(x, ids.shape[1], self.w13_q.shape[0], moe_fp8.fused_moe_fp8_triton, moe_fp8.fused_moe_fp8_gathered,
                     moe_fp8.fused_moe_fp8_dense, moe_fp8.fused_moe_fp8_grouped)
         return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, self.block, ids, weights, act,
-                   input_scales=_static(self))
+                   input_scales=self.input_scales)
 
 
-class Int8Experts(nn.Module):
+class Int8Experts(_ScaledExperts):
     """Every expert's gated MLP kept in int8 per output channel with int8 activations per token
     (W8A8 int8 experts; with `static`, by each expert's calibrated input scales), this rank's
     slice, in place of `FusedExperts` (quantization/resident_experts.py). `kernels/moe_int8.py`,
     picked as for float experts."""
 
-    w13_q: torch.Tensor
-    w13_scale: torch.Tensor
-    w2_q: torch.Tensor
-    w2_scale: torch.Tensor
-    w13_input_scale: torch.Tensor | None
-    w2_input_scale: torch.Tensor | None
-
     def __init__(self, experts: FusedExperts, static: bool = False) -> None:
-        super().__init__()
-        self.intermediate, self.rows = experts.intermediate, experts.rows
+        super().__init__(experts, static)
         num, two_count, hidden = experts.w13.shape
         self.register_buffer("w13_q", torch.empty(num, two_count, hidden, dtype=torch.int8))
         self.register_buffer("w13_scale", torch.empty(num, two_count))
         self.register_buffer("w2_q", torch.empty(num, hidden, two_count // 2, dtype=torch.int8))
         self.register_buffer("w2_scale", torch.empty(num, hidden))
-        _input_scales(self, num, static)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
         run = _pick(x, ids.shape[1], self.w13_q.shape[0], moe_int8.fused_moe_int8_triton,
                     moe_int8.fused_moe_int8_gathered, moe_int8.fused_moe_int8_dense, moe_int8.fused_moe_int8_grouped)
         return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, ids, weights, act,
-                   input_scales=_static(self))
-
-
-def _static(experts: Fp8Experts | Int8Experts) -> tuple[torch.Tensor, torch.Tensor] | None:
-    a13, a2 = experts.w13_input_scale, experts.w2_input_scale
-    return None if a13 is None or a2 is None else (a13, a2)
+                   input_scales=self.input_scales)
 
 
 class Int4Experts(nn.Module):
