@@ -213,7 +213,8 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
     if args.compile == "on":
         return min(args.max_running_requests, COMPILE_MAX_BS), 0
     if args.compile == "auto" and args.dtype in ("auto", "float32") and cxx_compiler() is not None:
-        int8_experts = cfg.quantization is not None and cfg.quantization.act_quant == "int8"
+        quant = cfg.quantization
+        int8_experts = quant is not None and quant.act_quant == "int8" and quant.act_symmetric
         return (1 if cfg.is_moe and not int8_experts else min(args.max_running_requests, COMPILE_MAX_BS)), 0
     return 0, 0
 

@@ -32,9 +32,11 @@ def _greedy(path: str | Path, prompts: list[list[int]], max_new: list[int], grap
         h.close()
 
 
-# W8A8 FP8 in blocks and W8A8 int8 per token (both kept quantized on the CPU too), int4 asymmetric
-# (compressed-tensors, dequantized), GPTQ with activation order (a g_idx permutation, dequantized).
-@pytest.mark.parametrize("name", ["fp8-block", "w8a8", "w4a16-asym", "gptqmodel-w4g64-asym-descact"])
+# W8A8 FP8 in blocks and W8A8 int8 per token, symmetric or with zero points, and per tensor with
+# zero points (all kept quantized on the CPU too), int4 asymmetric (compressed-tensors,
+# dequantized), GPTQ with activation order (a g_idx permutation, dequantized).
+@pytest.mark.parametrize("name", ["fp8-block", "w8a8", "w8a8-asym", "w8a8-static-asym", "w4a16-asym",
+                                  "gptqmodel-w4g64-asym-descact"])
 def test_served_greedy_tokens_are_transformers(name: str) -> None:
     ref = load_file(str(DATA / name / "reference.safetensors"))
     want = ref["greedy_ids"].tolist()  # 16 tokens, or fewer ending in the EOS (2)

@@ -29,22 +29,33 @@ def _ct_int8(**acts) -> dict:
 
 
 def test_which_activations_w8a8_quantizes(caplog) -> None:
-    """int8 activations the kernels run: symmetric, per token dynamically or per tensor
-    statically; any other int8 scheme loads with one warning and unquantized activations."""
-    assert resolve_quantization(_ct_int8(strategy="token", dynamic=True)).act_quant == "int8"
-    assert resolve_quantization(_ct_int8(strategy="tensor", dynamic=False)).act_quant == "int8"
+    """int8 activations the kernels run: per token dynamically or per tensor statically,
+    symmetric or with zero points; any other int8 scheme loads with one warning and unquantized
+    activations."""
+    for sym in (True, False):
+        for scheme in (dict(strategy="token", dynamic=True), dict(strategy="tensor", dynamic=False)):
+            got = resolve_quantization(_ct_int8(**scheme, symmetric=sym))
+            assert got is not None and (got.act_quant, got.act_symmetric) == ("int8", sym)
+    assert "asymmetric int8 activations" in resolve_quantization(_ct_int8(strategy="token", dynamic=True,
+                                                                          symmetric=False)).description
     assert resolve_quantization({"quantization_config": FP8_BLOCK}).act_quant == "fp8"
     assert resolve_quantization({"quantization_config": CT_W4A16}).act_quant == "none"
     caplog.clear()
-    assert resolve_quantization(_ct_int8(strategy="tensor", dynamic=False, symmetric=False)).act_quant == "none"
+    assert resolve_quantization(_ct_int8(strategy="tensor", dynamic=True)).act_quant == "none"
     (record,) = caplog.records
-    assert "asymmetric static tensor" in record.getMessage() and "W8A16" in record.getMessage()
+    assert "dynamic tensor" in record.getMessage() and "W8A16" in record.getMessage()
     mixed = _ct_int8(strategy="token", dynamic=True)
     mixed["quantization_config"]["config_groups"]["group_1"] = {
         "targets": ["re:.*down_proj"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}
     with pytest.raises(QuantizationError, match="both fp8 and int8"):
         resolve_quantization(mixed)
+    both = _ct_int8(strategy="token", dynamic=True)
+    both["quantization_config"]["config_groups"]["group_1"] = {
+        **both["quantization_config"]["config_groups"]["group_0"], "targets": ["re:.*down_proj"],
+        "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True, "symmetric": False}}
+    with pytest.raises(QuantizationError, match="both symmetrically and asymmetrically"):
+        resolve_quantization(both)
 
 
 def test_the_checkpoints_method_is_read() -> None:

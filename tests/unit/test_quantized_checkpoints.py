@@ -31,7 +31,8 @@ from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, Pack
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 # transformers (+ compressed-tensors) computes exactly what these mean.
-TRANSFORMERS_EXACT = ("fp8-dynamic", "fp8-block", "w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static")
+TRANSFORMERS_EXACT = ("fp8-dynamic", "fp8-block", "w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static",
+                      "w8a8-asym", "w8a8-static-asym")
 GPTQ_AWQ = ("gptqmodel-w4g64", "gptqmodel-w4g64-asym-descact", "gptq-w4g64", "gptqmodel-awq-w4g64", "awq-w4g64")
 RELATIVE = 1e-4
 
@@ -186,14 +187,57 @@ def test_gptq_and_awq_checkpoints_give_the_dequantized_models_logits(name: str, 
         assert (ours - want).abs().max() <= RELATIVE * want.abs().max(), resident
 
 
-def test_w8a8_int8_quantizes_activations_as_the_checkpoint_says() -> None:
+@pytest.mark.parametrize("name", ["w8a8", "w8a8-asym", "w8a8-static-asym"])
+def test_w8a8_int8_quantizes_activations_as_the_checkpoint_says(name: str) -> None:
     """The int8 activations are what makes W8A8 the checkpoint's model: its weights alone (run
-    W8A16, as batonlm did before) are far outside the bound from transformers' logits."""
-    ref = _reference("w8a8")
+    W8A16, as batonlm did before) are far outside the bound from transformers' logits; so is the
+    asymmetric activations' product without its zero points' correction (the zero times the
+    weight rows' sums)."""
+    ref = _reference(name)
     ids, want = ref["input_ids"].reshape(-1), ref["logits"]
-    weights_only = _prompt_logits(_runner(DATA / "w8a8", resident=False), ids)
+    weights_only = _prompt_logits(_runner(DATA / name, resident=False), ids)
     assert (weights_only - want).abs().max() > 100 * RELATIVE * want.abs().max()
-    assert (_prompt_logits(_runner(DATA / "w8a8"), ids) - want).abs().max() <= RELATIVE * want.abs().max()
+    runner = _runner(DATA / name)
+    assert (_prompt_logits(runner, ids) - want).abs().max() <= RELATIVE * want.abs().max()
+    layers = [m for m in runner.model.modules() if isinstance(m, Int8Linear)]
+    assert len(layers) == 8 and all((m.weight_sum is None) == (name == "w8a8") for m in layers)
+    if name != "w8a8":
+        for m in layers:
+            m.weight_sum.zero_()
+        assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * RELATIVE * want.abs().max()
+
+
+def test_a_fused_inputs_static_zero_points_hold_every_layers_range(tmp_path: Path) -> None:
+    """q/k/v share one quantized input: calibrated on it, their scales and zero points are equal
+    (the fixture's: taken as they are); where a checkpoint's differ, the fused layer quantizes
+    over the range that holds each layer's, [(-128 - zero) scale, (127 - zero) scale], to half a
+    step at each end (the zero point is rounded), and no wider."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    p = "model.layers.0.self_attn."
+    fused = _runner(DATA / "w8a8-static-asym").model.get_submodule(p + "qkv_proj")
+    tensors = load_file(str(DATA / "w8a8-static-asym" / "model.safetensors"))
+    assert torch.equal(fused.input_scale, tensors[p + "q_proj.input_scale"].float())
+    assert torch.equal(fused.input_zero_point, tensors[p + "q_proj.input_zero_point"].int())
+    out = tmp_path / "differing"
+    shutil.copytree(DATA / "w8a8-static-asym", out)
+    tensors[p + "k_proj.input_scale"] = tensors[p + "q_proj.input_scale"] * 3
+    tensors[p + "k_proj.input_zero_point"] = torch.tensor([40], dtype=torch.int8)
+    tensors[p + "v_proj.input_zero_point"] = torch.tensor([-100], dtype=torch.int8)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    layer = _runner(out).model.get_submodule(p + "qkv_proj")
+
+    def ends(scale: torch.Tensor, zero: torch.Tensor) -> tuple[float, float]:
+        s, z = scale.double().item(), zero.double().item()
+        return (-128 - z) * s, (127 - z) * s
+
+    members = [ends(tensors[f"{p}{x}_proj.input_scale"], tensors[f"{p}{x}_proj.input_zero_point"]) for x in "qkv"]
+    lo, hi = min(e[0] for e in members), max(e[1] for e in members)
+    s = layer.input_scale.double().item()
+    got_lo, got_hi = ends(layer.input_scale, layer.input_zero_point)
+    assert got_lo <= lo + s / 2 and got_hi >= hi - s / 2 and abs(s - (hi - lo) / 255) <= 1e-6 * s
 
 
 def test_the_layers_kernels_cover_stay_quantized() -> None:
@@ -205,7 +249,7 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
         return {type(m).__name__ for m in model.modules() if isinstance(m, (Fp8Linear, Int8Linear, PackedIntLinear))}
 
     assert kinds("fp8-block") == {"Fp8Linear"} and kinds("fp8-dynamic") == {"Fp8Linear"}
-    assert kinds("w8a8") == {"Int8Linear"} and kinds("w8a8-static") == {"Int8Linear"}
+    assert all(kinds(n) == {"Int8Linear"} for n in ("w8a8", "w8a8-static", "w8a8-asym", "w8a8-static-asym"))
     assert kinds("w4a16") == set() and kinds("w4a16", resident=True) == {"PackedIntLinear"}
     assert kinds("w8a16") == set() and kinds("w8a16", resident=True) == {"PackedIntLinear"}
     assert {m.bits for m in _runner(DATA / "w8a16", True).model.modules() if isinstance(m, PackedIntLinear)} == {8}
@@ -215,7 +259,8 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
     assert len(acts) == 8 and all(m.g_idx is not None and m.group_size == 0 for m in acts)
 
 
-@pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8"])
+@pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8",
+                                  "w8a8-static-asym"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,

@@ -10,8 +10,8 @@ per-token activation scales (FP8 dynamic) is the exception: a row-parallel rank 
 own slice of each token with the slice's own scale, so the ranks' sum differs from the one-rank
 product by activation rounding: each side errs by at most half an e4m3 step, 2^-4 of each
 activation, so they differ by at most 2^-3 * sum |x| |W|. Int8 W8A8 likewise, with half an int8
-step of the token's (or its slice's) scale, amax / 255, on each activation: at most
-2 / 255 * amax(|x|) * sum |W| apart.
+step of the token's (or its slice's) scale, amax / 255, on each activation (with zero points,
+half of (max - min) / 255, no more): at most 2 / 255 * amax(|x|) * sum |W| apart.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("fp8-dynamic", True, Fp8Linear),
     ("w8a8", True, Int8Linear),
     ("w8a8-static", True, Int8Linear),  # one input scale for every rank: only float32's rounding apart
+    ("w8a8-asym", True, Int8Linear),  # per token with zero points: each rank's slice its own range
+    ("w8a8-static-asym", True, Int8Linear),  # one scale and zero point: each rank's weight sums its columns'
     ("online-fp8", True, Fp8Linear),  # --quantization fp8 of the float source, kept FP8 (CUDA's default)
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:
@@ -74,7 +76,7 @@ def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, 
         # FP8 layers compute in float32 (their kernels' accumulator): K terms err by K * 2^-24 each side.
         rounding = x_in.shape[1] * 2.0**-23 if kind in (Fp8Linear, Int8Linear) else 1e-12
         bound = (2.0**-3 if per_token else rounding) * (x_in.abs() @ w.abs().T).max()
-        if name == "w8a8":  # per-token int8 activations
+        if name in ("w8a8", "w8a8-asym"):  # per-token int8 activations (half a step: amax / 255 at most)
             bound += 2 / 255 * (x_in.abs().amax(dim=1, keepdim=True) @ w.abs().sum(dim=1, keepdim=True).T).max()
         assert (got - want).abs().max() <= bound, (name, proj)
 

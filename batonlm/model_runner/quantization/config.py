@@ -35,7 +35,9 @@ class QuantConfig:
     `weight_block_size`. `activation_scheme`: FP8's (static: the checkpoint's `input_scale`;
     dynamic: per token). `act_quant`: what W8A8 layers quantize their inputs to, "fp8" or "int8"
     ("none": weight-only); such layers stay quantized on every device, so the outputs are the
-    checkpoint's (transformers').
+    checkpoint's (transformers'). `act_symmetric`: False where int8 activations have a zero
+    point (compressed-tensors' `symmetric: false`: per token, or the checkpoint's
+    `input_zero_point`).
     Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
     of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
 
@@ -48,6 +50,7 @@ class QuantConfig:
     block: tuple[int, int] | None = None
     activation_scheme: str = "dynamic"
     act_quant: str = "none"  # "fp8" / "int8": the checkpoint's layers quantize their inputs (W8A8)
+    act_symmetric: bool = True
 
     @property
     def description(self) -> str:
@@ -58,7 +61,8 @@ class QuantConfig:
         if self.method == "fp8":
             static = ", static activation scales" if self.activation_scheme == "static" else ""
             return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
-        return self.method + (f" ({self.act_quant} activations)" if self.act_quant != "none" else "")
+        asym = "" if self.act_symmetric else "asymmetric "
+        return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
 def resolve_quantization(raw: dict[str, Any], flag: str = "auto") -> QuantConfig | None:
@@ -162,16 +166,18 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
                                 "one is supported")
     sizes = {g["weights"].get("group_size") for g in groups.values() if g["weights"].get("strategy") == "group"}
     block = blocks.pop() if blocks else None
-    act_quant = _activations(groups)
+    act_quant, act_symmetric = _activations(groups)
     return QuantConfig("compressed-tensors", block=(block[0], block[1]) if block else None,
-                       group_size=sizes.pop() if len(sizes) == 1 else -1, act_quant=act_quant)
+                       group_size=sizes.pop() if len(sizes) == 1 else -1, act_quant=act_quant,
+                       act_symmetric=act_symmetric)
 
 
-def _activations(groups: dict[str, Any]) -> str:
-    """What the config groups quantize activations to: "fp8", "int8" (symmetric, per token
-    dynamically or per tensor statically: what the int8 kernels run) or "none". Other int8
-    activation schemes run unquantized (W8A16), with a warning."""
-    kinds = set()
+def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
+    """What the config groups quantize activations to, "fp8", "int8" (per token dynamically or
+    per tensor statically, symmetric or with zero points: what the int8 kernels run) or "none",
+    and whether symmetrically. Other int8 activation schemes run unquantized (W8A16), with a
+    warning."""
+    kinds, symmetric = set(), set()
     for name, group in groups.items():
         acts = group.get("input_activations")
         if not isinstance(acts, dict):
@@ -180,18 +186,21 @@ def _activations(groups: dict[str, Any]) -> str:
             kinds.add("fp8")
         elif acts.get("type") == "int" and acts.get("num_bits") == 8:
             scheme = (acts.get("strategy"), bool(acts.get("dynamic")))
-            if acts.get("symmetric", True) and scheme in (("token", True), ("tensor", False)):
+            if scheme in (("token", True), ("tensor", False)):
                 kinds.add("int8")
+                symmetric.add(bool(acts.get("symmetric", True)))
             else:
-                logger.warning("compressed-tensors config_groups.%s.input_activations: int8 %s%s %s activations "
-                               "are not supported (symmetric per-token dynamic and per-tensor static are); its "
+                logger.warning("compressed-tensors config_groups.%s.input_activations: int8 %s %s activations "
+                               "are not supported (per-token dynamic and per-tensor static are); its "
                                "layers run with unquantized activations (W8A16)", name,
-                               "" if acts.get("symmetric", True) else "asymmetric ",
                                "dynamic" if scheme[1] else "static", scheme[0])
     if len(kinds) > 1:
         raise QuantizationError("compressed-tensors config_groups quantize activations to both fp8 and int8; one "
                                 "kind per checkpoint is supported")
-    return kinds.pop() if kinds else "none"
+    if len(symmetric) > 1:
+        raise QuantizationError("compressed-tensors config_groups quantize int8 activations both symmetrically and "
+                                "asymmetrically (input_activations.symmetric); one kind per checkpoint is supported")
+    return (kinds.pop() if kinds else "none"), symmetric.pop() if symmetric else True
 
 
 _READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors}

@@ -19,9 +19,9 @@ A quantized linear layer is stored as several tensors under its module name (its
 
 `find_linears` names every quantized layer of a checkpoint and the tensors it consumes;
 `dequantize` gives its weight as nn.Linear holds it ([N, K], float32, exact: every format's
-value times its scale is one float32 rounding of the float64 product). A layer's activation
-scales (`input_scale`, `input_zero_point`) are consumed and unused: batonlm's CPU path runs
-W8A8 checkpoints as W8A16 (activations unquantized, at least as accurate).
+value times its scale is one float32 rounding of the float64 product). A layer's static
+activation parameters (`input_scale`, `input_zero_point`) are among its members: the W8A8 layers
+kept quantized read them (resident.py); a dequantized layer leaves them unused.
 """
 
 from __future__ import annotations

@@ -8,7 +8,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batonlm.kernels.int8 import int8_scaled_matmul, per_token_quant_int8, static_quant_int8
+from batonlm.kernels.int8 import (
+    int8_scaled_matmul,
+    per_token_quant_int8,
+    per_token_quant_int8_asym,
+    static_quant_int8,
+)
 from batonlm.kernels.quant import (
     fp8_block_matmul,
     fp8_scaled_matmul,
@@ -60,27 +65,37 @@ class Fp8Linear(nn.Module):
 class Int8Linear(nn.Module):
     """y = x W^T (+ bias) with W [N, K] int8 and one float32 scale per output channel, the
     activations quantized to int8 per token (or with `static` by a checkpoint's one input
-    scale) and multiplied in int32: W8A8-int8 (llm-compressor's W8A8 / INT8 scheme)."""
+    scale) and multiplied in int32: W8A8-int8 (llm-compressor's W8A8 / INT8 scheme). `asym`:
+    the activations with a zero point (per token, or the checkpoint's `input_zero_point`), taken
+    off the int32 sum by the weight's row sums (`weight_sum`)."""
 
     weight_q: torch.Tensor
     weight_scale: torch.Tensor
     input_scale: torch.Tensor | None
+    input_zero_point: torch.Tensor | None
+    weight_sum: torch.Tensor | None
 
-    def __init__(self, n: int, k: int, static: bool, bias: bool) -> None:
+    def __init__(self, n: int, k: int, static: bool, bias: bool, asym: bool = False) -> None:
         super().__init__()
         self.n, self.k = n, k
         self.register_buffer("weight_q", torch.empty(n, k, dtype=torch.int8))
         self.register_buffer("weight_scale", torch.empty(n, dtype=torch.float32))
         self.register_buffer("input_scale", torch.empty(1, dtype=torch.float32) if static else None)
+        self.register_buffer("input_zero_point", torch.empty(1, dtype=torch.int32) if static and asym else None)
+        self.register_buffer("weight_sum", torch.empty(n, dtype=torch.int32) if asym else None)
         self.bias = nn.Parameter(torch.empty(n)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
+        x_zero = self.input_zero_point
         if self.input_scale is not None:
-            x_q, x_scale = static_quant_int8(flat, self.input_scale), self.input_scale
+            x_q, x_scale = static_quant_int8(flat, self.input_scale, x_zero), self.input_scale
+        elif self.weight_sum is not None:
+            x_q, x_scale, x_zero = per_token_quant_int8_asym(flat)
         else:
             x_q, x_scale = per_token_quant_int8(flat)
-        y = int8_scaled_matmul(x_q, x_scale, self.weight_q, self.weight_scale, x.dtype, self.bias)
+        y = int8_scaled_matmul(x_q, x_scale, self.weight_q, self.weight_scale, x.dtype, self.bias, x_zero=x_zero,
+                               w_sum=self.weight_sum)
         return y.reshape(*x.shape[:-1], self.n)
 
 

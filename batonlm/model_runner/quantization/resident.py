@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from batonlm.kernels.int8 import QMAX, QMIN, per_token_quant_int8_asym_reference, weight_sums
 from batonlm.kernels.quant import pack_int4
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
@@ -94,7 +95,7 @@ def make_resident(
                 layer = Fp8Linear(n, k, block, static, bias=False)
         elif storages == {"int"} and quant.act_quant == "int8" and all(int8_per_channel(ckpt, lin) for lin, _ in sources):
             with torch.device("meta"):
-                layer = Int8Linear(n, k, static, bias=False)
+                layer = Int8Linear(n, k, static, bias=False, asym=not quant.act_symmetric)
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
@@ -245,7 +246,12 @@ def _load_online_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, 
 
 def _load_int8(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     _fill_channel_scaled(module, ckpt.get(f"{lin.prefix}.weight"), channel_scales(ckpt, lin), t)
-    _load_input_scale(module, ckpt, lin, t)
+    if module.weight_sum is not None:  # zero points: the rows' sums (this rank's columns), once all are in
+        module.weight_sum.copy_(weight_sums(module.weight_q))
+    if module.input_zero_point is not None:
+        _load_input_range(module, ckpt, lin, t)
+    else:
+        _load_input_scale(module, ckpt, lin, t)
 
 
 def channel_scales(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor:
@@ -267,6 +273,23 @@ def _load_input_scale(module: Fp8Linear | Int8Linear, ckpt: Checkpoint, lin: Qua
     if module.input_scale is not None and name in lin.members:
         given = ckpt.get(name).to(torch.float32).reshape(1)
         module.input_scale.copy_(given if t.offset == 0 else torch.maximum(module.input_scale, given))
+
+
+def _load_input_range(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target) -> None:
+    """A static asymmetric activation scale and zero point; one for a fused input: its layers'
+    (calibrated on the same input, they are equal), or where they differ the range that holds
+    every layer's (nothing clips), as `per_token_quant_int8_asym` would quantize it."""
+    assert module.input_scale is not None and module.input_zero_point is not None
+    scale = ckpt.get(f"{lin.prefix}.input_scale").to(torch.float32).reshape(1)
+    zero_name = f"{lin.prefix}.input_zero_point"
+    zero = ckpt.get(zero_name).to(torch.int32).reshape(1) if zero_name in lin.members else torch.zeros(1, dtype=torch.int32)
+    old_scale, old_zero = module.input_scale.cpu(), module.input_zero_point.cpu()
+    if t.offset != 0 and not (torch.equal(old_scale, scale) and torch.equal(old_zero, zero)):
+        ends = [((QMIN - z) * s, (QMAX - z) * s) for s, z in ((old_scale, old_zero), (scale, zero))]
+        lo, hi = torch.minimum(ends[0][0], ends[1][0]), torch.maximum(ends[0][1], ends[1][1])
+        _, scale, zero = per_token_quant_int8_asym_reference(torch.cat([lo, hi])[None])
+    module.input_scale.copy_(scale.reshape(1))
+    module.input_zero_point.copy_(zero.reshape(1))
 
 
 def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:

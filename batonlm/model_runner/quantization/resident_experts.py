@@ -68,8 +68,8 @@ def make_resident_experts(
         out.append(layer)
     if kept:
         logger.info("%d MoE layer(s) run their experts dequantized (formats the expert kernels do not cover: "
-                    "weight-only int8, gate and up in different activation orders, static and dynamic activations "
-                    "mixed, other mixes), e.g. %s", len(kept), kept[0])
+                    "gate and up in different activation orders, static and dynamic activations mixed, int8 "
+                    "activations with zero points, other mixes), e.g. %s", len(kept), kept[0])
     return out
 
 
@@ -103,9 +103,9 @@ def _int8_experts(
     ckpt: Checkpoint, module_name: str, module: FusedExperts, sources: list[tuple[QuantizedLinear, Target]],
     quant: QuantConfig,
 ) -> ResidentLayer | None:
-    """`Int8Experts` when every expert's projections are int8 per channel with int8 activations,
-    per token or every one by its static input scale."""
-    if quant.act_quant != "int8" or {lin.storage for lin, _ in sources} != {"int"}:
+    """`Int8Experts` when every expert's projections are int8 per channel with symmetric int8
+    activations, per token or every one by its static input scale."""
+    if quant.act_quant != "int8" or not quant.act_symmetric or {lin.storage for lin, _ in sources} != {"int"}:
         return None
     statics = {static_scale(lin) for lin, _ in sources}
     if len(statics) != 1 or not all(int8_per_channel(ckpt, lin) for lin, _ in sources):

@@ -59,6 +59,8 @@ LLMC_FIXTURES = {
     "w8a16": ("rtn", "W8A16"),
     "w8a8": ("rtn", "W8A8"),
     "w8a8-static": ("static", "W8A8 with static per-tensor activations"),
+    "w8a8-asym": ("static", "W8A8 with asymmetric dynamic per-token activations"),
+    "w8a8-static-asym": ("static", "W8A8 with asymmetric static per-tensor activations"),
     "w4a16-gptq": ("gptq", "W4A16"),
 }
 
@@ -114,14 +116,15 @@ def make_llmcompressor(names: list[str]) -> None:
         if kind == "rtn":
             recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
             oneshot(model=model, recipe=recipe)
-        elif kind == "static":  # int8 per-channel weights, int8 activations with one calibrated scale
+        elif kind == "static":  # int8 per-channel weights; int8 activations per tensor (calibrated) or token
             from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
-            def int8(strategy: str, dynamic: bool) -> QuantizationArgs:
-                return QuantizationArgs(num_bits=8, type="int", strategy=strategy, symmetric=True, dynamic=dynamic)
+            def int8(strategy: str, dynamic: bool, symmetric: bool = True) -> QuantizationArgs:
+                return QuantizationArgs(num_bits=8, type="int", strategy=strategy, symmetric=symmetric, dynamic=dynamic)
 
-            group = QuantizationScheme(targets=["Linear"], weights=int8("channel", False),
-                                       input_activations=int8("tensor", False))
+            dynamic = "dynamic" in scheme
+            acts = int8("token" if dynamic else "tensor", dynamic, symmetric="asymmetric" not in scheme)
+            group = QuantizationScheme(targets=["Linear"], weights=int8("channel", False), input_activations=acts)
             recipe = QuantizationModifier(config_groups={"group_0": group}, ignore=["lm_head"])
             ds = calibration_dataset()
             oneshot(model=model, recipe=recipe, dataset=ds, num_calibration_samples=len(ds), max_seq_length=64)

@@ -154,6 +154,13 @@ def add_activation_quant(model, args: dict, d: Path) -> None:
         add_static_int8_activation_quant(model, load_tensors(d))
 
 
+def asym_int8(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """x quantized to int8 with a zero point and back: codes = round-half-even(x / scale + zero)
+    clamped to [-128, 127]; value = (code - zero) * scale (compressed-tensors' `_quantize` /
+    `_dequantize`, the division and the addition rounded separately)."""
+    return (torch.round(x / scale + zero).clamp(-128, 127) - zero) * scale
+
+
 def add_fp8_activation_quant(model, args: dict) -> None:
     """Quantize every decoder Linear's input to float8 e4m3 and back, per token (strategy "token")
     or per token and 128-group (strategy "group"), scale = amax / 448: what W8A8 dynamic means."""
@@ -177,7 +184,19 @@ def add_int8_activation_quant(model, args: dict) -> None:
     """Quantize every decoder Linear's input to int8 and back, per token, symmetric: scale = amax
     / 127.5 (compressed-tensors' symmetric scale: the half range (127 - -128) / 2), codes
     round-half-even(x / scale) clamped to [-128, 127] (so the amax itself lands on 127)."""
-    assert args["strategy"] == "token" and args["symmetric"], args
+    assert args["strategy"] == "token", args
+
+    def asym_hook(mod, inputs):
+        """Asymmetric: the token's range widened to include 0, lo = min(min x, 0) and hi =
+        max(max x, 0); scale = (hi - lo) / 255 (eps where 0); zero = round-half-even(-128 - lo /
+        scale) clamped to [-128, 127] (compressed-tensors' `calculate_qparams`)."""
+        x = inputs[0]
+        lo = torch.minimum(x.amin(-1, keepdim=True), torch.zeros((), dtype=x.dtype))
+        hi = torch.maximum(x.amax(-1, keepdim=True), torch.zeros((), dtype=x.dtype))
+        s = (hi - lo) / 255.0
+        s = torch.where(s == 0, torch.full_like(s, torch.finfo(x.dtype).eps), s)
+        zero = torch.round((-128 - lo / s).clamp(-128, 127))
+        return (asym_int8(x, s, zero),)
 
     def hook(mod, inputs):
         x = inputs[0]
@@ -187,18 +206,20 @@ def add_int8_activation_quant(model, args: dict) -> None:
 
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
-            mod.register_forward_pre_hook(hook)
+            mod.register_forward_pre_hook(hook if args["symmetric"] else asym_hook)
 
 
 def add_static_int8_activation_quant(model, tensors: dict[str, torch.Tensor]) -> None:
     """Quantize every decoder Linear's input to int8 and back with the checkpoint's one
-    `input_scale` of that layer: round-half-even(x / scale) clamped to [-128, 127], times scale."""
+    `input_scale` of that layer: round-half-even(x / scale) clamped to [-128, 127], times scale;
+    with its `input_zero_point` (asymmetric), as `asym_int8`."""
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
             scale = tensors[name + ".input_scale"].float()
+            zero = tensors.get(name + ".input_zero_point", torch.zeros(1)).float()
 
-            def hook(mod, inputs, scale=scale):
-                return (torch.round(inputs[0] / scale).clamp(-128, 127) * scale,)
+            def hook(mod, inputs, scale=scale, zero=zero):
+                return (asym_int8(inputs[0], scale, zero),)
 
             mod.register_forward_pre_hook(hook)
 
@@ -267,7 +288,7 @@ def main() -> None:
         if (act := activation_args(d)) is not None:
             add_activation_quant(ref_model, act, d)
             kind = "fp8 e4m3" if act["type"] == "float" else "int8"
-            how = "dynamic" if act["dynamic"] else "static"
+            how = ("dynamic" if act["dynamic"] else "static") + ("" if act["symmetric"] else " asymmetric")
             meaning += f" + {kind} {how} activations per {act['strategy']}"
         ref_logits, ref_greedy = run(ref_model, ids)
         diff = (hf_logits - ref_logits).abs().max().item()
