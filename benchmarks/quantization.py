@@ -45,7 +45,12 @@ from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # n
 from quant_w8a8 import write_static_checkpoint, write_w8a8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
 
-from batonlm.kernels.int8 import int8_scaled_matmul, per_token_quant_int8  # noqa: E402
+from batonlm.kernels.int8 import (  # noqa: E402
+    int8_scaled_matmul,
+    per_token_quant_int8,
+    per_token_quant_int8_asym,
+    weight_sums,
+)
 from batonlm.kernels.quant import (  # noqa: E402
     fp8_block_matmul,
     int4_dequant_matmul,
@@ -77,6 +82,7 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
     w_scale = torch.rand(-(-n // 128), k // 128, generator=g).to(device) / 100
     w_i8 = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).to(device)
     w_i8_scale = (torch.rand(n, generator=g) / 100).to(device)
+    w_i8_sum = weight_sums(w_i8)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for m in ms:
@@ -90,8 +96,12 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
             x_q, x_s = per_token_quant_int8(x)
             return int8_scaled_matmul(x_q, x_s, w_i8, w_i8_scale, x.dtype)
 
+        def int8_asym(x=x):  # asymmetric activations: a zero point per token, taken off by the row sums
+            x_q, x_s, x_z = per_token_quant_int8_asym(x)
+            return int8_scaled_matmul(x_q, x_s, w_i8, w_i8_scale, x.dtype, x_zero=x_z, w_sum=w_i8_sum)
+
         ways = {"float": lambda x=x: F.linear(x, w), "int4 dequant-GEMM": lambda x=x: int4_dequant_matmul(
-            x, qweight, scales, zeros, 128), "fp8 W8A8 block": fp8, "int8 W8A8": int8}
+            x, qweight, scales, zeros, 128), "fp8 W8A8 block": fp8, "int8 W8A8": int8, "int8 W8A8 asym": int8_asym}
         times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(rounds):
             for name, fn in ways.items():
@@ -117,9 +127,11 @@ def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
     fp8, int8, gptq, static = out / "fp8-block", out / "w8a8-int8", out / "gptq-int4", out / "fp8-static"
     write_fp8_block_checkpoint(src, fp8)
     write_w8a8_checkpoint(src, int8)
+    write_w8a8_checkpoint(src, out / "w8a8-int8-asym", asym_activations=True)
     write_gptq_checkpoint(src, gptq, bits=4, group_size=128, sym=True)
     write_static_checkpoint(src, static, "autofp8")
     return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
+            "int8 W8A8 asym": (str(out / "w8a8-int8-asym"), {}),
             "fp8 static (AutoFP8)": (str(static), {}),
             "gptq int4 g128": (str(gptq), {}),
             "fp8 online (per channel)": (src, {"quantization": "fp8"})}

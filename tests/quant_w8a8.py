@@ -40,10 +40,12 @@ def fp8_channel_quantize(w: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -
 
 
 def write_w8a8_checkpoint(src_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
-                               linears: tuple[str, ...] = LINEARS, kind: str = "int") -> dict[str, torch.Tensor]:
+                               linears: tuple[str, ...] = LINEARS, kind: str = "int",
+                               asym_activations: bool = False) -> dict[str, torch.Tensor]:
     """The checkpoint (`kind` "int": W8A8 int8; "float": FP8_DYNAMIC), with the other tensors in
     `dtype`; returns the dequantized float32 weights (codes * scale: what the weights mean; its
-    activations are quantized on top)."""
+    activations are quantized on top). `asym_activations`: int8 activations with zero points
+    (`symmetric: false`, as the `w8a8-asym` fixture: the same tensors, only the config differs)."""
     src, out = Path(src_dir), Path(out_dir)
     config, tensors = load_float_checkpoint(src)
     result: dict[str, torch.Tensor] = {}
@@ -60,6 +62,8 @@ def write_w8a8_checkpoint(src_dir: str | Path, out_dir: str | Path, dtype: torch
     group = {"targets": ["Linear"], "format": fmt, "output_activations": None,
              "weights": {**args, "strategy": "channel", "dynamic": False, "observer": "memoryless_minmax"},
              "input_activations": {**args, "strategy": "token", "dynamic": True, "observer": None}}
+    if asym_activations:
+        group["input_activations"].update(symmetric=False, zp_dtype="torch.int8")
     qconfig = {"quant_method": "compressed-tensors", "format": fmt, "config_groups": {"group_0": group},
                "ignore": ["lm_head"], "kv_cache_scheme": None, "quantization_status": "compressed",
                "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None}

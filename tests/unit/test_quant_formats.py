@@ -194,17 +194,17 @@ def test_readers_agree_with_spec_on_committed_fixtures():
             np.testing.assert_array_equal(ours.numpy(), awq_meaning(t, p, 64))
 
 
-@pytest.mark.parametrize("kind, fixture", [("int", "w8a8"), ("float", "fp8-dynamic")])
+@pytest.mark.parametrize("kind, fixture", [("int", "w8a8"), ("float", "fp8-dynamic"), ("int", "w8a8-asym")])
 def test_the_w8a8_writer_is_llm_compressors_bytes(tmp_path, kind, fixture):
-    """tests/quant_w8a8.py on the fixtures' source model writes llm-compressor's W8A8 and
-    FP8_DYNAMIC fixtures: the same codes and bfloat16 scales, tensor for tensor, and a config
-    loading the same."""
+    """tests/quant_w8a8.py on the fixtures' source model writes llm-compressor's W8A8 (with
+    symmetric or asymmetric activations) and FP8_DYNAMIC fixtures: the same codes and bfloat16
+    scales, tensor for tensor, and a config loading the same."""
     from quant_w8a8 import write_w8a8_checkpoint
 
     from batonlm.model_runner.model_config import ModelConfig
 
     out = tmp_path / fixture
-    deq = write_w8a8_checkpoint(FIXTURES / "fp32-source", out, kind=kind)
+    deq = write_w8a8_checkpoint(FIXTURES / "fp32-source", out, kind=kind, asym_activations=fixture.endswith("asym"))
     ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(FIXTURES / fixture / "model.safetensors"))
     assert ours.keys() == theirs.keys() and len(deq) == 14
     for name, t in theirs.items():
