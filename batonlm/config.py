@@ -131,8 +131,7 @@ class ServerArgs:
     compile: str = setting(
         "auto", group=_DEVICE, choices=COMPILE_CHOICES, env=COMPILE_ENV,
         help=f"CPU: torch.compile the decode step (two graphs: one row, and 2 to 64 rows) (auto: on for float32 models where a C++ "
-             "compiler is found, for a mixture of experts the one-row graph only unless its experts are W8A8 int8; a failed "
-             f"compile falls back to eager; the default is ${COMPILE_ENV} when set)")
+             f"compiler is found; a failed compile falls back to eager; the default is ${COMPILE_ENV} when set)")
     compile_cache_dir: str | None = setting(
         None, group=_DEVICE, metavar="DIR", unset="~/.cache/batonlm/inductor",
         help="where compiled artefacts are kept, so that a restart is fast")

@@ -186,7 +186,7 @@ def _check_transformers_fallback(args: ServerArgs, cfg: ModelConfig) -> None:
     logger.info("%s runs on transformers' modeling code: the decode step runs eagerly", cfg.architecture)
 
 
-def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str = "triton") -> tuple[int, int]:
+def decode_step(args: ServerArgs, device: str, attention: str = "triton") -> tuple[int, int]:
     """(compile_max_bs, cuda_graph_max_bs) from `--compile` and the CUDA graph flags. CUDA
     graphs need the Triton attention backend: a graph is captured for the longest context, and
     the torch backend would gather every row's whole context window into it."""
@@ -199,13 +199,13 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
         if args.disable_cuda_graph or attention != "triton":
             return 0, 0
         return 0, args.cuda_graph_max_bs or min(args.max_running_requests, CUDA_GRAPH_MAX_BS)
-    # auto compiles every dense native model where a C++ compiler is found: the compiled step is
+    # auto compiles every native model where a C++ compiler is found: the compiled step is
     # the faster one at every size measured (benchmarks/decode_step.py; docs/benchmarks.md): op
     # dispatch on small models, the weights read at memory bandwidth on larger ones (linear.py).
-    # A mixture of experts only its batch-1 graph: one token gathers its K routed experts (2.00x
-    # the eager step on a 32-expert Qwen3-MoE), while the 2-64 row graph runs every expert over
-    # every token, slower there than the eager step's grouped experts (models.md, benchmarks.md);
-    # but W8A8 int8 experts both (their int8 GEMMs make the 2-64 row graph 1.9x their eager step).
+    # A mixture of experts too: its batch-1 graph gathers a token's K routed experts (2.1x the
+    # eager step on a 32-expert Qwen3-MoE), its 2-64 row graph calls the eager step's grouped
+    # experts as one op (float; 1.05-1.14x) or runs them all densely (int8, FP8: their GEMMs
+    # gain more from the graph) (models.md, benchmarks.md).
     # Not bfloat16 / float16 (auto is float32 on the CPU): fused, the compiled step rounds
     # differently from the eager step and transformers (greedy tokens part after 4-19 on
     # stories260K, where eager bfloat16 keeps transformers' tokens), and is no faster on the CPU
@@ -213,9 +213,7 @@ def decode_step(args: ServerArgs, device: str, cfg: ModelConfig, attention: str 
     if args.compile == "on":
         return min(args.max_running_requests, COMPILE_MAX_BS), 0
     if args.compile == "auto" and args.dtype in ("auto", "float32") and cxx_compiler() is not None:
-        quant = cfg.quantization
-        int8_experts = quant is not None and quant.act_quant == "int8" and quant.act_symmetric
-        return (1 if cfg.is_moe and not int8_experts else min(args.max_running_requests, COMPILE_MAX_BS)), 0
+        return min(args.max_running_requests, COMPILE_MAX_BS), 0
     return 0, 0
 
 
@@ -236,7 +234,7 @@ def device_spec(args: ServerArgs, cfg: ModelConfig, dp_rank: int = 0, dp_dir: st
     attention = args.attention_backend if args.attention_backend != "auto" else default_attention_backend(device)
     sampler = args.sampler if args.sampler != "auto" else default_sampler(device)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
-    compile_max_bs, cuda_graph_max_bs = decode_step(args, device, cfg, attention) if device != "null" else (0, 0)
+    compile_max_bs, cuda_graph_max_bs = decode_step(args, device, attention) if device != "null" else (0, 0)
     if cfg.impl == "transformers":
         _check_transformers_fallback(args, cfg)
         compile_max_bs = cuda_graph_max_bs = 0

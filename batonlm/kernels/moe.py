@@ -9,9 +9,12 @@ only say how their weights multiply):
 - `fused_moe_grouped`: the eager CPU path. The (token, k) pairs are sorted by expert once; each
   expert with rows takes one matmul per projection over its contiguous segment (a loop over the
   experts that have tokens, never over tokens).
+- `fused_moe_grouped_op`: the grouped path as one opaque op (`batonlm::moe_grouped`), which a
+  compiled graph calls as it is: the CPU's compiled step's 2-64 row graph, float experts.
 - `fused_moe_dense`: every expert over every token, the unrouted products weighted by exact
-  zeros. Shapes depend only on the batch size, so it traces into a compiled graph (the CPU's
-  compiled decode step, where batches are small).
+  zeros. Shapes depend only on the batch size, so it traces into a compiled graph (the quantized
+  experts' formulations in the CPU's compiled 2-64 row graph, where their int8 / FP8 products
+  gain from it).
 - `fused_moe_gathered`: each routed pair's expert weights gathered, one batched matmul: shapes
   fixed by the batch size too, reading T * K experts rather than E (the compiled step's choice
   when that is fewer: one token of a model with many experts).
@@ -103,6 +106,33 @@ def fused_moe_grouped(
     """The (token, k) pairs sorted by expert; one matmul pair per expert that has rows."""
     return grouped_by_expert(x, topk_ids, topk_weights, w13.shape[0], w2.shape[1],
                              lambda e, seg: F.linear(gated(F.linear(seg, w13[e]), act), w2[e]))
+
+
+ACTIVATIONS: dict[str, Activation] = {"silu": F.silu, "gelu": F.gelu,
+                                      "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+_ACTIVATION_NAMES = {fn: name for name, fn in ACTIVATIONS.items()}
+
+
+@torch.library.custom_op("batonlm::moe_grouped", mutates_args=())
+def _moe_grouped_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+                    topk_weights: torch.Tensor, act: str) -> torch.Tensor:
+    return fused_moe_grouped(x, w13, w2, topk_ids, topk_weights, ACTIVATIONS[act])
+
+
+@_moe_grouped_op.register_fake
+def _(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+      act: str) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w2.shape[1]))
+
+
+def fused_moe_grouped_op(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    act: Activation = F.silu,
+) -> torch.Tensor:
+    """`fused_moe_grouped` as one opaque op (`batonlm::moe_grouped`): a compiled graph calls it
+    as it is, its loop over the experts that have rows run eagerly inside, where tracing would
+    need shapes fixed by the batch size (the dense formulation). `act`: one of `ACTIVATIONS`."""
+    return _moe_grouped_op(x, w13, w2, topk_ids, topk_weights, _ACTIVATION_NAMES[act])
 
 
 def fused_moe_dense(

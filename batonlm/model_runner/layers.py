@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from batonlm.distributed.group import TPGroup
+from batonlm.kernels.moe import ACTIVATIONS
 from batonlm.model_runner.linear import Linear
 from batonlm.model_runner.parallel_layers import RowParallelLinear
 from batonlm.model_runner.rope_config import RopeConfig, yarn_mscale
@@ -154,7 +154,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+_ACTIVATIONS = ACTIVATIONS  # one registry: the MoE op names its activation
 
 
 def activation(name: str):

@@ -194,24 +194,27 @@ class Int4Experts(nn.Module):
 Run = TypeVar("Run")
 
 
-def _pick(x: torch.Tensor, top_k: int, num_experts: int, triton: Run, gathered: Run, dense: Run, grouped: Run) -> Run:
+def _pick(x: torch.Tensor, top_k: int, num_experts: int, triton: Run, gathered: Run, traced: Run, grouped: Run) -> Run:
     """Which formulation of the experts runs: Triton on CUDA; in a traced graph (the CPU's
     compiled step) the gathered one for a batch of one token (its K routed expert copies fewer
-    than the experts: the batch-1 graph), else the dense one (shapes fixed by the batch size
-    either way); eager on the CPU the grouped one. The batch size is read without a guard
-    (`statically_known_true`): the 2-64 row graph's is symbolic, and comparing it would fix the
-    graph to the size it was traced with."""
+    than the experts: the batch-1 graph), else `traced` (the dense one for quantized experts,
+    whose int8 / FP8 GEMMs gain from the graph; float experts' grouped op); eager on the CPU the
+    grouped one. The batch size is read without a guard (`statically_known_true`): the 2-64 row
+    graph's is symbolic, and comparing it would fix the graph to the size it was traced with."""
     if x.is_cuda:
         return triton
     if torch.compiler.is_compiling():
         one = statically_known_true(x.shape[0] == 1)
-        return gathered if one and top_k < num_experts else dense
+        return gathered if one and top_k < num_experts else traced
     return grouped
 
 
 def _formulation(x: torch.Tensor, opts: MoEOptions) -> moe_kernels.MoEFunction:
+    """Float experts: a traced graph of several rows calls the grouped formulation as one opaque
+    op (each expert over its routed rows, eagerly inside the graph: 1.5-1.7x the dense one, which
+    runs every expert over every token; docs/benchmarks.md)."""
     return _pick(x, opts.top_k, opts.num_experts, moe_kernels.fused_moe_triton, moe_kernels.fused_moe_gathered,
-                 moe_kernels.fused_moe_dense, moe_kernels.fused_moe_grouped)
+                 moe_kernels.fused_moe_grouped_op, moe_kernels.fused_moe_grouped)
 
 
 class SparseMoE(nn.Module):

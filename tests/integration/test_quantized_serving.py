@@ -60,9 +60,9 @@ def test_two_ranks_give_one_ranks_tokens(tmp_path: Path) -> None:
 def test_static_quantized_experts_serve(tiny_models, tmp_path: Path) -> None:
     """MoE checkpoints with static activation scales (AutoFP8 FP8 Mixtral, W8A8 int8 static
     Qwen3-MoE), experts kept quantized, and the float Qwen3-MoE: the compiled step (its batch-1
-    graph gathering the routed experts, its 2-64 row graph running them all) runs the decode
-    batches and gives the eager step's greedy tokens; two ranks give one rank's (every rank
-    quantizes by the same scales)."""
+    graph gathering the routed experts, its 2-64 row graph running the quantized ones densely
+    and calling the float ones' grouped op) runs the decode batches and gives the eager step's
+    greedy tokens; two ranks give one rank's (every rank quantizes by the same scales)."""
     from quant_formats import LINEARS
     from quant_w8a8 import write_static_checkpoint
 
