@@ -6,7 +6,8 @@
 # picks them; each under its own time limit) and copy their logs and JSON files to $OUT where
 # that is set (one archive, gpu_results.tgz, and the summary). Here, before the call: benchmarks/gpu_wheels.sh. The call (device tool):
 #   run(command="benchmarks/gpu_session.sh", carry=[".whl"], timeout_s=600)
-#   GPU_CHECK_STEPS="tests quantization" benchmarks/gpu_session.sh   # a shorter session
+#   GPU_CHECK_STEPS="tests quantization" benchmarks/gpu_session.sh   # first call (a call runs 10 minutes at most)
+#   GPU_CHECK_STEPS="decode kernels spec models lora host" benchmarks/gpu_session.sh   # second
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
