@@ -370,7 +370,7 @@ def save_dequantized(quant_dir: str | Path, deq: dict[str, torch.Tensor], dst_di
     src, dst = Path(quant_dir), Path(dst_dir)
     config, tensors = load_float_checkpoint(src)
     out = {k: v.to(torch.float32).contiguous() for k, v in tensors.items()
-           if v.is_floating_point() and not k.endswith((".scales", ".weight_scale_inv"))}
+           if v.is_floating_point() and not k.endswith((".scales", ".weight_scale_inv", ".weight_scale", ".input_scale"))}
     out.update({k: v.to(torch.float32).contiguous() for k, v in deq.items()})
     dst.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in config.items() if k != "quantization_config"}

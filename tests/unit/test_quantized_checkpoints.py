@@ -151,6 +151,44 @@ def test_weight_only_int8_kept_packed_gives_its_dequantized_logits(group: int | 
     assert not any(isinstance(m, PackedIntLinear) for m in _runner(DATA / "w8a8", resident=True).model.modules())
 
 
+def test_unpacked_int8_in_activation_order_gives_the_weights_it_means(tmp_path: Path) -> None:
+    """Unpacked int8 weights per group with `weight_g_idx` (each input row's group, here a random
+    assignment of 64 rows to each, one per input as GPTQ orders the layers that read it):
+    W[n, k] = (code - zero[n, g(k)]) * scale[n, g(k)]. Written
+    out in float32 by the test from that definition, that model's logits are what the loader
+    gives, dequantized (the CPU's default) and kept packed with the row groups (CUDA's); reading
+    the groups as consecutive rows is far off."""
+    from safetensors.torch import save_file
+
+    path = _weight_only_int8(tmp_path, 64)
+    tensors = load_file(str(path / "model.safetensors"))
+    deq: dict[str, torch.Tensor] = {}
+    g = torch.Generator().manual_seed(3)
+    orders: dict[str, torch.Tensor] = {}
+    for name in sorted(n for n in tensors if n.endswith(".weight_scale")):
+        p = name.removesuffix(".weight_scale")
+        q, scale, zero = tensors[p + ".weight"], tensors[name], tensors[p + ".weight_zero_point"]
+        k = q.shape[1]
+        key = re.sub(r"(q|k|v|gate|up)_proj$", "input", p)  # the layers of one input share its order
+        groups = orders.setdefault(key, (torch.randperm(k, generator=g) // 64).to(torch.int32))
+        tensors[p + ".weight_g_idx"] = groups.clone()
+        gl = groups.long()
+        deq[p + ".weight"] = ((q.double() - zero.double()[:, gl]) * scale.double()[:, gl]).float()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    truth = tmp_path / "truth"
+    save_dequantized(path, deq, truth)
+    ids = _reference("w8a8")["input_ids"].reshape(-1)
+    want = _prompt_logits(_runner(truth), ids)
+    for resident in (False, True):
+        runner = _runner(path, resident=resident)
+        packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+        assert len(packed) == (8 if resident else 0) and all(m.g_idx is not None for m in packed)
+        assert (_prompt_logits(runner, ids) - want).abs().max() <= RELATIVE * want.abs().max(), resident
+    consecutive = {n: t for n, t in tensors.items() if not n.endswith(".weight_g_idx")}
+    save_file(consecutive, str(path / "model.safetensors"), metadata={"format": "pt"})
+    assert (_prompt_logits(_runner(path), ids) - want).abs().max() > 100 * RELATIVE * want.abs().max()
+
+
 def _dequantized_dir(name: str, tmp: Path) -> Path:
     """The float32 checkpoint a GPTQ / AWQ fixture means, read by quant_formats.py's readers."""
     src = DATA / name

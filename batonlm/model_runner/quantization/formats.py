@@ -93,7 +93,7 @@ def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: Qu
         if storage is None:
             raise QuantizationError(f"{name} has scales but is stored as {dtype}, neither fp8 nor int8")
         scale = p + "weight_scale_inv" if p + "weight_scale_inv" in names else p + "weight_scale"
-        members = [name, scale] + ([p + "weight_zero_point"] if p + "weight_zero_point" in names else [])
+        members = [name, scale] + [m for m in (p + "weight_zero_point", p + "weight_g_idx") if m in names]
         rows, cols = ckpt.shape(name)
         return QuantizedLinear(prefix, storage, _with_activation_params(names, prefix, members), (rows, cols))
     return None
@@ -146,9 +146,15 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
     and its group index alone, never unpacking its values (what `int_weights` says)."""
     p = f"{lin.prefix}."
     k = lin.shape[1]
-    if lin.storage == "int":  # unpacked int8, consecutive groups (bits 0: scales the packed layout cannot take)
+    if lin.storage == "int":  # unpacked int8 (bits 0: scales the packed layout cannot take)
         num_groups = _int8_groups(ckpt, lin)
-        return (8, -1 if num_groups == 1 else -(-k // num_groups), num_groups) if num_groups else (0, -1, 1)
+        if not num_groups:
+            return 0, -1, 1
+        if num_groups == 1:
+            return 8, -1, 1
+        size = -(-k // num_groups)
+        groups = _group_index(ckpt, p + "weight_g_idx", lin, k, num_groups, size)
+        return 8, size if torch.equal(groups, torch.arange(k) // size) else None, num_groups
     if lin.storage == "packed":
         packed = ckpt.shape(p + "weight_packed")
         bits = next((b for b in (4, 8) if -(-k * b // 32) == packed[1]), 0)
@@ -165,7 +171,7 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
 
 def group_index_name(lin: QuantizedLinear) -> str | None:
     """The checkpoint tensor holding a layer's activation order (each input row's group), if any."""
-    name = f"{lin.prefix}.{'weight_g_idx' if lin.storage == 'packed' else 'g_idx'}"
+    name = f"{lin.prefix}.{'weight_g_idx' if lin.storage in ('packed', 'int') else 'g_idx'}"
     return name if name in lin.members else None
 
 
@@ -241,7 +247,7 @@ def _int8_groups(ckpt: Checkpoint, lin: QuantizedLinear) -> int:
 def _int8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
     """compressed-tensors' int-quantized int8 weights read as weight-only (their activations not
     int8: W8A16): signed codes offset to unsigned (+128), a zero of 128 (+ the zero point), a
-    scale per tensor, channel or group."""
+    scale per tensor, channel or group (consecutive rows, or in activation order: `weight_g_idx`)."""
     p = f"{lin.prefix}."
     n, k = lin.shape
     num_groups = _int8_groups(ckpt, lin)
@@ -257,7 +263,7 @@ def _int8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeig
     zero = torch.full((n, num_groups), 128, dtype=torch.int32)
     if p + "weight_zero_point" in lin.members:
         zero = zero + per_row(ckpt.get(p + "weight_zero_point").to(torch.int32))
-    groups = _group_index(ckpt, None, lin, k, num_groups, -1 if num_groups == 1 else -(-k // num_groups))
+    groups = _group_index(ckpt, p + "weight_g_idx", lin, k, num_groups, -1 if num_groups == 1 else -(-k // num_groups))
     return IntWeights(q.contiguous(), zero.t().contiguous(), scale.t().contiguous(), groups, 8)
 
 
@@ -268,7 +274,12 @@ def _int_dense(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> to
     return int_weights(ckpt, lin, quant).dense()
 
 
-_DEQUANTIZE = {"fp8": _scaled, "int": _scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense}
+def _int_scaled(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    """Unpacked int8: by its groups in activation order (`weight_g_idx`) where it has them."""
+    return _int_dense(ckpt, lin, quant) if group_index_name(lin) else _scaled(ckpt, lin, quant)
+
+
+_DEQUANTIZE = {"fp8": _scaled, "int": _int_scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense}
 
 
 def unpack_words(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
