@@ -11,20 +11,20 @@ import torch
 
 from batonlm.model_runner.model_config import ModelConfigError
 from batonlm.model_runner.models.decoder import DecoderLM, DecoderOptions
-from batonlm.model_runner.models.families import _moe_field
+from batonlm.model_runner.models.families import moe_field
 from batonlm.model_runner.moe import MoEOptions
 from batonlm.model_runner.weight_loader import Target
 
 
 def _deepseek_moe(raw: dict[str, Any], **routing: Any) -> DecoderOptions:
-    experts = _moe_field(raw, "n_routed_experts", "num_local_experts")
+    experts = moe_field(raw, "n_routed_experts", "num_local_experts")
     groups = int(raw.get("n_group") or 1)
     if experts % groups:
         raise ModelConfigError(f"config.json: {experts} routed experts do not split into n_group={groups} groups")
     moe = MoEOptions(
         num_experts=experts,
-        top_k=_moe_field(raw, "num_experts_per_tok"),
-        intermediate_size=_moe_field(raw, "moe_intermediate_size"),
+        top_k=moe_field(raw, "num_experts_per_tok"),
+        intermediate_size=moe_field(raw, "moe_intermediate_size"),
         weights_in_fp32=True,
         shared_intermediate_size=int(raw.get("n_shared_experts") or 0) * int(raw["moe_intermediate_size"]),
         shared_gated=False,

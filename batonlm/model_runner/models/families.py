@@ -41,7 +41,7 @@ class Qwen3ForCausalLM(DecoderLM):
         return DecoderOptions(qkv_bias=bias, o_bias=bias, qk_norm=True)
 
 
-def _moe_field(raw: dict[str, Any], *keys: str) -> int:
+def moe_field(raw: dict[str, Any], *keys: str) -> int:
     """The first of `keys` the config has (checkpoints name the expert count either way:
     transformers 5 writes `num_local_experts` for every family), a positive integer."""
     value = next((raw[k] for k in keys if raw.get(k) is not None), None)
@@ -57,9 +57,9 @@ def _qwen_moe(raw: dict[str, Any], attention: DecoderOptions, shared: int = 0) -
     """Qwen's MoE layout: sparse layers every `decoder_sparse_step` layers except
     `mlp_only_layers` (dense MLPs of `intermediate_size`)."""
     moe = MoEOptions(
-        num_experts=_moe_field(raw, "num_experts", "num_local_experts"),
-        top_k=_moe_field(raw, "num_experts_per_tok"),
-        intermediate_size=_moe_field(raw, "moe_intermediate_size"),
+        num_experts=moe_field(raw, "num_experts", "num_local_experts"),
+        top_k=moe_field(raw, "num_experts_per_tok"),
+        intermediate_size=moe_field(raw, "moe_intermediate_size"),
         renormalize=bool(raw.get("norm_topk_prob", False)),
         weights_in_fp32=False,
         shared_intermediate_size=shared,
@@ -84,7 +84,7 @@ class Qwen2MoeForCausalLM(DecoderLM):
     @classmethod
     def options(cls, raw: dict[str, Any]) -> DecoderOptions:
         attention = DecoderOptions(qkv_bias=bool(raw.get("qkv_bias", True)))
-        return _qwen_moe(raw, attention, shared=_moe_field(raw, "shared_expert_intermediate_size"))
+        return _qwen_moe(raw, attention, shared=moe_field(raw, "shared_expert_intermediate_size"))
 
 
 class MixtralForCausalLM(DecoderLM):
@@ -97,9 +97,9 @@ class MixtralForCausalLM(DecoderLM):
     @classmethod
     def options(cls, raw: dict[str, Any]) -> DecoderOptions:
         moe = MoEOptions(
-            num_experts=_moe_field(raw, "num_local_experts", "num_experts"),
-            top_k=_moe_field(raw, "num_experts_per_tok"),
-            intermediate_size=_moe_field(raw, "intermediate_size"),
+            num_experts=moe_field(raw, "num_local_experts", "num_experts"),
+            top_k=moe_field(raw, "num_experts_per_tok"),
+            intermediate_size=moe_field(raw, "intermediate_size"),
             renormalize=True,
             weights_in_fp32=True,
         )
