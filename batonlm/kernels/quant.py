@@ -199,9 +199,16 @@ def fp8_block_matmul_reference(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: to
                                block: tuple[int, int], out_dtype: torch.dtype) -> torch.Tensor:
     """Both operands dequantized in float32, one matmul."""
     bn, bk = _check_block_matmul(x_q, x_scale, w_q, w_scale, block)
+    return fp8_block_product(x_q, x_scale, dequantize_fp8_block(w_q, w_scale, (bn, bk), torch.float32), bk, out_dtype)
+
+
+def fp8_block_product(x_q: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, bk: int,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+    """The reference's product given its float32 weight operand W = `dequantize_fp8_block(w_q,
+    w_scale, block, float32)` (which a CPU layer computes once on load, not at every call)."""
     m, k = x_q.shape
     x = x_q.float() * _expand(x_scale, 1, bk, m, k)
-    return (x @ dequantize_fp8_block(w_q, w_scale, (bn, bk), torch.float32).T).to(out_dtype)
+    return (x @ w.T).to(out_dtype)
 
 
 def fp8_block_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
@@ -237,7 +244,14 @@ def fp8_scaled_matmul_reference(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: t
                                 out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The FP8 product in float32, times both scales, plus the bias."""
     xs, ws = _check_scaled_matmul(x_q, x_scale, w_q, w_scale, bias)
-    y = (x_q.float() @ w_q.float().T) * (xs * ws.T)
+    return fp8_scaled_product(x_q, xs, w_q.float(), ws, out_dtype, bias)
+
+
+def fp8_scaled_product(x_q: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
+                       out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference's product given its float32 weight operand W = w_q.float() (the codes, which
+    a CPU layer converts once on load) and the scales as [M or 1, 1] and [N or 1, 1]."""
+    y = (x_q.float() @ w.T) * (xs * ws.T)
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype)

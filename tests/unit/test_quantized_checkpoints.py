@@ -278,6 +278,30 @@ def test_a_fused_inputs_static_zero_points_hold_every_layers_range(tmp_path: Pat
     assert got_lo <= lo + s / 2 and got_hi >= hi - s / 2 and abs(s - (hi - lo) / 255) <= 1e-6 * s
 
 
+@pytest.mark.parametrize("name", ["fp8-block", "fp8-dynamic"])
+def test_cpu_fp8_layers_keep_the_references_float_operand(name: str) -> None:
+    """On the CPU an FP8 layer keeps its float32 weight operand from load (the codes, by their
+    block scales in blocks) instead of converting its FP8 weight at every call: the logits are
+    the uncached reference's bit for bit, and the operand is not counted as a weight."""
+    from batonlm.kernels.quant import dequantize_fp8_block
+    from batonlm.model_runner.weight_size import held_tensors
+
+    ref = _reference(name)
+    ids = ref["input_ids"].reshape(-1)
+    runner = _runner(DATA / name)
+    layers = [m for m in runner.model.modules() if isinstance(m, Fp8Linear)]
+    assert len(layers) == 8
+    for m in layers:
+        want = (dequantize_fp8_block(m.weight_q, m.weight_scale, m.block, torch.float32) if m.block
+                else m.weight_q.float())
+        assert m.weight_f is not None and torch.equal(m.weight_f, want)
+    assert not any(t is m.weight_f for m in layers for t in held_tensors(runner.model))
+    cached = _prompt_logits(runner, ids)
+    for m in layers:
+        m.weight_f = None
+    assert torch.equal(cached, _prompt_logits(runner, ids))
+
+
 def test_the_layers_kernels_cover_stay_quantized() -> None:
     """On the CPU W8A8 stays quantized, FP8 and int8 (its activations are quantized, as the
     checkpoint says); weight-only formats are dequantized on load unless asked (CUDA's default),

@@ -13,10 +13,14 @@ from batonlm.kernels.int8 import (
     per_token_quant_int8,
     per_token_quant_int8_asym,
     static_quant_int8,
+    weight_sums,
 )
 from batonlm.kernels.quant import (
+    dequantize_fp8_block,
     fp8_block_matmul,
+    fp8_block_product,
     fp8_scaled_matmul,
+    fp8_scaled_product,
     int4_dequant_matmul,
     per_token_group_quant_fp8,
     per_token_quant_fp8,
@@ -32,11 +36,17 @@ class Fp8Linear(nn.Module):
     """y = x W^T (+ bias) with W [N, K] in FP8 e4m3 and float32 scales: one per `block` of
     [bn, bk] (DeepSeek-V3, Qwen3-FP8), or one per output channel. Activations are quantized
     per token (per token and group of bk with blocks), or with `static` a checkpoint's one
-    input scale."""
+    input scale.
+
+    On the CPU (no FP8 GEMM: the torch reference multiplies in float32) `finish_load` keeps the
+    reference's float32 weight operand (`weight_f`: the codes, dequantized by their blocks with
+    blocks), so a call converts the activations alone: the same operations on the same values,
+    the same outputs, 4 bytes a weight more."""
 
     weight_q: torch.Tensor
     weight_scale: torch.Tensor
     input_scale: torch.Tensor | None
+    weight_f: torch.Tensor | None
 
     def __init__(self, n: int, k: int, block: tuple[int, int] | None, static: bool, bias: bool) -> None:
         super().__init__()
@@ -45,20 +55,35 @@ class Fp8Linear(nn.Module):
         shape = (_cdiv(n, block[0]), _cdiv(k, block[1])) if block else (n,)
         self.register_buffer("weight_scale", torch.empty(shape, dtype=torch.float32))
         self.register_buffer("input_scale", torch.empty(1, dtype=torch.float32) if static else None)
+        self.register_buffer("weight_f", None, persistent=False)
         self.bias = nn.Parameter(torch.empty(n)) if bias else None
+
+    def finish_load(self) -> None:
+        """Once the checkpoint is in: on the CPU, the float32 weight operand (see the class)."""
+        if self.weight_q.device.type != "cpu":
+            return
+        w = self.weight_q
+        self.weight_f = dequantize_fp8_block(w, self.weight_scale, self.block, torch.float32) if self.block else w.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
         if self.block is not None:
             x_q, x_scale = per_token_group_quant_fp8(flat, self.block[1])
-            y = fp8_block_matmul(x_q, x_scale, self.weight_q, self.weight_scale, self.block, x.dtype)
+            if self.weight_f is not None:
+                y = fp8_block_product(x_q, x_scale, self.weight_f, self.block[1], x.dtype)
+            else:
+                y = fp8_block_matmul(x_q, x_scale, self.weight_q, self.weight_scale, self.block, x.dtype)
             y = y if self.bias is None else y + self.bias
         else:
             if self.input_scale is not None:
                 x_q, x_scale = static_quant_fp8(flat, self.input_scale), self.input_scale
             else:
                 x_q, x_scale = per_token_quant_fp8(flat)
-            y = fp8_scaled_matmul(x_q, x_scale, self.weight_q, self.weight_scale, x.dtype, self.bias)
+            if self.weight_f is not None:
+                xs, ws = x_scale.reshape(-1, 1), self.weight_scale.reshape(-1, 1)
+                y = fp8_scaled_product(x_q, xs, self.weight_f, ws, x.dtype, self.bias)
+            else:
+                y = fp8_scaled_matmul(x_q, x_scale, self.weight_q, self.weight_scale, x.dtype, self.bias)
         return y.reshape(*x.shape[:-1], self.n)
 
 
@@ -84,6 +109,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("input_zero_point", torch.empty(1, dtype=torch.int32) if static and asym else None)
         self.register_buffer("weight_sum", torch.empty(n, dtype=torch.int32) if asym else None)
         self.bias = nn.Parameter(torch.empty(n)) if bias else None
+
+    def finish_load(self) -> None:
+        """Once the checkpoint is in: with zero points, the weight rows' sums (this rank's columns)."""
+        if self.weight_sum is not None:
+            self.weight_sum.copy_(weight_sums(self.weight_q))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)

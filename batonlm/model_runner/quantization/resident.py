@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from batonlm.kernels.int8 import QMAX, QMIN, per_token_quant_int8_asym_reference, weight_sums
+from batonlm.kernels.int8 import QMAX, QMIN, per_token_quant_int8_asym_reference
 from batonlm.kernels.quant import pack_int4
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
@@ -214,6 +214,9 @@ def load_resident(layers: list[ResidentLayer], ckpt: Checkpoint, quant: QuantCon
         for layer in layers:
             for lin, t in layer.sources:
                 layer.fill(layer.module, ckpt, lin, t, quant)
+            finish = getattr(layer.module, "finish_load", None)
+            if finish is not None:  # what a layer derives from its whole checkpoint part
+                finish()
 
 
 def _narrow(x: torch.Tensor, t: Target, dim: int | None = None) -> torch.Tensor:
@@ -246,8 +249,6 @@ def _load_online_fp8(module: Fp8Linear, ckpt: Checkpoint, lin: QuantizedLinear, 
 
 def _load_int8(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     _fill_channel_scaled(module, ckpt.get(f"{lin.prefix}.weight"), channel_scales(ckpt, lin), t)
-    if module.weight_sum is not None:  # zero points: the rows' sums (this rank's columns), once all are in
-        module.weight_sum.copy_(weight_sums(module.weight_q))
     if module.input_zero_point is not None:
         _load_input_range(module, ckpt, lin, t)
     else:
