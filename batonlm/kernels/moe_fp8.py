@@ -13,6 +13,11 @@ bk)], and `w2_q` [E, H, I] with `w2_scale` [E, ceil(H / bn), ceil(I / bk)], floa
 code * the scale of its (bn, bk) block. I is a multiple of bn, so a block never holds both gate
 and up rows. `block` None: `w13_scale` [E, 2I] and `w2_scale` [E, H], one per output row.
 
+On the CPU `w13_q` / `w2_q` may be the torch references' float32 weight operands instead of the
+codes (`float_operand`: the codes as float32 per channel, dequantized by their blocks in blocks;
+`Fp8Experts` keeps them from load): the grouped, dense and gathered formulations then skip that
+conversion at every call, with the same operations on the same values after it.
+
 Static activation scales (`input_scales`, per channel only: AutoFP8's and llm-compressor's FP8
 checkpoints, Mixtral-8x7B-FP8): each expert's calibrated (a13 [E], a2 [E]) float32, its gate/up
 input divided by a13[e] and its gated intermediate by a2[e] (`static_quant_fp8`, saturating),
@@ -51,7 +56,9 @@ from batonlm.kernels.moe import (
 from batonlm.kernels.quant import (
     dequantize_fp8_block,
     fp8_block_matmul_reference,
+    fp8_block_product,
     fp8_scaled_matmul_reference,
+    fp8_scaled_product,
     per_token_group_quant_fp8,
     per_token_group_quant_fp8_reference,
     static_quant_fp8,
@@ -84,15 +91,32 @@ def _group(x: torch.Tensor, block: Block) -> int:
     return block[1] if block is not None else max(1, x.shape[-1])
 
 
+def float_operand(w_q: torch.Tensor, w_scale: torch.Tensor, block: Block) -> torch.Tensor:
+    """Experts' FP8 codes [E, N, K] as the torch references multiply them: float32, dequantized
+    by their blocks (in blocks) or as they are (per channel: the scales come after the product)."""
+    if block is None:
+        return w_q.float()
+    return torch.stack([dequantize_fp8_block(w_q[i], w_scale[i], block, torch.float32) for i in range(w_q.shape[0])])
+
+
+def _operand(w: torch.Tensor) -> bool:
+    return w.dtype == torch.float32
+
+
 def _quantized_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, block: Block,
                       a: torch.Tensor | None = None) -> torch.Tensor:
     """One expert's product; `a`: its static input scale (0-dim), else dynamic per token."""
     if a is not None:
-        return fp8_scaled_matmul_reference(static_quant_fp8_reference(x, a), a, w_q, w_scale, x.dtype)
-    x_q, x_s = per_token_group_quant_fp8_reference(x, _group(x, block))
+        x_q, xs = static_quant_fp8_reference(x, a), a
+    else:
+        x_q, xs = per_token_group_quant_fp8_reference(x, _group(x, block))
     if block is None:
-        return fp8_scaled_matmul_reference(x_q, x_s, w_q, w_scale, x.dtype)
-    return fp8_block_matmul_reference(x_q, x_s, w_q, w_scale, block, x.dtype)
+        if _operand(w_q):
+            return fp8_scaled_product(x_q, xs.reshape(-1, 1), w_q, w_scale.reshape(-1, 1), x.dtype)
+        return fp8_scaled_matmul_reference(x_q, xs, w_q, w_scale, x.dtype)
+    if _operand(w_q):
+        return fp8_block_product(x_q, xs, w_q, block[1], x.dtype)
+    return fp8_block_matmul_reference(x_q, xs, w_q, w_scale, block, x.dtype)
 
 
 def fused_moe_fp8_grouped(
@@ -129,7 +153,7 @@ def _dense_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, blo
         y = torch.matmul(q.float().view(*x.shape), w_q.float().transpose(1, 2)) * (s.view(shape) * w_scale[:, None, :])
         return y.to(x.dtype)
     x_d = (q.float() * s.repeat_interleave(group, dim=1)[:, :k]).view(x.shape)
-    w = torch.stack([dequantize_fp8_block(w_q[i], w_scale[i], block, torch.float32) for i in range(w_q.shape[0])])
+    w = w_q if _operand(w_q) else float_operand(w_q, w_scale, block)
     return torch.matmul(x_d, w.transpose(1, 2)).to(x.dtype)
 
 

@@ -101,7 +101,12 @@ class Fp8Experts(_ScaledExperts):
     with `static`, each expert's calibrated input scales: AutoFP8's Mixtral-8x7B-FP8),
     this rank's slice of their intermediate features, in place of `FusedExperts`
     (quantization/resident_experts.py swaps it in and fills it). `kernels/moe_fp8.py`, picked
-    as for float experts (`_pick`)."""
+    as for float experts (`_pick`). On the CPU, as `Fp8Linear` there, `finish_load` keeps the
+    torch references' float32 weight operands (`w13_f`, `w2_f`), which the CPU formulations
+    take in place of the codes: the same outputs, 4 bytes a weight more."""
+
+    w13_f: torch.Tensor | None
+    w2_f: torch.Tensor | None
 
     def __init__(self, experts: FusedExperts, block: tuple[int, int] | None, static: bool = False) -> None:
         super().__init__(experts, static)
@@ -117,12 +122,20 @@ class Fp8Experts(_ScaledExperts):
             bn, bk = block
             self.register_buffer("w13_scale", torch.empty(num, -(-two_count // bn), -(-hidden // bk)))
             self.register_buffer("w2_scale", torch.empty(num, -(-hidden // bn), -(-count // bk)))
+        self.register_buffer("w13_f", None, persistent=False)
+        self.register_buffer("w2_f", None, persistent=False)
+
+    def finish_load(self) -> None:
+        if self.w13_q.device.type == "cpu":
+            self.w13_f = moe_fp8.float_operand(self.w13_q, self.w13_scale, self.block)
+            self.w2_f = moe_fp8.float_operand(self.w2_q, self.w2_scale, self.block)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
         run = _pick(x, ids.shape[1], self.w13_q.shape[0], moe_fp8.fused_moe_fp8_triton, moe_fp8.fused_moe_fp8_gathered,
                     moe_fp8.fused_moe_fp8_dense, moe_fp8.fused_moe_fp8_grouped)
-        return run(x, self.w13_q, self.w13_scale, self.w2_q, self.w2_scale, self.block, ids, weights, act,
+        w13, w2 = (self.w13_f, self.w2_f) if self.w13_f is not None and self.w2_f is not None else (self.w13_q, self.w2_q)
+        return run(x, w13, self.w13_scale, w2, self.w2_scale, self.block, ids, weights, act,
                    input_scales=self.input_scales)
 
 

@@ -20,12 +20,18 @@ from quant_w8a8 import write_w8a8_checkpoint
 from safetensors.torch import load_file
 
 from batonlm.distributed.group import TPGroup
-from batonlm.kernels.moe_fp8 import fused_moe_fp8_dense, fused_moe_fp8_gathered, fused_moe_fp8_grouped
+from batonlm.kernels.moe_fp8 import (
+    float_operand,
+    fused_moe_fp8_dense,
+    fused_moe_fp8_gathered,
+    fused_moe_fp8_grouped,
+)
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model, tp_layout
 from batonlm.model_runner.moe import Fp8Experts, FusedExperts, SparseMoE
 from batonlm.model_runner.quantization.config import QuantizationError
 from batonlm.model_runner.weight_loader import checkpoint_name
+from batonlm.model_runner.weight_size import held_tensors
 
 BLOCK = (16, 16)
 # family -> the checkpoint's expert projection names (gate, up, down)
@@ -95,6 +101,11 @@ def test_fp8_experts_hold_and_compute_the_checkpoints_experts(family: str, block
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
                                                       b.view(torch.uint8) if b.dtype != torch.float32 else b)
+        # On the CPU the layer multiplies the references' float32 operands, kept from load (not
+        # counted as weights), and computes what the formulation does on the codes, bit for bit.
+        assert experts.w13_f is not None and experts.w2_f is not None
+        assert torch.equal(experts.w2_f, float_operand(experts.w2_q, experts.w2_scale, experts.block))
+        assert not any(t is experts.w13_f for t in held_tensors(model))
         x = torch.randn(9, cfg.hidden_size, generator=g)
         ids, weights = moe.route(x)
         assert torch.equal(experts(x, ids, weights, moe.act),
