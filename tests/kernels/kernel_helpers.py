@@ -16,6 +16,10 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted_only = pytest.mark.skipif(
     not INTERPRETED, reason="CPU kernel tests need TRITON_INTERPRET=1 (the default without CUDA); the gpu tests cover CUDA"
 )
+# The compiled kernels on a CUDA device (the `gpu` tests), not under the interpreter.
+compiled_only = pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
+# An entry point's two implementations: the torch reference, and the Triton kernel (interpreted).
+IMPLS = [pytest.param(False, id="torch"), pytest.param(True, id="triton", marks=interpreted_only)]
 # Chi-square critical values at p = 0.001, by degrees of freedom.
 CHI2_CRIT = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12}
 

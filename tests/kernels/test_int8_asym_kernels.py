@@ -20,12 +20,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import INTERPRETED, interpreted_only  # noqa: E402
+from kernel_helpers import IMPLS, compiled_only, interpreted_only  # noqa: E402
 
 from batonlm.kernels import int8 as I8  # noqa: E402
 
 U = 2.0**-24
-IMPLS = [pytest.param(False, id="torch"), pytest.param(True, id="triton", marks=interpreted_only)]
 
 
 def _activations(g: torch.Generator, m: int, k: int) -> torch.Tensor:
@@ -178,7 +177,6 @@ def test_a_bad_argument_is_named(use_triton, name):
         _bad_calls()[name](use_triton)
 
 
-compiled_only = pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
 
 
 @pytest.mark.gpu

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from kernel_helpers import calibrated_input_scales, interpreted_only, static_experts_truth  # noqa: E402
+from kernel_helpers import calibrated_input_scales, compiled_only, interpreted_only, static_experts_truth  # noqa: E402
 
 from batonlm.kernels import _triton_moe  # noqa: E402
 from batonlm.kernels.moe import moe_align, sort_by_expert  # noqa: E402
@@ -177,7 +177,6 @@ def test_a_bad_shape_is_named():
 
 
 # --- compiled on a GPU with FP8 (compute capability 8.9+): DeepSeek-V3-sized experts ---------------
-compiled_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
 
 
 @pytest.mark.gpu

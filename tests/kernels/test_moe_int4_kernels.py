@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import interpreted_only  # noqa: E402
+from kernel_helpers import compiled_only, interpreted_only  # noqa: E402
 
 from batonlm.kernels.moe import fused_moe_reference  # noqa: E402
 from batonlm.kernels.moe_int4 import (  # noqa: E402
@@ -119,7 +119,7 @@ def test_a_bad_shape_is_named():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
+@compiled_only
 @pytest.mark.parametrize("t,bits", [(1, 4), (64, 4), (64, 8)])
 def test_gpu_int4_moe(t, bits):
     """Qwen3-30B-A3B-sized experts (hidden 2048, 768 features, groups of 128) in bfloat16."""

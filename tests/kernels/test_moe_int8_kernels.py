@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from kernel_helpers import calibrated_input_scales, interpreted_only, static_experts_truth  # noqa: E402
+from kernel_helpers import calibrated_input_scales, compiled_only, interpreted_only, static_experts_truth  # noqa: E402
 
 from batonlm.kernels.int8 import per_token_quant_int8_reference, static_quant_int8_reference  # noqa: E402
 from batonlm.kernels.moe_int8 import (  # noqa: E402
@@ -145,7 +145,7 @@ def test_a_bad_shape_is_named():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
+@compiled_only
 @pytest.mark.parametrize("t", [1, 64])
 def test_gpu_int8_moe(t):
     """Qwen3-30B-A3B-sized experts in bfloat16: the int8 tensor cores sum exactly, so the Triton
@@ -158,7 +158,7 @@ def test_gpu_int8_moe(t):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
+@compiled_only
 @pytest.mark.parametrize("t", [1, 64])
 def test_gpu_int8_moe_static_scales(t):
     """Each expert's static input scales: the Triton path (pair rows quantized by their expert's

@@ -19,13 +19,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import INTERPRETED, interpreted_only  # noqa: E402
+from kernel_helpers import IMPLS, compiled_only, interpreted_only  # noqa: E402
 
 from batonlm.kernels import quant as Q  # noqa: E402
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 EPS32 = torch.finfo(torch.float32).eps
-IMPLS = [pytest.param(False, id="torch"), pytest.param(True, id="triton", marks=interpreted_only)]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -358,7 +357,6 @@ def test_the_kernel_refuses_a_k_block_it_cannot_tile():
 # FP8 operands here are small integers, so every tile's FP8 product sums exactly (|sum| < 2^11)
 # however the tensor cores add (an H100/H200 adds FP8 products in about 14 bits): the bound is
 # the float32 one above, and a wrong scale, block or mask shows as an error of the size of y.
-compiled_only = pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
 GPU_SHAPES = [(1, 4096, 4096), (64, 4096, 4096), (17, 1000, 1000)]
 
 
