@@ -154,14 +154,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-_ACTIVATIONS = ACTIVATIONS  # one registry: the MoE op names its activation
-
-
 def activation(name: str):
+    """`hidden_act`'s function, from the one registry (kernels/moe.py: the MoE op names its
+    activation by it)."""
     try:
-        return _ACTIVATIONS[name]
+        return ACTIVATIONS[name]
     except KeyError:
-        raise ValueError(f"hidden_act {name!r} is not supported (supported: {sorted(_ACTIVATIONS)})") from None
+        raise ValueError(f"hidden_act {name!r} is not supported (supported: {sorted(ACTIVATIONS)})") from None
 
 
 class GatedMLP(nn.Module):

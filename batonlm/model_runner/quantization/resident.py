@@ -281,6 +281,8 @@ def _load_input_range(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear
     (calibrated on the same input, they are equal), or where they differ the range that holds
     every layer's (nothing clips), as `per_token_quant_int8_asym` would quantize it."""
     assert module.input_scale is not None and module.input_zero_point is not None
+    if f"{lin.prefix}.input_scale" not in lin.members:
+        return
     scale = ckpt.get(f"{lin.prefix}.input_scale").to(torch.float32).reshape(1)
     zero_name = f"{lin.prefix}.input_zero_point"
     zero = ckpt.get(zero_name).to(torch.int32).reshape(1) if zero_name in lin.members else torch.zeros(1, dtype=torch.int32)
