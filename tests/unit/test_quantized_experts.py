@@ -362,6 +362,32 @@ def test_int8_experts_hold_and_compute_the_checkpoints_experts(family: str, int8
         assert torch.equal(traced, fused_moe_int8_dense(x, *want, ids, weights, moe.act))
 
 
+def test_experts_with_asymmetric_int8_activations_run_dequantized_with_a_warning(tiny_models, tmp_path,
+                                                                                 caplog) -> None:
+    """W8A8 int8 with zero points on its activations: the projections keep them (`Int8Linear`,
+    the weight rows' sums), the experts (no kernel takes zero points) run dequantized, their
+    weights the checkpoint's codes times scales, and start-up says in a warning that their
+    activations are not quantized (so not the checkpoint's outputs)."""
+    from batonlm.model_runner.quantization.linear import Int8Linear
+
+    path = tmp_path / "asym"
+    deq = write_w8a8_checkpoint(tiny_models["qwen3_moe"], path, torch.float32, LINEARS + FAMILIES["qwen3_moe"],
+                                asym_activations=True)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        model = load_model(ModelConfig.from_hf(path), torch.float32, "cpu")[0]
+    projections = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert projections and all(m.weight_sum is not None for m in projections)
+    layers = _moe_layers(model)
+    assert layers and all(type(m.experts) is FusedExperts for _, m in layers)
+    name, moe = layers[0]
+    prefix = checkpoint_name(model, name + ".experts")
+    gate = deq[f"{prefix}.0.gate_proj.weight"]
+    assert torch.equal(moe.experts.w13[0, : gate.shape[0]], gate)
+    (record,) = [r for r in caplog.records if "MoE layer" in r.getMessage()]
+    assert record.levelname == "WARNING" and "unquantized activations" in record.getMessage()
+
+
 def _shared_order(name: str) -> str:
     """GPTQ orders the projections of one input together (q/k/v; an expert's gate and up)."""
     return re.sub(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|w1|w3)\.weight$", ".input", name)

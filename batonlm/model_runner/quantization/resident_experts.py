@@ -67,9 +67,13 @@ def make_resident_experts(
         setattr(model.get_submodule(parent), child, layer.module)
         out.append(layer)
     if kept:
-        logger.info("%d MoE layer(s) run their experts dequantized (formats the expert kernels do not cover: "
-                    "gate and up in different activation orders, static and dynamic activations mixed, int8 "
-                    "activations with zero points, other mixes), e.g. %s", len(kept), kept[0])
+        # W8A8 experts run dequantized do not quantize their activations: not the checkpoint's outputs.
+        w8a8 = quant.act_quant != "none" and not quant.online
+        logger.log(logging.WARNING if w8a8 else logging.INFO,
+                   "%d MoE layer(s) run their experts dequantized%s (formats the expert kernels do not cover: gate "
+                   "and up in different activation orders, static and dynamic activations mixed, int8 activations "
+                   "with zero points, other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
+                   kept[0])
     return out
 
 
