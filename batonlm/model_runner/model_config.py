@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError, resolve_quantization
+from batonlm.model_runner.quantization.config import (
+    QuantConfig,
+    QuantizationError,
+    resolve_quantization,
+    with_quantize_config,
+)
 from batonlm.model_runner.rope_config import RopeConfig, RopeConfigError, read_ropes, yarn_mscale
 from batonlm.model_runner.text_decoders import MULTIMODAL_TEXT_DECODERS
 from batonlm.registries import MODEL_ARCHITECTURES
@@ -167,6 +172,7 @@ class ModelConfig:
                 f"differ in size: transformers' modeling code cannot run on batonlm's KV cache; batonlm's native "
                 f"DeepseekV2ForCausalLM / DeepseekV3ForCausalLM run it (--model-impl auto)")
         try:
+            raw = with_quantize_config(root, raw)
             quant = resolve_quantization(raw, quantization)
         except QuantizationError as e:
             raise ModelConfigError(f"{cfg_file}: {e}") from None

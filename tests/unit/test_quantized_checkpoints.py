@@ -189,6 +189,42 @@ def test_unpacked_int8_in_activation_order_gives_the_weights_it_means(tmp_path: 
     assert (_prompt_logits(_runner(path), ids) - want).abs().max() > 100 * RELATIVE * want.abs().max()
 
 
+# AutoGPTQ's quantize_config.json (as TheBloke's GPTQ repositories have it, no quant_method) and
+# AutoAWQ's quant_config.json.
+AUTOGPTQ_FILE = {"bits": 4, "group_size": 64, "damp_percent": 0.01, "desc_act": False, "sym": True,
+                 "true_sequential": True, "model_name_or_path": None, "model_file_base_name": "model"}
+AUTOAWQ_FILE = {"zero_point": True, "q_group_size": 64, "w_bit": 4, "version": "GEMM"}
+
+
+@pytest.mark.parametrize("name, file, written", [
+    ("gptqmodel-w4g64", "quantize_config.json", None),  # GPTQModel's own file (it names quant_method)
+    ("gptq-w4g64", "quantize_config.json", AUTOGPTQ_FILE),
+    ("awq-w4g64", "quant_config.json", AUTOAWQ_FILE),
+])
+def test_a_quantize_config_file_beside_the_weights_is_read(name: str, file: str, written: dict | None,
+                                                           tmp_path: Path) -> None:
+    """A GPTQ / AWQ checkpoint whose config.json has no quantization_config (older ones kept it in
+    AutoGPTQ's or AutoAWQ's own file beside the weights) loads as the one whose config.json has
+    it: the same quantization, the same logits."""
+    import json
+    import shutil
+
+    out = tmp_path / name
+    shutil.copytree(DATA / name, out)
+    config = json.loads((out / "config.json").read_text())
+    del config["quantization_config"]
+    (out / "config.json").write_text(json.dumps(config))
+    if written is not None:
+        (out / file).write_text(json.dumps(written))
+    assert (out / file).is_file()
+    assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(DATA / name).quantization
+    ids = _reference(name)["input_ids"].reshape(-1)
+    assert torch.equal(_prompt_logits(_runner(out), ids), _prompt_logits(_runner(DATA / name), ids))
+    (out / file).write_text(json.dumps({"damp_percent": 0.01}))
+    with pytest.raises(ValueError, match=f"{file} names no quant_method"):
+        ModelConfig.from_hf(out)
+
+
 def _dequantized_dir(name: str, tmp: Path) -> Path:
     """The float32 checkpoint a GPTQ / AWQ fixture means, read by quant_formats.py's readers."""
     src = DATA / name

@@ -8,8 +8,10 @@ cannot load raises `QuantizationError` naming the method, the field and what is 
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,41 @@ class QuantConfig:
             return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
         asym = "" if self.act_symmetric else "asymmetric "
         return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
+
+
+# Where AutoGPTQ, AutoAWQ and GPTQModel write the quantization config beside the weights (older
+# GPTQ / AWQ checkpoints have it there only, not in config.json); transformers and vLLM read them.
+QUANTIZE_CONFIG_FILES = ("quantize_config.json", "quant_config.json")
+
+
+def with_quantize_config(root: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` (config.json) with the quantization config of a checkpoint whose config.json has
+    none but whose directory has AutoGPTQ's / AutoAWQ's file: its `quant_method`, or where it
+    names none (AutoGPTQ's and AutoAWQ's older files) awq when it has AutoAWQ's fields (`w_bit`,
+    `q_group_size`, `zero_point`), else gptq when it has `bits`."""
+    if raw.get("quantization_config") is not None:
+        return raw
+    for name in QUANTIZE_CONFIG_FILES:
+        path = root / name
+        if not path.is_file():
+            continue
+        try:
+            qc = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise QuantizationError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(qc, dict):
+            raise QuantizationError(f"{path} is not a JSON object")
+        if "quant_method" not in qc:
+            if {"w_bit", "q_group_size", "zero_point"} & qc.keys():
+                qc = {**qc, "quant_method": "awq"}
+            elif "bits" in qc:
+                qc = {**qc, "quant_method": "gptq"}
+            else:
+                raise QuantizationError(f"{path} names no quant_method, and its fields are neither GPTQ's (bits) nor "
+                                        "AWQ's (w_bit, q_group_size, zero_point)")
+        logger.info("quantization config read from %s (config.json has none): %s", name, qc["quant_method"])
+        return {**raw, "quantization_config": qc}
+    return raw
 
 
 def resolve_quantization(raw: dict[str, Any], flag: str = "auto") -> QuantConfig | None:
