@@ -225,6 +225,66 @@ def test_a_quantize_config_file_beside_the_weights_is_read(name: str, file: str,
         ModelConfig.from_hf(out)
 
 
+@pytest.mark.parametrize("layout", ["config", "hf_quant_config"])
+def test_modelopt_fp8_is_the_static_fp8_it_stores(layout: str, tmp_path: Path) -> None:
+    """NVIDIA ModelOpt's FP8 checkpoints store what AutoFP8's static ones do (an FP8 weight with a
+    scale per tensor, a static `input_scale` per layer): declared in config.json's
+    quantization_config (`quant_method: modelopt, quant_algo: FP8`) or, in its older layout, in
+    hf_quant_config.json beside the weights, they load as the AutoFP8 checkpoint of the same
+    tensors, bit for bit; an algorithm batonlm does not run is named at start-up."""
+    import json
+    import shutil
+
+    from quant_w8a8 import write_static_checkpoint
+
+    autofp8 = tmp_path / "autofp8"
+    write_static_checkpoint(DATA / "fp32-source", autofp8, "autofp8")
+    out = tmp_path / "modelopt"
+    shutil.copytree(autofp8, out)
+    config = json.loads((out / "config.json").read_text())
+    algo = {"quant_algo": "FP8", "kv_cache_quant_algo": None}
+    if layout == "config":
+        config["quantization_config"] = {"quant_method": "modelopt", **algo, "ignore": ["lm_head"]}
+    else:
+        del config["quantization_config"]
+        (out / "hf_quant_config.json").write_text(json.dumps(
+            {"producer": {"name": "modelopt", "version": "0.19.0"}, "quantization": {**algo, "exclude_modules": ["lm_head"]}}))
+    (out / "config.json").write_text(json.dumps(config))
+    quant = ModelConfig.from_hf(out).quantization
+    assert quant is not None and quant.description == "modelopt fp8 (per tensor, static activation scales)"
+    runner = _runner(out)
+    layers = [m for m in runner.model.modules() if isinstance(m, Fp8Linear)]
+    assert len(layers) == 8 and all(m.input_scale is not None and m.block is None for m in layers)
+    ids = _reference("fp32-source")["input_ids"].reshape(-1)
+    assert torch.equal(_prompt_logits(runner, ids), _prompt_logits(_runner(autofp8), ids))
+    bad = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    if layout == "config":
+        config["quantization_config"] = bad
+        (out / "config.json").write_text(json.dumps(config))
+    else:
+        (out / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
+    with pytest.raises(ValueError, match=r"modelopt quant_algo 'NVFP4' is not supported \(supported: FP8"):
+        ModelConfig.from_hf(out)
+
+
+def test_modelopt_fp8_per_channel_per_token_is_fp8_dynamic(tmp_path: Path) -> None:
+    """ModelOpt's FP8_PER_CHANNEL_PER_TOKEN stores llm-compressor's FP8_DYNAMIC tensors (a scale
+    per output channel, no activation scale): the `fp8-dynamic` fixture declared so gives the
+    fixture's logits (transformers', to the bound) bit for bit."""
+    import json
+    import shutil
+
+    out = tmp_path / "modelopt-channel"
+    shutil.copytree(DATA / "fp8-dynamic", out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"}
+    (out / "config.json").write_text(json.dumps(config))
+    quant = ModelConfig.from_hf(out).quantization
+    assert quant is not None and quant.description == "modelopt fp8 (per channel, dynamic activations)"
+    ids = _reference("fp8-dynamic")["input_ids"].reshape(-1)
+    assert torch.equal(_prompt_logits(_runner(out), ids), _prompt_logits(_runner(DATA / "fp8-dynamic"), ids))
+
+
 def _dequantized_dir(name: str, tmp: Path) -> Path:
     """The float32 checkpoint a GPTQ / AWQ fixture means, read by quant_formats.py's readers."""
     src = DATA / name

@@ -17,7 +17,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 # `--quantization`'s values: auto (the checkpoint's), none, and the methods batonlm loads.
-QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq")
+QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "modelopt")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 _FP8_SCHEMES = ("static", "dynamic")
 
@@ -63,13 +63,17 @@ class QuantConfig:
         if self.method == "fp8":
             static = ", static activation scales" if self.activation_scheme == "static" else ""
             return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
+        if self.method == "modelopt":
+            return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
+                                      else "(per channel, dynamic activations)")
         asym = "" if self.act_symmetric else "asymmetric "
         return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
 # Where AutoGPTQ, AutoAWQ and GPTQModel write the quantization config beside the weights (older
-# GPTQ / AWQ checkpoints have it there only, not in config.json); transformers and vLLM read them.
-QUANTIZE_CONFIG_FILES = ("quantize_config.json", "quant_config.json")
+# GPTQ / AWQ checkpoints have it there only, not in config.json), and NVIDIA ModelOpt's
+# hf_quant_config.json; transformers and vLLM read them.
+QUANTIZE_CONFIG_FILES = ("quantize_config.json", "quant_config.json", "hf_quant_config.json")
 
 
 def with_quantize_config(root: Path, raw: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +94,9 @@ def with_quantize_config(root: Path, raw: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(qc, dict):
             raise QuantizationError(f"{path} is not a JSON object")
         if "quant_method" not in qc:
-            if {"w_bit", "q_group_size", "zero_point"} & qc.keys():
+            if name == "hf_quant_config.json" and isinstance(qc.get("quantization"), dict):
+                qc = {**qc, "quant_method": "modelopt"}
+            elif {"w_bit", "q_group_size", "zero_point"} & qc.keys():
                 qc = {**qc, "quant_method": "awq"}
             elif "bits" in qc:
                 qc = {**qc, "quant_method": "gptq"}
@@ -240,4 +246,22 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
     return (kinds.pop() if kinds else "none"), symmetric.pop() if symmetric else True
 
 
-_READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors}
+_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
+
+
+def _modelopt(qc: dict[str, Any]) -> QuantConfig:
+    """NVIDIA ModelOpt (TensorRT Model Optimizer): its `quant_algo` in config.json's
+    quantization_config, or under `quantization` (hf_quant_config.json's layout). FP8: an FP8
+    weight with one scale per tensor and a static activation scale per layer (`input_scale`), the
+    tensors AutoFP8 writes too; FP8_PER_CHANNEL_PER_TOKEN: a scale per output channel and dynamic
+    per-token activations. Layers it excludes are stored in float."""
+    nested = qc.get("quantization")
+    inner: dict[str, Any] = nested if isinstance(nested, dict) else qc
+    algo = str(inner.get("quant_algo") or "").upper()
+    if algo not in _MODELOPT_ALGOS:
+        raise QuantizationError(f"modelopt quant_algo {inner.get('quant_algo')!r} is not supported (supported: "
+                                f"{', '.join(_MODELOPT_ALGOS)})")
+    return QuantConfig("modelopt", activation_scheme="static" if algo == "FP8" else "dynamic", act_quant="fp8")
+
+
+_READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors, "modelopt": _modelopt}
