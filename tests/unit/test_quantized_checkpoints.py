@@ -285,6 +285,25 @@ def test_modelopt_fp8_per_channel_per_token_is_fp8_dynamic(tmp_path: Path) -> No
     assert torch.equal(_prompt_logits(_runner(out), ids), _prompt_logits(_runner(DATA / "fp8-dynamic"), ids))
 
 
+def test_a_modelopt_kv_cache_only_config_leaves_the_weights_float(tmp_path: Path) -> None:
+    """ModelOpt quantizing the KV cache alone (`quant_algo` null, `kv_cache_quant_algo` FP8): the
+    weights are float, in config.json's layout and in hf_quant_config.json's."""
+    import json
+    import shutil
+
+    out = tmp_path / "kv-only"
+    shutil.copytree(DATA / "fp32-source", out)
+    (out / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": None,
+                                                                           "kv_cache_quant_algo": "FP8"}}))
+    assert ModelConfig.from_hf(out).quantization is None
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": None, "kv_cache_quant_algo": "FP8"}
+    (out / "config.json").write_text(json.dumps(config))
+    assert ModelConfig.from_hf(out).quantization is None
+    ids = _reference("fp32-source")["input_ids"].reshape(-1)
+    assert torch.equal(_prompt_logits(_runner(out), ids), _prompt_logits(_runner(DATA / "fp32-source"), ids))
+
+
 def _dequantized_dir(name: str, tmp: Path) -> Path:
     """The float32 checkpoint a GPTQ / AWQ fixture means, read by quant_formats.py's readers."""
     src = DATA / name

@@ -114,6 +114,8 @@ def resolve_quantization(raw: dict[str, Any], flag: str = "auto") -> QuantConfig
     if flag not in QUANTIZATION_CHOICES:
         raise QuantizationError(f"--quantization {flag!r} is not one of {', '.join(QUANTIZATION_CHOICES)}")
     qc = raw.get("quantization_config")
+    if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "modelopt" and not _modelopt_algo(qc):
+        qc = None  # ModelOpt's KV-cache-only config (no quant_algo): float weights, KV scales beside them
     if qc is None:
         if flag == "fp8":
             return QuantConfig("fp8", online=True)
@@ -249,18 +251,24 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
 _MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
 
 
+def _modelopt_algo(qc: dict[str, Any]) -> str:
+    """A ModelOpt config's weight `quant_algo` ("" when it quantizes the KV cache only)."""
+    nested = qc.get("quantization")
+    inner: dict[str, Any] = nested if isinstance(nested, dict) else qc
+    return str(inner.get("quant_algo") or "")
+
+
 def _modelopt(qc: dict[str, Any]) -> QuantConfig:
     """NVIDIA ModelOpt (TensorRT Model Optimizer): its `quant_algo` in config.json's
     quantization_config, or under `quantization` (hf_quant_config.json's layout). FP8: an FP8
     weight with one scale per tensor and a static activation scale per layer (`input_scale`), the
     tensors AutoFP8 writes too; FP8_PER_CHANNEL_PER_TOKEN: a scale per output channel and dynamic
     per-token activations. Layers it excludes are stored in float."""
-    nested = qc.get("quantization")
-    inner: dict[str, Any] = nested if isinstance(nested, dict) else qc
-    algo = str(inner.get("quant_algo") or "").upper()
-    if algo not in _MODELOPT_ALGOS:
-        raise QuantizationError(f"modelopt quant_algo {inner.get('quant_algo')!r} is not supported (supported: "
+    algo = _modelopt_algo(qc)
+    if algo.upper() not in _MODELOPT_ALGOS:
+        raise QuantizationError(f"modelopt quant_algo {algo!r} is not supported (supported: "
                                 f"{', '.join(_MODELOPT_ALGOS)})")
+    algo = algo.upper()
     return QuantConfig("modelopt", activation_scheme="static" if algo == "FP8" else "dynamic", act_quant="fp8")
 
 
