@@ -177,8 +177,6 @@ def test_a_bad_argument_is_named(use_triton, name):
         _bad_calls()[name](use_triton)
 
 
-
-
 @pytest.mark.gpu
 @compiled_only
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (64, 4096, 4096), (17, 1000, 1000)])
