@@ -74,8 +74,11 @@ def test_the_checkpoints_method_is_read() -> None:
 
 
 @pytest.mark.parametrize("raw, flag, words", [
-    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "auto",
-     ["'bitsandbytes'", "quant_method", "fp8, compressed-tensors, gptq, awq"]),
+    ({"quantization_config": {"quant_method": "hqq"}}, "auto",
+     ["'hqq'", "quant_method", "fp8, compressed-tensors, gptq, awq, modelopt, bitsandbytes"]),
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "auto", ["bitsandbytes", "load_in_4bit", "nf4"]),
+    ({"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "int4"}},
+     "auto", ["bnb_4bit_quant_type", "'int4'", "nf4, fp4"]),
     ({"quantization_config": GPTQ}, "none", ["gptq", "--quantization none"]),
     ({"quantization_config": GPTQ}, "awq", ["--quantization awq", "gptq"]),
     ({}, "gptq", ["--quantization gptq", "not quantized"]),

@@ -304,6 +304,36 @@ def test_a_modelopt_kv_cache_only_config_leaves_the_weights_float(tmp_path: Path
     assert torch.equal(_prompt_logits(_runner(out), ids), _prompt_logits(_runner(DATA / "fp32-source"), ids))
 
 
+@pytest.mark.parametrize("name", ["bnb-nf4", "bnb-fp4"])
+def test_bitsandbytes_4_bit_checkpoints_give_the_weights_bitsandbytes_dequantizes(name: str) -> None:
+    """transformers' BitsAndBytesConfig(load_in_4bit) checkpoints (NF4 with double quantization,
+    FP4 without; written by transformers 5.25 + bitsandbytes 0.50 on the CPU) are dequantized on
+    load: the logits of the float32 model of bitsandbytes' own `dequantize_4bit` weights (the
+    fixture's `dequantized_logits`), to the float32 bound, and transformers' greedy tokens
+    (whose CPU 4-bit matmul is not that product: its logits are 0.4 off it)."""
+    ref = _reference(name)
+    ids = ref["input_ids"].reshape(-1)
+    quant = ModelConfig.from_hf(DATA / name).quantization
+    assert quant is not None and quant.description == "bitsandbytes 4-bit (dequantized on load)"
+    ours = _prompt_logits(_runner(DATA / name), ids)
+    want = ref["dequantized_logits"]
+    assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
+    assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
+
+
+def test_bitsandbytes_8_bit_is_named_as_not_supported(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    out = tmp_path / "bnb-8bit"
+    shutil.copytree(DATA / "bnb-fp4", out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"].update(load_in_4bit=False, _load_in_4bit=False, load_in_8bit=True)
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"bitsandbytes 8-bit \(load_in_8bit, LLM.int8\) is not supported"):
+        ModelConfig.from_hf(out)
+
+
 def _dequantized_dir(name: str, tmp: Path) -> Path:
     """The float32 checkpoint a GPTQ / AWQ fixture means, read by quant_formats.py's readers."""
     src = DATA / name

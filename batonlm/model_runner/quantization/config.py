@@ -17,7 +17,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 # `--quantization`'s values: auto (the checkpoint's), none, and the methods batonlm loads.
-QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "modelopt")
+QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "modelopt", "bitsandbytes")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 _FP8_SCHEMES = ("static", "dynamic")
 
@@ -63,6 +63,8 @@ class QuantConfig:
         if self.method == "fp8":
             static = ", static activation scales" if self.activation_scheme == "static" else ""
             return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
+        if self.method == "bitsandbytes":
+            return "bitsandbytes 4-bit (dequantized on load)"
         if self.method == "modelopt":
             return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
                                       else "(per channel, dynamic activations)")
@@ -272,4 +274,21 @@ def _modelopt(qc: dict[str, Any]) -> QuantConfig:
     return QuantConfig("modelopt", activation_scheme="static" if algo == "FP8" else "dynamic", act_quant="fp8")
 
 
-_READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors, "modelopt": _modelopt}
+def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:
+    """transformers' BitsAndBytesConfig: 4-bit NF4 or FP4 (with or without double quantization),
+    dequantized on load (`bnb4.py`); its 8-bit LLM.int8 format is not read."""
+    if qc.get("load_in_8bit") or qc.get("_load_in_8bit"):
+        raise QuantizationError("bitsandbytes 8-bit (load_in_8bit, LLM.int8) is not supported (supported: 4-bit, "
+                                "load_in_4bit, nf4 or fp4)")
+    if not (qc.get("load_in_4bit") or qc.get("_load_in_4bit")):
+        raise QuantizationError("bitsandbytes quantization_config.load_in_4bit is not set (supported: 4-bit, nf4 or "
+                                "fp4)")
+    kind = str(qc.get("bnb_4bit_quant_type", "fp4")).lower()
+    if kind not in ("nf4", "fp4"):
+        raise QuantizationError(f"bitsandbytes quantization_config.bnb_4bit_quant_type {kind!r} is not supported "
+                                "(supported: nf4, fp4)")
+    return QuantConfig("bitsandbytes", bits=4)
+
+
+_READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors, "modelopt": _modelopt,
+            "bitsandbytes": _bitsandbytes}

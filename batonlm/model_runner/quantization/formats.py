@@ -16,6 +16,8 @@ A quantized linear layer is stored as several tensors under its module name (its
 - AWQ (AutoAWQ, GEMM): `qweight` int32 [K, N/8] and `qzeros` int32 [K/G, N/8], both packed along
   N in AWQ's interleaved order (the j-th value of a word is column `_AWQ_ORDER[j]` of its 8),
   `scales` [K/G, N]. W^T = (q - zero) * scale.
+- bitsandbytes 4-bit (NF4 / FP4): `weight` packed two codes a byte with its quant state
+  (`bnb4.py`).
 
 `find_linears` names every quantized layer of a checkpoint and the tensors it consumes;
 `dequantize` gives its weight as nn.Linear holds it ([N, K], float32, exact: every format's
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
+from batonlm.model_runner.quantization import bnb4
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 
 # AWQ's interleave: value j of a packed word is column _AWQ_ORDER[j] of its group of 8.
@@ -71,6 +74,12 @@ def _with_activation_params(names: set[str], prefix: str, members: list[str]) ->
 
 def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: QuantConfig) -> QuantizedLinear | None:
     p = f"{prefix}."
+    if quant.method == "bitsandbytes":
+        state = bnb4.state_name(names, prefix) if leaf == "weight" else None
+        if state is None:
+            return None
+        n, k = (int(v) for v in bnb4.quant_state(ckpt, state)["shape"])
+        return QuantizedLinear(prefix, "bnb4", bnb4.members(names, prefix, state), (n, k))
     if quant.method in ("gptq", "awq") and leaf == "qweight":
         members = [p + "qweight", p + "qzeros", p + "scales"] + ([p + "g_idx"] if p + "g_idx" in names else [])
         absent = [m for m in members if m not in names]
@@ -279,7 +288,12 @@ def _int_scaled(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> t
     return _int_dense(ckpt, lin, quant) if group_index_name(lin) else _scaled(ckpt, lin, quant)
 
 
-_DEQUANTIZE = {"fp8": _scaled, "int": _int_scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense}
+def _bnb4(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    return bnb4.dequantize(ckpt, lin.prefix, lin.members[1])
+
+
+_DEQUANTIZE = {"fp8": _scaled, "int": _int_scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense,
+               "bnb4": _bnb4}
 
 
 def unpack_words(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

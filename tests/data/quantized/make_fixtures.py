@@ -182,6 +182,28 @@ def make_gptqmodel(names: list[str]) -> None:
         print(name, "->", out)
 
 
+# bitsandbytes fixtures: name -> BitsAndBytesConfig 4-bit arguments (transformers quantizes on load)
+BNB_FIXTURES = {
+    "bnb-nf4": dict(bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True),
+    "bnb-fp4": dict(bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=False),
+}
+
+
+def make_bitsandbytes(names: list[str]) -> None:
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    for name in names:
+        cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32, **BNB_FIXTURES[name])
+        model = AutoModelForCausalLM.from_pretrained(SOURCE, quantization_config=cfg, dtype=torch.float32,
+                                                     device_map="cpu")
+        out = HERE / name
+        if out.exists():
+            shutil.rmtree(out)
+        model.save_pretrained(out)
+        copy_tokenizer(out)
+        print(name, "->", out)
+
+
 def make_helper() -> None:
     sys.path.insert(0, str(TESTS))
     from quant_formats import write_awq_checkpoint, write_gptq_checkpoint
@@ -198,7 +220,8 @@ def make_helper() -> None:
 
 
 if __name__ == "__main__":
-    steps = {"source": make_source, "llmcompressor": make_llmcompressor, "gptqmodel": make_gptqmodel, "helper": make_helper}
+    steps = {"source": make_source, "llmcompressor": make_llmcompressor, "gptqmodel": make_gptqmodel, "helper": make_helper,
+             "bitsandbytes": make_bitsandbytes}
     if len(sys.argv) < 2 or sys.argv[1] not in steps:
         sys.exit(__doc__)
     what, names = sys.argv[1], sys.argv[2:]
@@ -206,5 +229,7 @@ if __name__ == "__main__":
         make_llmcompressor(names or list(LLMC_FIXTURES))
     elif what == "gptqmodel":
         make_gptqmodel(names or list(GPTQMODEL_FIXTURES))
+    elif what == "bitsandbytes":
+        make_bitsandbytes(names or list(BNB_FIXTURES))
     else:
         steps[what]()
