@@ -74,5 +74,5 @@ def test_an_unsupported_quantization_config(tmp_path, stories_path):
     d = tmp_path / "m"
     shutil.copytree(stories_path, d)
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "bitsandbytes"}}))
-    assert_clean_error(serve(str(d)), "quantization method 'bitsandbytes'", "fp8, compressed-tensors, gptq, awq")
+    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "hqq"}}))
+    assert_clean_error(serve(str(d)), "quantization method 'hqq'", "fp8, compressed-tensors, gptq, awq, modelopt, bitsandbytes")
