@@ -15,9 +15,11 @@ def check_2d(t: torch.Tensor, name: str) -> None:
         raise fail(name, "a 2-D tensor", f"shape {tuple(t.shape)}")
 
 
-def check_scale(t: torch.Tensor, name: str, shapes: list[tuple[int, ...]]) -> None:
-    """A float32 scale of one of `shapes`."""
-    if t.dtype != torch.float32:
-        raise fail(name, "float32", t.dtype)
+def check_scale(t: torch.Tensor, name: str, shapes: list[tuple[int, ...]], dtype: torch.dtype = torch.float32,
+                ) -> None:
+    """A scale (float32; or with `dtype` another per-row quantity, e.g. int32 zero points) of one
+    of `shapes`."""
+    if t.dtype != dtype:
+        raise fail(name, str(dtype).removeprefix("torch."), t.dtype)
     if tuple(t.shape) not in shapes:
         raise fail(name, " or ".join(str(list(s)) for s in shapes), f"shape {tuple(t.shape)}")

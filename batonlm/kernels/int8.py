@@ -66,12 +66,6 @@ def _codes(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = Non
     return torch.round(v).clamp(QMIN, QMAX).to(torch.int8)
 
 
-def _check_zero(zero: torch.Tensor, name: str, shapes: list[tuple[int, ...]]) -> None:
-    if zero.dtype != torch.int32:
-        raise fail(name, "int32", zero.dtype)
-    if tuple(zero.shape) not in shapes:
-        raise fail(name, " or ".join(str(list(s)) for s in shapes), f"shape {tuple(zero.shape)}")
-
 
 def per_token_quant_int8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_x(x)
@@ -119,7 +113,7 @@ def _check_static(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | Non
     _check_x(x)
     check_scale(scale, "scale", _static_shapes(x))
     if zero is not None:
-        _check_zero(zero, "zero", [tuple(scale.shape)])
+        check_scale(zero, "zero", [tuple(scale.shape)], torch.int32)
 
 
 def static_quant_int8_reference(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = None) -> torch.Tensor:
@@ -161,8 +155,8 @@ def _check_matmul(x_q, x_scale, w_q, w_scale, bias, x_zero=None, w_sum=None) -> 
     if (x_zero is None) != (w_sum is None):
         raise fail("w_sum", "given with x_zero (and only then)", "missing" if w_sum is None else "given alone")
     if x_zero is not None:
-        _check_zero(x_zero, "x_zero", [tuple(x_scale.shape)])
-        _check_zero(w_sum, "w_sum", [(n,)])
+        check_scale(x_zero, "x_zero", [tuple(x_scale.shape)], torch.int32)
+        check_scale(w_sum, "w_sum", [(n,)], torch.int32)
         if x_q.shape[1] > MAX_K_ASYM:
             raise fail("x_q", f"at most {MAX_K_ASYM} columns with zero points (the int32 sum's range)", x_q.shape[1])
     return x_scale.reshape(-1, 1), w_scale.reshape(-1, 1)
