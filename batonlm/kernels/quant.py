@@ -29,7 +29,9 @@ repacked into, `bits` 4 or 8 (p = 32 / bits codes per word: 8 or 4).
   integer dtype, unpacked values 0..2^bits - 1 (2^(bits-1) everywhere for a symmetric
   checkpoint). G is the group size; -1 means one group of all K rows.
 - W[n, k] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n] (or with `g_idx` [K], GPTQ's
-  activation order, group g_idx[k] of any number of groups): `dequantize_int4` gives W [N, K]
+  activation order, group g_idx[k] of any number of groups); with a `codebook` (float32
+  [2^bits], bitsandbytes' NF4 / FP4 tables) W[n, k] = codebook[q[k, n]] * scales[k // G, n]
+  and no zeros: `dequantize_int4` gives W [N, K]
   (nn.Linear's layout); `int4_dequant_matmul` computes x @ W^T in x's dtype, W rounded to it
   (the Triton kernel dequantizes each tile exactly in float32, rounds it once to x's dtype and
   multiplies with float32 accumulation; the reference rounds the same W the same way).
@@ -314,7 +316,7 @@ def unpack_int4(qweight: torch.Tensor, k: int, bits: int = 4) -> torch.Tensor:
 
 
 def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Tensor | None = None,
-                bits: int = 4) -> int:
+                bits: int = 4, codebook: torch.Tensor | None = None) -> int:
     """The group size in rows (-1 -> K; with `g_idx`, each row's own group: 0)."""
     check_2d(qweight, "qweight")
     n, per = qweight.shape[1], _per_word(bits)
@@ -332,52 +334,66 @@ def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Te
         groups = _cdiv(k, g)
     if not scales.is_floating_point() or _shape(scales) != (groups, n):
         raise fail("scales", f"a floating-point [{groups}, {n}] tensor", f"{scales.dtype} {_shape(scales)}")
-    if zeros.is_floating_point() or _shape(zeros) != (groups, n):
-        raise fail("zeros", f"an integer [{groups}, {n}] tensor (unpacked)", f"{zeros.dtype} {_shape(zeros)}")
+    if codebook is not None:
+        if codebook.dtype != torch.float32 or _shape(codebook) != (1 << bits,):
+            raise fail("codebook", f"float32 [{1 << bits}] (each code's value)", f"{codebook.dtype} {_shape(codebook)}")
+    elif zeros is None or zeros.is_floating_point() or _shape(zeros) != (groups, n):
+        got = "None" if zeros is None else f"{zeros.dtype} {_shape(zeros)}"
+        raise fail("zeros", f"an integer [{groups}, {n}] tensor (unpacked)", got)
     return g
 
 
-def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int, k: int,
+def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int, k: int,
                     dtype: torch.dtype = torch.bfloat16, g_idx: torch.Tensor | None = None,
-                    bits: int = 4) -> torch.Tensor:
+                    bits: int = 4, codebook: torch.Tensor | None = None) -> torch.Tensor:
     """W [N, K] in `dtype` (nn.Linear's layout): computed in float32 (exact: a 4- or 8-bit
     integer times a scale of at most 16 bits, but float32 scales, which round once) or float64.
-    `g_idx` [K]: each input row's group (GPTQ's activation order), instead of row // group_size."""
-    g = _check_int4(qweight, scales, zeros, group_size, k, g_idx, bits)
+    `g_idx` [K]: each input row's group (GPTQ's activation order), instead of row // group_size.
+    `codebook`: each code's value (float32 [2^bits]), times the scale (no zeros; one float32
+    rounding, as bitsandbytes dequantizes)."""
+    g = _check_int4(qweight, scales, zeros, group_size, k, g_idx, bits, codebook)
     c = _compute_dtype(dtype)
     groups = g_idx.long() if g_idx is not None else torch.arange(k, device=qweight.device) // g
-    w = (unpack_int4(qweight, k, bits).to(c) - zeros[groups].to(c)) * scales[groups].to(c)  # [K, N]
+    q = unpack_int4(qweight, k, bits)
+    if codebook is not None:
+        w = codebook.to(c)[q.long()] * scales[groups].to(c)  # [K, N]
+    else:
+        assert zeros is not None
+        w = (q.to(c) - zeros[groups].to(c)) * scales[groups].to(c)  # [K, N]
     return w.T.contiguous().to(dtype)
 
 
-def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=None, bits: int = 4) -> int:
+def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=None, bits: int = 4,
+                       codebook=None) -> int:
     """The group size in rows (-1 -> K; 0 with `g_idx`)."""
     check_2d(x, "x")
     if not x.is_floating_point():
         raise fail("x", "a floating-point tensor", x.dtype)
-    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1], g_idx, bits)
+    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1], g_idx, bits, codebook)
     if bias is not None and _shape(bias) != (qweight.shape[1],):
         raise fail("bias", f"shape [{qweight.shape[1]}]", f"shape {_shape(bias)}")
     return g
 
 
 def int4_dequant_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                                  zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None = None,
-                                  g_idx: torch.Tensor | None = None, bits: int = 4) -> torch.Tensor:
-    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits)
-    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype, g_idx, bits)
+                                  zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None = None,
+                                  g_idx: torch.Tensor | None = None, bits: int = 4,
+                                  codebook: torch.Tensor | None = None) -> torch.Tensor:
+    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook)
+    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype, g_idx, bits, codebook)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
-def int4_dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+def int4_dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                         group_size: int, bias: torch.Tensor | None = None, g_idx: torch.Tensor | None = None,
-                        bits: int = 4, *, use_triton: bool | None = None) -> torch.Tensor:
+                        bits: int = 4, codebook: torch.Tensor | None = None, *,
+                        use_triton: bool | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype = x [M, K] @ W^T (+ bias), W from `qweight`, `scales`, `zeros`
     (the layout above, of `bits` 4 or 8; group_size 32, 64, 128, ... or -1; or `g_idx` [K],
-    each row's group)."""
+    each row's group), or from `qweight`, `scales` and a `codebook` (zeros None)."""
     if not (x.is_cuda if use_triton is None else use_triton):
-        return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias, g_idx, bits)
-    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits)
+        return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook)
+    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook)
     from batonlm.kernels import _triton_quant
 
-    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias, g_idx, bits)
+    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias, g_idx, bits, codebook)

@@ -212,3 +212,27 @@ def test_the_w8a8_writer_is_llm_compressors_bytes(tmp_path, kind, fixture):
         assert got.dtype == t.dtype and torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
                                                     t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t), name
     assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(FIXTURES / fixture).quantization
+
+
+def test_the_nf4_writer_is_bitsandbytes_codes_and_scales(tmp_path):
+    """tests/quant_bnb4.py on the fixtures' source model: bitsandbytes' own NF4 codes (the
+    `bnb-nf4` fixture, written by transformers + bitsandbytes; its scales are double-quantized
+    after the codes are chosen) byte for byte, and its float32 scales (those of `bnb-fp4`, which
+    keeps them: a block's absmax does not depend on the table), the NF4 table bitsandbytes
+    stores, and a config loading as bitsandbytes 4-bit."""
+    from quant_bnb4 import NF4, write_bnb4_checkpoint
+
+    from batonlm.model_runner.model_config import ModelConfig
+
+    out = tmp_path / "nf4"
+    deq = write_bnb4_checkpoint(FIXTURES / "fp32-source", out)
+    ours = load_file(str(out / "model.safetensors"))
+    nf4, fp4 = (load_file(str(FIXTURES / n / "model.safetensors")) for n in ("bnb-nf4", "bnb-fp4"))
+    assert len(deq) == 14
+    for name in deq:
+        assert torch.equal(ours[name], nf4[name]), name
+        assert torch.equal(ours[name + ".absmax"], fp4[name + ".absmax"]), name
+        assert torch.equal(ours[name + ".quant_map"], nf4[name + ".quant_map"])
+    assert torch.equal(torch.tensor(NF4), nf4["model.layers.0.mlp.down_proj.weight.quant_map"])
+    quant = ModelConfig.from_hf(out).quantization
+    assert quant is not None and quant.method == "bitsandbytes"

@@ -305,20 +305,32 @@ def test_a_modelopt_kv_cache_only_config_leaves_the_weights_float(tmp_path: Path
 
 
 @pytest.mark.parametrize("name", ["bnb-nf4", "bnb-fp4"])
-def test_bitsandbytes_4_bit_checkpoints_give_the_weights_bitsandbytes_dequantizes(name: str) -> None:
+@pytest.mark.parametrize("resident", [False, True])
+def test_bitsandbytes_4_bit_checkpoints_give_the_weights_bitsandbytes_dequantizes(name: str, resident: bool) -> None:
     """transformers' BitsAndBytesConfig(load_in_4bit) checkpoints (NF4 with double quantization,
-    FP4 without; written by transformers 5.25 + bitsandbytes 0.50 on the CPU) are dequantized on
-    load: the logits of the float32 model of bitsandbytes' own `dequantize_4bit` weights (the
-    fixture's `dequantized_logits`), to the float32 bound, and transformers' greedy tokens
+    FP4 without; written by transformers 5.25 + bitsandbytes 0.50 on the CPU), dequantized on
+    load (the CPU's default) or kept packed with their codebook (CUDA's; here the kernels' torch
+    references): the logits of the float32 model of bitsandbytes' own `dequantize_4bit` weights
+    (the fixture's `dequantized_logits`), to the float32 bound, and transformers' greedy tokens
     (whose CPU 4-bit matmul is not that product: its logits are 0.4 off it)."""
     ref = _reference(name)
     ids = ref["input_ids"].reshape(-1)
     quant = ModelConfig.from_hf(DATA / name).quantization
-    assert quant is not None and quant.description == "bitsandbytes 4-bit (dequantized on load)"
-    ours = _prompt_logits(_runner(DATA / name), ids)
+    assert quant is not None and quant.description == "bitsandbytes 4-bit"
+    runner = _runner(DATA / name, resident=resident)
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(packed) == (8 if resident else 0)  # 2 layers' q/k/v, o, gate/up, down: 4-bit with the codebook
+    assert all(m.bits == 4 and m.zeros is None and m.codebook is not None and m.group_size == 64 for m in packed)
+    ours = _prompt_logits(runner, ids)
     want = ref["dequantized_logits"]
     assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
     assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
+    if resident:  # the codebook is the checkpoint's, read code by code: NF4's read as FP4's is far off
+        table = load_file(str(DATA / ("bnb-fp4" if name == "bnb-nf4" else "bnb-nf4") / "model.safetensors"))
+        for m in packed:
+            assert m.codebook is not None
+            m.codebook.copy_(table["model.layers.0.mlp.down_proj.weight.quant_map"])
+        assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * RELATIVE * want.abs().max()
 
 
 def test_bitsandbytes_8_bit_is_named_as_not_supported(tmp_path: Path) -> None:
@@ -467,7 +479,7 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
 
 
 @pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8",
-                                  "w8a8-static-asym"])
+                                  "w8a8-static-asym", "bnb-nf4"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,
@@ -560,7 +572,8 @@ def test_phi3_fused_projections_in_gptq_int4(tiny_models, tmp_path: Path) -> Non
     assert any(isinstance(m, PackedIntLinear) for m in _runner(gptq, True).model.modules())
 
 
-@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static", *GPTQ_AWQ])
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static", "bnb-nf4",
+                                  *GPTQ_AWQ])
 def test_the_int_layout_read_from_shapes_is_the_unpacked_ones(name: str) -> None:
     """What decides whether a layer stays int4 (its bits and consecutive groups) is read without
     unpacking its values; it is what the unpacked layer says, activation order included."""

@@ -60,6 +60,7 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("w8a8-asym", True, Int8Linear),  # per token with zero points: each rank's slice its own range
     ("w8a8-static-asym", True, Int8Linear),  # one scale and zero point: each rank's weight sums its columns'
     ("online-fp8", True, Fp8Linear),  # --quantization fp8 of the float source, kept FP8 (CUDA's default)
+    ("bnb-nf4", True, PackedIntLinear),  # bitsandbytes NF4 with its codebook: blocks of 64 inputs are whole groups
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:
     path = {"fp8-block64": fp8_block64, "online-fp8": DATA / "fp32-source"}.get(name, DATA / name)
@@ -115,7 +116,7 @@ def _dense_weight(mod, k: int) -> torch.Tensor:
 
         if isinstance(inner, PackedIntLinear):
             return dequantize_int4(inner.qweight, inner.scales, inner.zeros, inner.group_size, k, torch.float64,
-                                   inner.g_idx)
+                                   inner.g_idx, inner.bits, inner.codebook)
         if inner.block is not None:
             return dequantize_fp8_block(inner.weight_q, inner.weight_scale, inner.block, torch.float64)
         return dequantize_fp8(inner.weight_q, inner.weight_scale, torch.float64)

@@ -12,13 +12,16 @@ name as
   blocksize, shape, dtype, nested_blocksize, nested_offset).
 
 W = quant_map[code] * absmax[element // blocksize], in float32 (bitsandbytes'
-`dequantize_4bit`, to the bit: tests/unit/test_quantized_checkpoints.py). batonlm dequantizes
-these on load on every device (no 4-bit kernel of its own reads this layout).
+`dequantize_4bit`, to the bit: tests/unit/test_quantized_checkpoints.py). Where a row holds whole
+blocks (K a multiple of blocksize, as in every model's projections), a block is a group of
+`blocksize` input features of one output row: the packed int layout with a codebook
+(`formats.int_weights`), kept packed where integer formats are (CUDA); else dequantized on load.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,19 +54,42 @@ def quant_state(ckpt: Checkpoint, state: str) -> dict[str, Any]:
     return qs
 
 
-def dequantize(ckpt: Checkpoint, prefix: str, state: str) -> torch.Tensor:
-    """The layer's weight [N, K] in float32."""
+@dataclass(frozen=True)
+class Bnb4Weights:
+    """A layer's codes [N, K] (int64, 0..15), its float32 scales, one per block of `blocksize`
+    consecutive elements of the flattened weight (the double-quantized ones dequantized), and
+    its codebook (float32 [16])."""
+
+    codes: torch.Tensor
+    absmax: torch.Tensor
+    codebook: torch.Tensor
+    blocksize: int
+
+
+def read(ckpt: Checkpoint, prefix: str, state: str) -> Bnb4Weights:
     qs = quant_state(ckpt, state)
     n, k = (int(v) for v in qs["shape"])
     p = f"{prefix}.weight"
     packed = ckpt.get(p).reshape(-1).to(torch.int64)
     if packed.numel() * 2 < n * k:
         raise QuantizationError(f"{p}: {packed.numel()} bytes cannot hold a {n}x{k} weight at 4 bits")
-    codes = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[: n * k]
+    codes = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[: n * k].reshape(n, k)
     absmax = ckpt.get(p + ".absmax")
     if absmax.dtype == torch.uint8:  # double quantization: the scales' own 8-bit codes and scales
         nested = ckpt.get(p + ".nested_absmax").to(torch.float32)
         per = nested.repeat_interleave(int(qs["nested_blocksize"]))[: absmax.numel()]
         absmax = ckpt.get(p + ".nested_quant_map").to(torch.float32)[absmax.long()] * per + float(qs["nested_offset"])
-    scales = absmax.to(torch.float32).repeat_interleave(int(qs["blocksize"]))[: n * k]
-    return (ckpt.get(p + ".quant_map").to(torch.float32)[codes] * scales).reshape(n, k)
+    return Bnb4Weights(codes, absmax.to(torch.float32), ckpt.get(p + ".quant_map").to(torch.float32),
+                       int(qs["blocksize"]))
+
+
+def blocksize(ckpt: Checkpoint, state: str) -> int:
+    return int(quant_state(ckpt, state)["blocksize"])
+
+
+def dequantize(ckpt: Checkpoint, prefix: str, state: str) -> torch.Tensor:
+    """The layer's weight [N, K] in float32."""
+    w = read(ckpt, prefix, state)
+    n, k = w.codes.shape
+    scales = w.absmax.repeat_interleave(w.blocksize)[: n * k].reshape(n, k)
+    return w.codebook[w.codes] * scales

@@ -64,7 +64,7 @@ class QuantConfig:
             static = ", static activation scales" if self.activation_scheme == "static" else ""
             return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
         if self.method == "bitsandbytes":
-            return "bitsandbytes 4-bit (dequantized on load)"
+            return "bitsandbytes 4-bit"
         if self.method == "modelopt":
             return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
                                       else "(per channel, dynamic activations)")
@@ -275,8 +275,8 @@ def _modelopt(qc: dict[str, Any]) -> QuantConfig:
 
 
 def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:
-    """transformers' BitsAndBytesConfig: 4-bit NF4 or FP4 (with or without double quantization),
-    dequantized on load (`bnb4.py`); its 8-bit LLM.int8 format is not read."""
+    """transformers' BitsAndBytesConfig: 4-bit NF4 or FP4 (with or without double quantization,
+    `bnb4.py`), kept packed where the integer formats are; its 8-bit LLM.int8 format is not read."""
     if qc.get("load_in_8bit") or qc.get("_load_in_8bit"):
         raise QuantizationError("bitsandbytes 8-bit (load_in_8bit, LLM.int8) is not supported (supported: 4-bit, "
                                 "load_in_4bit, nf4 or fp4)")

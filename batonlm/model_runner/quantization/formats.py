@@ -17,7 +17,8 @@ A quantized linear layer is stored as several tensors under its module name (its
   N in AWQ's interleaved order (the j-th value of a word is column `_AWQ_ORDER[j]` of its 8),
   `scales` [K/G, N]. W^T = (q - zero) * scale.
 - bitsandbytes 4-bit (NF4 / FP4): `weight` packed two codes a byte with its quant state
-  (`bnb4.py`).
+  (`bnb4.py`). W = codebook[q] * scale of its block; a row's blocks of `blocksize` inputs are
+  groups (no zeros) where K is a multiple of blocksize.
 
 `find_linears` names every quantized layer of a checkpoint and the tensors it consumes;
 `dequantize` gives its weight as nn.Linear holds it ([N, K], float32, exact: every format's
@@ -128,16 +129,22 @@ def _scaled(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch
 @dataclass(frozen=True)
 class IntWeights:
     """An integer format's layer unpacked: values q [K, N] and zeros [G, N] (unsigned, on the
-    same offset), scales [G, N] float32, each input row's group [K]. W^T = (q - zero) * scale."""
+    same offset), scales [G, N] float32, each input row's group [K]. W^T = (q - zero) * scale;
+    with a `codebook` (bitsandbytes 4-bit, float32 [2^bits]; zeros unused, 0)
+    W^T = codebook[q] * scale."""
 
     q: torch.Tensor
     zeros: torch.Tensor
     scales: torch.Tensor
     groups: torch.Tensor
     bits: int
+    codebook: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
-        """W [N, K] float32 (exact: a small integer times a half-precision scale)."""
+        """W [N, K] float32 (exact: a small integer times a half-precision scale; with a codebook
+        one float32 product, as bitsandbytes dequantizes)."""
+        if self.codebook is not None:
+            return (self.codebook[self.q.long()] * self.scales[self.groups]).t().contiguous()
         return ((self.q - self.zeros[self.groups]).to(torch.float32) * self.scales[self.groups]).t().contiguous()
 
     @property
@@ -150,9 +157,10 @@ class IntWeights:
 
 
 def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tuple[int, int | None, int]:
-    """A GPTQ, AWQ or compressed-tensors packed layer's (bits, group size in rows: -1 for one
-    group, None for activation-ordered groups, number of groups), read from the tensors' shapes
-    and its group index alone, never unpacking its values (what `int_weights` says)."""
+    """A GPTQ, AWQ, compressed-tensors packed or bitsandbytes 4-bit layer's (bits, group size in
+    rows: -1 for one group, None for activation-ordered groups (or bitsandbytes blocks that cross
+    rows), number of groups), read from the tensors' shapes and its group index alone, never
+    unpacking its values (what `int_weights` says)."""
     p = f"{lin.prefix}."
     k = lin.shape[1]
     if lin.storage == "int":  # unpacked int8 (bits 0: scales the packed layout cannot take)
@@ -164,6 +172,11 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
         size = -(-k // num_groups)
         groups = _group_index(ckpt, p + "weight_g_idx", lin, k, num_groups, size)
         return 8, size if torch.equal(groups, torch.arange(k) // size) else None, num_groups
+    if lin.storage == "bnb4":  # a row's blocks are its groups where it holds whole ones (no g_idx: else dequantized)
+        size = bnb4.blocksize(ckpt, lin.members[1])
+        if k % size:
+            return 4, None, 0
+        return (4, -1, 1) if size == k else (4, size, k // size)
     if lin.storage == "packed":
         packed = ckpt.shape(p + "weight_packed")
         bits = next((b for b in (4, 8) if -(-k * b // 32) == packed[1]), 0)
@@ -185,7 +198,8 @@ def group_index_name(lin: QuantizedLinear) -> str | None:
 
 
 def int_weights(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
-    """A GPTQ, AWQ or compressed-tensors packed layer's integers, scales and groups."""
+    """A GPTQ, AWQ, compressed-tensors packed or bitsandbytes 4-bit layer's integers, scales and
+    groups (and codebook)."""
     return _INT_READERS[lin.storage](ckpt, lin, quant)
 
 
@@ -276,7 +290,26 @@ def _int8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeig
     return IntWeights(q.contiguous(), zero.t().contiguous(), scale.t().contiguous(), groups, 8)
 
 
-_INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq, "int": _int8}
+def _bnb4_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
+    """bitsandbytes 4-bit whose rows hold whole blocks: block b of row n is group b % (K / size)
+    of output column n; the codes unsigned, the codebook the checkpoint's `quant_map`."""
+    w = bnb4.read(ckpt, lin.prefix, lin.members[1])
+    n, k = lin.shape
+    if k % w.blocksize:
+        raise QuantizationError(f"{lin.prefix}: blocks of {w.blocksize} cross its rows of {k} input features; it "
+                                "is read dequantized")
+    groups = k // w.blocksize
+    scales = w.absmax[: n * groups].reshape(n, groups).t().contiguous()
+    zeros = torch.zeros(groups, n, dtype=torch.int32)
+    return IntWeights(w.codes.t().contiguous(), zeros, scales, torch.arange(k) // w.blocksize, 4, w.codebook)
+
+
+def codebook_of(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor | None:
+    """A layer's codebook (bitsandbytes' `quant_map`), or None: its codes are integers."""
+    return ckpt.get(f"{lin.prefix}.weight.quant_map").to(torch.float32) if lin.storage == "bnb4" else None
+
+
+_INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq, "int": _int8, "bnb4": _bnb4_ints}
 
 
 def _int_dense(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:

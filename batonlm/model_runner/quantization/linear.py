@@ -134,15 +134,17 @@ class PackedIntLinear(nn.Module):
     (`qweight` [K / (32 / bits), N]), a zero and a scale per group of `group_size` input rows and
     output column (GPTQ, AWQ and compressed-tensors W4A16 / W8A16, repacked into this one layout
     on load). `group_size` 0: GPTQ's activation order, each input row's group in `g_idx` [K] (of
-    `groups` groups)."""
+    `groups` groups). With a `codebook` (bitsandbytes' NF4 / FP4, float32 [2^bits]) a weight is
+    codebook[q] * its group's scale, and there are no zeros."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
-    zeros: torch.Tensor
+    zeros: torch.Tensor | None
     g_idx: torch.Tensor | None
+    codebook: torch.Tensor | None
 
     def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
-                 bits: int = 4) -> None:
+                 bits: int = 4, codebook: bool = False) -> None:
         super().__init__()
         self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
         if group_size != 0:
@@ -150,12 +152,13 @@ class PackedIntLinear(nn.Module):
         self.register_buffer("qweight", torch.empty(_cdiv(k, 32 // bits), n, dtype=torch.int32))
         # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
         self.register_buffer("scales", torch.empty(groups, n, dtype=torch.float32))
-        self.register_buffer("zeros", torch.empty(groups, n, dtype=torch.uint8))
+        self.register_buffer("zeros", None if codebook else torch.empty(groups, n, dtype=torch.uint8))
         self.register_buffer("g_idx", torch.empty(k, dtype=torch.int32) if group_size == 0 else None)
+        self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
         self.bias = nn.Parameter(torch.empty(n, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
         y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias, self.g_idx,
-                                self.bits)
+                                self.bits, self.codebook)
         return y.reshape(*x.shape[:-1], self.n)

@@ -1,6 +1,7 @@
 """Quantized weights kept quantized on the device (CUDA by default, W8A8 everywhere): each
 decoder projection whose checkpoint layers are all FP8, all int8 per channel with int8
-activations (W8A8-int8), or all 4-bit with consecutive groups, becomes an `Fp8Linear` /
+activations (W8A8-int8), or all 4- or 8-bit with consecutive groups (bitsandbytes 4-bit with
+its codebook too), becomes an `Fp8Linear` /
 `Int8Linear` / `PackedIntLinear` (quantization/linear.py) before the model's memory is allocated, and
 is filled here from the checkpoint's own integers and scales: never through a float copy.
 
@@ -34,6 +35,7 @@ from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import (
     IntWeights,
     QuantizedLinear,
+    codebook_of,
     group_index_name,
     int_layout,
     int_weights,
@@ -99,15 +101,16 @@ def make_resident(
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
-        elif storages <= {"gptq", "awq", "packed"} | weight_only_int8(quant):  # weight-only, 4 or 8 bits
+        elif storages <= {"gptq", "awq", "packed", "bnb4"} | weight_only_int8(quant):  # weight-only, 4 or 8 bits
             group = int4_group(ckpt, module_name, sources, quant)
-            if group is None:
+            books = [codebook_of(ckpt, lin) for lin, _ in sources]
+            if group is None or not _same_codebook(books):
                 kept.add(module_name)
                 continue
             bits, _, num_groups = int_layout(ckpt, sources[0][0], quant)
             with torch.device("meta"):
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
-                                        bits=bits)
+                                        bits=bits, codebook=books[0] is not None)
         else:
             kept.add(module_name)
             continue
@@ -115,8 +118,18 @@ def make_resident(
         out.append(ResidentLayer(module_name, layer, sources, _fill_of(layer, storages)))
     if kept:
         logger.info("%d quantized projection(s) run dequantized (int8 scaled per block, fused layers in different "
-                    "activation orders or widths, mixed formats), e.g. %s", len(kept), sorted(kept)[0])
+                    "activation orders, widths or codebooks, bitsandbytes blocks across rows, mixed formats), e.g. %s",
+                    len(kept), sorted(kept)[0])
     return out
+
+
+def _same_codebook(books: list[torch.Tensor | None]) -> bool:
+    """A fused projection's layers all integer, or all with one codebook (bitsandbytes' NF4 or FP4
+    table: every layer of a checkpoint has the same)."""
+    first = books[0]
+    if first is None:
+        return all(b is None for b in books)
+    return all(b is not None and torch.equal(b, first) for b in books)
 
 
 def per_channel_scale(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
@@ -298,15 +311,17 @@ def _load_input_range(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear
 def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     iw = int_weights(ckpt, lin, quant)
     fill_int4(module.qweight, module.zeros, module.scales, module.group_size, iw, t)
+    if module.codebook is not None and iw.codebook is not None:  # (make_resident checked they are all one)
+        module.codebook.copy_(iw.codebook)
     if module.g_idx is not None:  # activation order: this rank's rows' groups (the fused layers share them)
         module.g_idx.copy_(_narrow(iw.groups, t, dim=0) if t.dim == 1 else iw.groups)
 
 
-def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor, scales_out: torch.Tensor, group_size: int,
+def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor | None, scales_out: torch.Tensor, group_size: int,
               iw: IntWeights, t: Target) -> None:
-    """One packed int layout (qweight [K / (32 / bits), N], zeros and scales [G, N]) filled with this rank's part
-    of a checkpoint layer: its output columns at the target's offset, or its input rows in whole
-    groups."""
+    """One packed int layout (qweight [K / (32 / bits), N], zeros and scales [G, N]; no zeros with
+    a codebook) filled with this rank's part of a checkpoint layer: its output columns at the
+    target's offset, or its input rows in whole groups."""
     q, zeros, scales = iw.q, iw.zeros, iw.scales  # [K, N], [G, N], [G, N]
     if t.dim == 0:  # this rank's output columns of W^T, at its offset in the fused layer
         cols = slice(t.offset, t.offset + t.count)
@@ -319,5 +334,6 @@ def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor, scales_out: torch.
             zeros, scales = zeros[g], scales[g]
     device = qweight.device
     qweight[:, cols] = pack_int4(q, iw.bits).to(device)
-    zeros_out[:, cols] = zeros.to(device=device, dtype=zeros_out.dtype)
+    if zeros_out is not None:
+        zeros_out[:, cols] = zeros.to(device=device, dtype=zeros_out.dtype)
     scales_out[:, cols] = scales.to(device=device, dtype=scales_out.dtype)

@@ -1,0 +1,107 @@
+"""The packed 4-bit layout with a codebook (bitsandbytes' NF4 / FP4 kept packed): W[n, k] =
+codebook[q[k, n]] * scales[k // G, n], no zeros (batonlm/kernels/quant.py), the torch reference
+and the Triton kernel (interpreted here; compiled in the `gpu` test) against float64.
+
+Bounds (u = 2^-24, eps = 2u): each weight is one float32 product of two float32 values, so
+|fl(c s) - c s| <= u |c s|; the float32 sum of K products errs by at most K u sum |x||w|, so
+(K + 4) eps sum |x||w| holds with the bias and output rounding, as for the integer layout; with
+bfloat16 activations W is rounded to bfloat16 (2^-8 |w| more) and the output too (eps |y|).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernel_helpers import IMPLS, compiled_only  # noqa: E402
+
+from batonlm.kernels import quant as Q  # noqa: E402
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def _codebook(g: torch.Generator) -> torch.Tensor:
+    """16 distinct values in [-1, 1], unevenly spaced (as NF4's normal quantiles are), 0 among them."""
+    values = torch.rand(15, generator=g) * 2 - 1
+    return torch.cat([values, torch.zeros(1)]).sort().values
+
+
+def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    groups = -(-k // (k if group == -1 else group))
+    q = torch.randint(0, 16, (k, n), generator=g)
+    scales = (torch.rand(groups, n, generator=g) + 0.05).float()  # bitsandbytes' absmax: float32
+    codebook = _codebook(g)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    idx = torch.arange(k) // (k if group == -1 else group)
+    w = codebook.double()[q] * scales.double()[idx]  # [K, N]: the layout's meaning
+    return x, Q.pack_int4(q), scales, codebook, w
+
+
+def _assert_within(got: torch.Tensor, want: torch.Tensor, mag: torch.Tensor, rel: float) -> None:
+    bound = rel * mag + torch.finfo(got.dtype).eps * want.abs() + 1e-30
+    err = (got.double() - want).abs()
+    assert bool((err <= bound).all()), f"max err/bound {float((err / bound).max()):.3g}"
+
+
+def test_dequantize_with_a_codebook_is_one_float32_product_per_weight():
+    """codebook[q] * scale rounded once to float32, as bitsandbytes' dequantize_4bit computes it
+    (the layer's float32 weights are then bit for bit the dequantized checkpoint's)."""
+    _, qweight, scales, codebook, w = _case(1, 48, 200, 64, torch.float32, seed=1)
+    got = Q.dequantize_int4(qweight, scales, None, 64, 200, torch.float32, codebook=codebook)
+    assert torch.equal(got, w.T.float())
+    as_float64 = Q.dequantize_int4(qweight, scales, None, 64, 200, torch.float64, codebook=codebook)
+    assert torch.equal(as_float64, w.T)
+
+
+@pytest.mark.parametrize("use_triton", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,group", [(1, 48, 256, 64), (3, 40, 200, 64), (17, 48, 384, 128), (5, 33, 203, 32),
+                                         (2, 48, 200, -1)])
+def test_codebook_matmul_equals_float64(use_triton, dtype, m, n, k, group):
+    """Groups a tile holds whole (64, 128) and partial ones (32 with K = 203: a partial last group
+    and word), one group of all K; odd N."""
+    x, qweight, scales, codebook, w = _case(m, n, k, group, dtype, seed=m + k)
+    bias = torch.randn(n).to(dtype) if m == 3 else None
+    got = Q.int4_dequant_matmul(x, qweight, scales, None, group, bias, codebook=codebook, use_triton=use_triton)
+    assert got.dtype == dtype and got.shape == (m, n)
+    want = x.double() @ w + (bias.double() if bias is not None else 0.0)
+    mag = x.double().abs() @ w.abs() + (bias.double().abs() if bias is not None else 0.0)
+    _assert_within(got, want, mag, (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0))
+
+
+@pytest.mark.parametrize("use_triton", IMPLS)
+def test_the_codebook_is_read_code_by_code(use_triton):
+    """A permuted codebook gives other weights: the kernel reads each code's own entry (the
+    integer meaning (q - 8) * s, or a fixed table, would not notice)."""
+    x, qweight, scales, codebook, w = _case(4, 32, 128, 64, torch.float32, seed=7)
+    flipped = codebook.flip(0).contiguous()
+    got = Q.int4_dequant_matmul(x, qweight, scales, None, 64, codebook=flipped, use_triton=use_triton)
+    q = Q.unpack_int4(qweight, 128).long()
+    want = x.double() @ (flipped.double()[q] * scales.double()[torch.arange(128) // 64])
+    _assert_within(got, want, x.double().abs() @ w.abs(), 132 * EPS32)
+    assert (got.double() - x.double() @ w).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("use_triton", IMPLS)
+@pytest.mark.parametrize("codebook,zeros,match", [
+    (torch.zeros(16, dtype=torch.float64), None, "^codebook: .*float32 \\[16\\]"),
+    (torch.zeros(8), None, "^codebook: "),
+    (None, None, "^zeros: .*got None"),
+])
+def test_a_bad_codebook_or_missing_zeros_is_named(use_triton, codebook, zeros, match):
+    x, qw, sc = torch.zeros(3, 64), torch.zeros(8, 4, dtype=torch.int32), torch.ones(1, 4)
+    with pytest.raises(ValueError, match=match):
+        Q.int4_dequant_matmul(x, qw, sc, zeros, -1, codebook=codebook, use_triton=use_triton)
+
+
+@pytest.mark.gpu
+@compiled_only
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (64, 4096, 4096), (17, 1000, 1000)])
+@pytest.mark.parametrize("group", [64, 32])
+def test_gpu_codebook_kernel(m, n, k, group):
+    x, qweight, scales, codebook, w = _case(m, n, k, group, torch.bfloat16, seed=m)
+    got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), scales.cuda(), None, group, codebook=codebook.cuda())
+    _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)

@@ -1,0 +1,68 @@
+"""Write a bitsandbytes 4-bit NF4 checkpoint (what transformers' `BitsAndBytesConfig(load_in_4bit=True,
+bnb_4bit_quant_type="nf4")` saves, without double quantization) from a float checkpoint, for
+benchmarks at sizes the fixtures do not have (bitsandbytes need not be installed).
+
+Format (batonlm/model_runner/quantization/bnb4.py reads it): every decoder linear's weight [N, K]
+flattened row by row, cut into blocks of `blocksize` elements; a block's scale is its largest
+|w| (`absmax`, float32); each element is w times the reciprocal of that scale (float32, clamped
+to [-1, 1]), coded as the NF4 value nearest it (a value on the midpoint of two takes the lower);
+two codes a byte, the even element in the high nibble. Checked against bitsandbytes' own
+checkpoint of the same weights (the `bnb-nf4` / `bnb-fp4` fixtures: the same codes and scales,
+tests/unit/test_quant_formats.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from quant_formats import _finish, is_quantized_linear, load_float_checkpoint
+
+# NF4's 16 values (QLoRA's normal-quantile table, as bitsandbytes stores it in `quant_map`).
+NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+       -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+       0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
+
+
+def nf4_quantize(w: torch.Tensor, blocksize: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (codes uint8 [N * K], absmax float32 [ceil(N * K / blocksize)])."""
+    flat = w.reshape(-1).float()
+    n = flat.numel()
+    blocks = -(-n // blocksize)
+    padded = torch.nn.functional.pad(flat, (0, blocks * blocksize - n)).view(blocks, blocksize)
+    absmax = padded.abs().amax(dim=1)
+    scaled = (padded * (1.0 / absmax.clamp(min=1e-38))[:, None]).clamp(-1, 1).reshape(-1)[:n]
+    table = torch.tensor(NF4, dtype=torch.float32)
+    midpoints = (table[:-1] + table[1:]) / 2
+    codes = torch.bucketize(scaled, midpoints)  # the first midpoint >= the value: a tie takes the lower code
+    return codes.to(torch.uint8), absmax
+
+
+def write_bnb4_checkpoint(src_dir: str | Path, out_dir: str | Path, blocksize: int = 64) -> dict[str, torch.Tensor]:
+    """The NF4 checkpoint of `src_dir`'s float weights; returns the dequantized float32 weights
+    (NF4[code] * absmax, one float32 product, as bitsandbytes dequantizes)."""
+    src, out = Path(src_dir), Path(out_dir)
+    config, tensors = load_float_checkpoint(src)
+    table = torch.tensor(NF4, dtype=torch.float32)
+    result: dict[str, torch.Tensor] = {}
+    deq: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        if not is_quantized_linear(name):
+            result[name] = w
+            continue
+        n, k = w.shape
+        codes, absmax = nf4_quantize(w, blocksize)
+        even = torch.nn.functional.pad(codes, (0, codes.numel() % 2))
+        result[name] = ((even[0::2] << 4) | even[1::2]).unsqueeze(1)
+        result[name + ".absmax"] = absmax
+        result[name + ".quant_map"] = table.clone()  # (safetensors refuses shared storage)
+        state = {"quant_type": "nf4", "blocksize": blocksize, "dtype": "float32", "shape": [n, k]}
+        result[name + ".quant_state.bitsandbytes__nf4"] = torch.tensor(list(json.dumps(state).encode()),
+                                                                       dtype=torch.uint8)
+        deq[name] = (table[codes.long()] * absmax.repeat_interleave(blocksize)[: n * k]).view(n, k)
+    qconfig = {"quant_method": "bitsandbytes", "load_in_4bit": True, "_load_in_4bit": True, "load_in_8bit": False,
+               "_load_in_8bit": False, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False,
+               "bnb_4bit_quant_storage": "uint8", "bnb_4bit_compute_dtype": "float32"}
+    _finish(src, out, config, qconfig, result, str(next(iter(tensors.values())).dtype).removeprefix("torch."))
+    return deq
