@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import torch
-from quant_formats import _finish, is_quantized_linear, load_float_checkpoint
+from quant_formats import LINEARS, _finish, is_quantized_linear, load_float_checkpoint
 
 # NF4's 16 values (QLoRA's normal-quantile table, as bitsandbytes stores it in `quant_map`).
 NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -39,8 +39,10 @@ def nf4_quantize(w: torch.Tensor, blocksize: int = 64) -> tuple[torch.Tensor, to
     return codes.to(torch.uint8), absmax
 
 
-def write_bnb4_checkpoint(src_dir: str | Path, out_dir: str | Path, blocksize: int = 64) -> dict[str, torch.Tensor]:
-    """The NF4 checkpoint of `src_dir`'s float weights; returns the dequantized float32 weights
+def write_bnb4_checkpoint(src_dir: str | Path, out_dir: str | Path, blocksize: int = 64,
+                          linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
+    """The NF4 checkpoint of `src_dir`'s float weights (the projections named in `linears`: a
+    MoE's experts too where they are listed); returns the dequantized float32 weights
     (NF4[code] * absmax, one float32 product, as bitsandbytes dequantizes)."""
     src, out = Path(src_dir), Path(out_dir)
     config, tensors = load_float_checkpoint(src)
@@ -48,7 +50,7 @@ def write_bnb4_checkpoint(src_dir: str | Path, out_dir: str | Path, blocksize: i
     result: dict[str, torch.Tensor] = {}
     deq: dict[str, torch.Tensor] = {}
     for name, w in tensors.items():
-        if not is_quantized_linear(name):
+        if not is_quantized_linear(name, linears):
             result[name] = w
             continue
         n, k = w.shape

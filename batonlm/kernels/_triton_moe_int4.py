@@ -2,8 +2,8 @@
 
 `_triton_moe.py`'s grouped GEMM with int4 experts: row block b of `sorted_ids` holds pairs routed
 to expert `block_expert[b]`; its program unpacks each K tile of that expert's `qweight` (8
-nibbles per int32), dequantizes it ((q - zero) * scale in float32, exact; each row's group by
-row // group, or in activation order the expert's `g_idx`), rounds it once to the
+nibbles per int32), dequantizes it ((q - zero) * scale in float32, exact, or codebook[q] * scale;
+each row's group by row // group, or in activation order the expert's `g_idx`), rounds it once to the
 activation dtype and multiplies it in `tl.dot` with float32 accumulation (float32 activations in
 IEEE float32), as `_triton_quant.py`'s int4 kernel does for one weight; each product row is
 written at its pair's index. Under the interpreter tiles are multiplied in float32 (exact for the
@@ -25,11 +25,11 @@ from batonlm.kernels.moe_int4 import Int4Weights
 
 @triton.jit
 def _grouped_gemm_int4_kernel(
-    a_ptr, qw_ptr, s_ptr, z_ptr, gidx_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
+    a_ptr, qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
     rows, N, K, group, a_row_div, num_experts,
     stride_am, stride_qe, stride_qk, stride_se, stride_sg, stride_ze, stride_zg, stride_ge, stride_cm,
     G_IDX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr, BITS: tl.constexpr,
+    IEEE: tl.constexpr, BITS: tl.constexpr, CODEBOOK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -45,8 +45,8 @@ def _grouped_gemm_int4_kernel(
         k_valid = offs_k < K
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_valid[None, :], other=0.0)
-        w = int4_tile(qw, s, z, gidx, s, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
-                      stride_zg, False, G_IDX, BITS, False).to(a.dtype)  # exact in float32, then rounded once
+        w = int4_tile(qw, s, z, gidx, cb_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
+                      stride_zg, False, G_IDX, BITS, CODEBOOK).to(a.dtype)  # exact in float32, then rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -61,7 +61,9 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
     """c [rows, N] in a's dtype: c[i] = a[i // a_row_div] @ W[expert of pair i]^T, W from the
     expert's int4 weights (`moe_int4.py`'s layout)."""
     a = a.contiguous()
-    qweight, scales, zeros = w.qweight.contiguous(), w.scales.contiguous(), w.zeros.contiguous()
+    qweight, scales = w.qweight.contiguous(), w.scales.contiguous()
+    zeros = w.zeros.contiguous() if w.zeros is not None else scales  # (unread with a codebook)
+    codebook = w.codebook.contiguous() if w.codebook is not None else scales
     g_idx = w.g_idx.to(torch.int32).contiguous() if w.g_idx is not None else None
     n, k = qweight.shape[2], w.k
     c = torch.empty((rows, n), dtype=torch.float32 if INTERPRET else a.dtype, device=a.device)
@@ -70,11 +72,11 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
     block_n = tile(n, 64)
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     _grouped_gemm_int4_kernel[grid](
-        a, qweight, scales, zeros, g_idx if g_idx is not None else qweight, c, sorted_ids, block_expert,
+        a, qweight, scales, zeros, g_idx if g_idx is not None else qweight, codebook, c, sorted_ids, block_expert,
         rows, n, k, k if group == -1 else max(group, 1), a_row_div, qweight.shape[0],
         a.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         zeros.stride(0), zeros.stride(1), g_idx.stride(0) if g_idx is not None else 0, c.stride(0),
         G_IDX=g_idx is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, UPCAST=INTERPRET,
-        IEEE=a.dtype == torch.float32, BITS=w.bits, **NO_FMA,
+        IEEE=a.dtype == torch.float32, BITS=w.bits, CODEBOOK=w.codebook is not None, **NO_FMA,
     )
     return c.to(a.dtype)

@@ -9,7 +9,9 @@ or its 8-bit twin, `bits` 8: GPTQ 8-bit and W8A16 experts, 4 codes per word inst
 `w13_qweight` int32 [E, ceil(H / 8), 2I] (gate columns then up columns), `w13_scales` float32
 and `w13_zeros` uint8 [E, ceil(H / G), 2I]; `w2_qweight` [E, ceil(I / 8), H], `w2_scales` /
 `w2_zeros` [E, ceil(I / G), H]. One group size G for both (-1: one group of all rows); or GPTQ's
-activation order (G = 0): each expert's `g_idx` [E, K], its rows' groups of any number.
+activation order (G = 0): each expert's `g_idx` [E, K], its rows' groups of any number. With a
+`codebook` (bitsandbytes 4-bit experts: NF4 / FP4, float32 [16], one for every expert) a weight
+is codebook[q] * scale, and there are no zeros.
 
 Four formulations, as for float experts:
 - `fused_moe_int4_grouped`: one expert at a time over its rows, through the torch reference (the
@@ -44,19 +46,21 @@ from batonlm.kernels.quant import dequantize_int4, int4_dequant_matmul_reference
 @dataclass(frozen=True)
 class Int4Weights:
     """One projection of every expert: qweight [E, ceil(K / (32 / bits)), N], scales and zeros
-    [E, G, N]; in GPTQ's activation order (group 0) `g_idx` [E, K], each expert's rows' groups."""
+    [E, G, N]; in GPTQ's activation order (group 0) `g_idx` [E, K], each expert's rows' groups;
+    or no zeros and a `codebook` [2^bits], each code's value."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
-    zeros: torch.Tensor
+    zeros: torch.Tensor | None
     k: int  # input features
     g_idx: torch.Tensor | None = None
     bits: int = 4
+    codebook: torch.Tensor | None = None
 
     def expert(self, e: int | torch.Tensor) -> Int4Weights:
         """Expert e's weights (a tensor of experts: those experts', gathered)."""
-        return Int4Weights(self.qweight[e], self.scales[e], self.zeros[e], self.k,
-                           None if self.g_idx is None else self.g_idx[e], self.bits)
+        return Int4Weights(self.qweight[e], self.scales[e], None if self.zeros is None else self.zeros[e], self.k,
+                           None if self.g_idx is None else self.g_idx[e], self.bits, self.codebook)
 
     def check(self, name: str, group: int) -> None:
         e, packed, n = self.qweight.shape
@@ -69,8 +73,15 @@ class Int4Weights:
         if self.qweight.dtype != torch.int32 or packed != rows:
             raise ValueError(f"{name}_qweight: expected int32 [{e}, {rows}, N] ({self.bits} bits), got "
                              f"{self.qweight.dtype} {list(self.qweight.shape)}")
+        if (self.zeros is None) == (self.codebook is None):
+            raise ValueError(f"{name}_zeros: expected zeros exactly when there is no codebook, got "
+                             f"{'neither' if self.zeros is None else 'both'}")
+        if self.codebook is not None and (self.codebook.dtype != torch.float32 or
+                                          tuple(self.codebook.shape) != (1 << self.bits,)):
+            raise ValueError(f"{name}_codebook: expected float32 [{1 << self.bits}], got {self.codebook.dtype} "
+                             f"{list(self.codebook.shape)}")
         for what, t in (("scales", self.scales), ("zeros", self.zeros)):
-            if tuple(t.shape) != (e, groups, n):
+            if t is not None and tuple(t.shape) != (e, groups, n):
                 raise ValueError(f"{name}_{what}: expected [{e}, {groups}, {n}], got {list(t.shape)}")
 
 
@@ -82,7 +93,7 @@ def fused_moe_int4_grouped(
     w2.check("w2", group)
 
     def linear(x: torch.Tensor, w: Int4Weights) -> torch.Tensor:
-        return int4_dequant_matmul_reference(x, w.qweight, w.scales, w.zeros, group, None, w.g_idx, w.bits)
+        return int4_dequant_matmul_reference(x, w.qweight, w.scales, w.zeros, group, None, w.g_idx, w.bits, w.codebook)
 
     def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
         return linear(gated(linear(seg, w13.expert(e)), act), w2.expert(e))
@@ -93,7 +104,7 @@ def fused_moe_int4_grouped(
 def _dense_weights(w: Int4Weights, group: int, dtype: torch.dtype) -> torch.Tensor:
     """[E, N, K] in `dtype`: each expert's weight as the reference rounds it."""
     experts = [w.expert(e) for e in range(w.qweight.shape[0])]
-    return torch.stack([dequantize_int4(x.qweight, x.scales, x.zeros, group, w.k, dtype, x.g_idx, w.bits)
+    return torch.stack([dequantize_int4(x.qweight, x.scales, x.zeros, group, w.k, dtype, x.g_idx, w.bits, w.codebook)
                         for x in experts])
 
 

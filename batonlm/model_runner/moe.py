@@ -165,21 +165,23 @@ class Int4Experts(nn.Module):
     """Every expert's gated MLP kept in int4 (GPTQ, AWQ, compressed-tensors W4A16 experts, all
     repacked into `kernels/quant.py`'s int4 layout; `bits` 8: its 8-bit twin, GPTQ 8-bit and
     W8A16 experts; GPTQ's activation order with each expert's
-    `g_idx`, `group` 0, of `order_groups` groups for w13 and w2), weight-only, this rank's slice of their
+    `g_idx`, `group` 0, of `order_groups` groups for w13 and w2; bitsandbytes 4-bit experts with
+    their `codebook` and no zeros), weight-only, this rank's slice of their
     intermediate features, in place of `FusedExperts` (quantization/resident_experts.py).
     `kernels/moe_int4.py`, picked as for float experts."""
 
     w13_qweight: torch.Tensor
     w13_scales: torch.Tensor
-    w13_zeros: torch.Tensor
+    w13_zeros: torch.Tensor | None
     w2_qweight: torch.Tensor
     w2_scales: torch.Tensor
-    w2_zeros: torch.Tensor
+    w2_zeros: torch.Tensor | None
     w13_g_idx: torch.Tensor | None
     w2_g_idx: torch.Tensor | None
+    codebook: torch.Tensor | None
 
     def __init__(self, experts: FusedExperts, group: int, order_groups: tuple[int, int] = (0, 0),
-                 bits: int = 4) -> None:
+                 bits: int = 4, codebook: bool = False) -> None:
         super().__init__()
         self.intermediate, self.rows, self.group, self.bits = experts.intermediate, experts.rows, group, bits
         num, two_count, hidden = experts.w13.shape
@@ -189,16 +191,18 @@ class Int4Experts(nn.Module):
             self.register_buffer(f"{name}_qweight", torch.empty(num, -(-k // (32 // bits)), n, dtype=torch.int32))
             # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
             self.register_buffer(f"{name}_scales", torch.empty(num, groups, n))
-            self.register_buffer(f"{name}_zeros", torch.empty(num, groups, n, dtype=torch.uint8))
+            self.register_buffer(f"{name}_zeros", None if codebook else torch.empty(num, groups, n, dtype=torch.uint8))
             # GPTQ's activation order (group 0): each expert's rows' groups.
             self.register_buffer(f"{name}_g_idx", torch.empty(num, k, dtype=torch.int32) if group == 0 else None)
+        self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
         self.hidden, self.count = hidden, count
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
         w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden, self.w13_g_idx,
-                                   self.bits)
-        w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count, self.w2_g_idx, self.bits)
+                                   self.bits, self.codebook)
+        w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count, self.w2_g_idx, self.bits,
+                                  self.codebook)
         run = _pick(x, ids.shape[1], self.w13_qweight.shape[0], moe_int4.fused_moe_int4_triton,
                     moe_int4.fused_moe_int4_gathered, moe_int4.fused_moe_int4_dense, moe_int4.fused_moe_int4_grouped)
         return run(x, w13, w2, self.group, ids, weights, act)

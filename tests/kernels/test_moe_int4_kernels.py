@@ -109,6 +109,40 @@ def test_bfloat16_activations(moe):
     assert ((got.double() - want).abs() <= 6 * 2.0**-8 * scale + 1e-30).all()
 
 
+def _codebook_case(t: int, k: int, experts: int, hidden: int, inter: int, group: int, seed: int):
+    """bitsandbytes 4-bit experts: codes into one table of 16 uneven values (as NF4's), float32
+    scales (absmax), no zeros; the meaning in float64."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.cat([torch.rand(15, generator=g) * 2 - 1, torch.zeros(1)]).sort().values
+
+    def weights(k: int, n: int) -> tuple[Int4Weights, torch.Tensor]:
+        q = torch.randint(0, 16, (experts, k, n), generator=g)
+        scales = (torch.rand(experts, -(-k // group), n, generator=g) + 0.1) / k**0.5
+        rows = torch.arange(k) // group
+        w = (table.double()[q] * scales.double()[:, rows]).transpose(1, 2)
+        packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
+        return Int4Weights(packed, scales, None, k, None, 4, table), w
+
+    x = torch.randn(t, hidden, generator=g, dtype=torch.float64)
+    (w13, w13_64), (w2, w2_64) = weights(hidden, 2 * inter), weights(inter, hidden)
+    ids = (torch.rand(t, experts, generator=g) + torch.linspace(1.0, 0.0, experts)).topk(k, dim=1).indices
+    return x, w13, w2, w13_64, w2_64, ids, torch.rand(t, k, generator=g, dtype=torch.float64) + 0.1
+
+
+@pytest.mark.parametrize("moe", FORMULATIONS)
+@pytest.mark.parametrize("t,group", [(1, 64), (11, 32)])
+def test_codebook_experts(moe, t, group):
+    """bitsandbytes NF4 / FP4 experts: each code's value from the table, times its block's scale."""
+    x, w13, w2, w13_64, w2_64, ids, weights = _codebook_case(t, 2, 5, 128, 64, group, seed=t + group)
+    got = moe(x.float(), w13, w2, group, ids, weights.float())
+    want = fused_moe_reference(x, w13_64, w2_64, ids, weights)
+    scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())
+    depth = x.shape[1] + w2_64.shape[2] + ids.shape[1]
+    assert ((got.double() - want).abs() <= 4 * depth * EPS32 * (scale + 1e-30)).all()
+    flipped = [Int4Weights(w.qweight, w.scales, None, w.k, None, 4, w.codebook.flip(0)) for w in (w13, w2)]
+    assert (moe(x.float(), *flipped, group, ids, weights.float()).double() - want).abs().max() > 0.1 * want.abs().max()
+
+
 def test_a_bad_shape_is_named():
     x, w13, w2, *_, ids, weights = _case(3, 2, 4, 64, 32, 32, True, seed=1)
     bad = Int4Weights(w13.qweight, w13.scales[:, :1], w13.zeros, w13.k)
@@ -116,6 +150,25 @@ def test_a_bad_shape_is_named():
         fused_moe_int4_grouped(x.float(), bad, w2, 32, ids, weights.float())
     with pytest.raises(ValueError, match="^w13_g_idx:"):  # group 0 (activation order) without a g_idx
         fused_moe_int4_grouped(x.float(), w13, w2, 0, ids, weights.float())
+    with pytest.raises(ValueError, match="^w13_zeros: .*neither"):  # no zeros and no codebook
+        fused_moe_int4_grouped(x.float(), Int4Weights(w13.qweight, w13.scales, None, w13.k), w2, 32, ids,
+                               weights.float())
+    with pytest.raises(ValueError, match="^w13_codebook:"):
+        fused_moe_int4_grouped(x.float(), Int4Weights(w13.qweight, w13.scales, None, w13.k, codebook=torch.zeros(8)),
+                               w2, 32, ids, weights.float())
+
+
+@pytest.mark.gpu
+@compiled_only
+@pytest.mark.parametrize("t", [1, 64])
+def test_gpu_codebook_moe(t):
+    """bitsandbytes NF4-style experts at Qwen3-30B-A3B's size (blocks of 64) in bfloat16."""
+    x, w13, w2, w13_64, w2_64, ids, weights = _codebook_case(t, 8, 16, 2048, 768, 64, seed=t)
+    cuda = [Int4Weights(w.qweight.cuda(), w.scales.cuda(), None, w.k, None, 4, w.codebook.cuda()) for w in (w13, w2)]
+    got = fused_moe_int4_triton(x.bfloat16().cuda(), *cuda, 64, ids.cuda(), weights.bfloat16().cuda())
+    want = fused_moe_reference(x.bfloat16().double(), w13_64, w2_64, ids, weights.bfloat16().double())
+    scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())
+    assert ((got.double().cpu() - want).abs() <= 6 * 2.0**-8 * scale + 1e-30).all()
 
 
 @pytest.mark.gpu

@@ -295,6 +295,58 @@ def test_8_bit_experts_are_the_dequantized_experts(tmp_path) -> None:
         assert (traced - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_bitsandbytes_4_bit_experts_are_the_dequantized_experts(family: str, tiny_models, tmp_path) -> None:
+    """NF4 experts (older transformers saved a Mixtral's experts as linear layers, which
+    bitsandbytes quantized) stay packed with the table where int4 experts do: with float32
+    activations the dequantized experts' outputs bit for bit, eager and traced; two ranks (one
+    whole block of 32 each of a Qwen3-MoE expert's 64 features) sum to one."""
+    from helpers import build_tiny_model
+    from quant_bnb4 import write_bnb4_checkpoint
+
+    from batonlm.kernels.moe import fused_moe_grouped, fused_moe_reference
+    from batonlm.model_runner.moe import Int4Experts
+
+    src = tmp_path / family
+    build_tiny_model(family, src, **({"moe_intermediate_size": 64, "intermediate_size": 128}
+                                     if family == "qwen3_moe" else {"intermediate_size": 96}))
+    path = tmp_path / f"{family}-nf4"
+    write_bnb4_checkpoint(src, path, blocksize=32, linears=LINEARS + FAMILIES[family])
+    cfg = ModelConfig.from_hf(path)
+    model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
+    plain = load_model(cfg, torch.float32, "cpu", resident=False)[0]
+    layers = _moe_layers(model)
+    assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.codebook is not None
+                          and m.experts.w13_zeros is None and m.experts.group == 32 for _, m in layers)
+    x = torch.randn(9, cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+    floats64 = load_model(cfg, torch.float64, "cpu", resident=False)[0]
+
+    def within(got: torch.Tensor, want: torch.Tensor, name: str, ids: torch.Tensor, weights: torch.Tensor) -> bool:
+        """float32 sums in another order: 4 * depth * eps of the magnitudes (the float experts' bound)."""
+        f = floats64.get_submodule(name).experts
+        mag = fused_moe_reference(x.double().abs(), f.w13.abs(), f.w2.abs(), ids, weights.double(),
+                                  act=lambda v: v.abs())
+        depth = cfg.hidden_size + f.w2.shape[2] + ids.shape[1]
+        return bool(((got.double() - want.double()).abs() <= 4 * depth * torch.finfo(torch.float32).eps * mag).all())
+
+    for name, moe in layers:
+        floats = plain.get_submodule(name).experts
+        assert isinstance(floats, FusedExperts)
+        ids, weights = moe.route(x)
+        want = fused_moe_grouped(x, floats.w13, floats.w2, ids, weights, moe.act)
+        assert torch.equal(moe.experts(x, ids, weights, moe.act), want)
+        traced = torch.compile(lambda x, moe=moe, ids=ids, weights=weights: moe.experts(x, ids, weights, moe.act),
+                               backend="eager", fullgraph=True)(x)
+        assert within(traced, want, name, ids, weights)
+    if family == "qwen3_moe":
+        ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2), resident=True)[0]
+                 for r in range(2)]
+        name, moe = layers[0]
+        ids, weights = moe.route(x)
+        got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
+        assert within(got, moe.experts(x, ids, weights, moe.act), name, ids, weights)
+
+
 def test_two_ranks_int4_experts_sum_to_one_ranks(int4_moe) -> None:
     """Qwen3-MoE's experts of 64 features in groups of 32: each of two ranks holds one whole group
     of every expert's down rows; their outputs sum to the one-rank layer's (float32 apart)."""

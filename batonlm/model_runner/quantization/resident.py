@@ -104,7 +104,7 @@ def make_resident(
         elif storages <= {"gptq", "awq", "packed", "bnb4"} | weight_only_int8(quant):  # weight-only, 4 or 8 bits
             group = int4_group(ckpt, module_name, sources, quant)
             books = [codebook_of(ckpt, lin) for lin, _ in sources]
-            if group is None or not _same_codebook(books):
+            if group is None or not same_codebook(books):
                 kept.add(module_name)
                 continue
             bits, _, num_groups = int_layout(ckpt, sources[0][0], quant)
@@ -123,7 +123,7 @@ def make_resident(
     return out
 
 
-def _same_codebook(books: list[torch.Tensor | None]) -> bool:
+def same_codebook(books: list[torch.Tensor | None]) -> bool:
     """A fused projection's layers all integer, or all with one codebook (bitsandbytes' NF4 or FP4
     table: every layer of a checkpoint has the same)."""
     first = books[0]

@@ -2,7 +2,7 @@
 in FP8 (blocks, or per channel or tensor with dynamic or static activations, or online FP8)
 becomes one `Fp8Experts`, every expert in W8A8 int8 per channel (dynamic or static activations)
 one `Int8Experts`, every expert in int4 with consecutive
-groups (GPTQ, AWQ, compressed-tensors W4A16) one `Int4Experts` (model_runner/moe.py), swapped in
+groups (GPTQ, AWQ, compressed-tensors W4A16, bitsandbytes 4-bit with its codebook) one `Int4Experts` (model_runner/moe.py), swapped in
 on the meta device before the model is allocated and filled here with each expert's own codes and scales. A rank holds every expert's rows of its
 gate/up and columns of its down projection (as the float loader's `weight_targets` say); a slice
 that would split an FP8 block or an int4 group is refused at start-up, naming the layer. Experts
@@ -20,7 +20,7 @@ from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.moe import Fp8Experts, FusedExperts, Int4Experts, Int8Experts
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
-from batonlm.model_runner.quantization.formats import QuantizedLinear, int_layout, int_weights
+from batonlm.model_runner.quantization.formats import QuantizedLinear, codebook_of, int_layout, int_weights
 from batonlm.model_runner.quantization.resident import (
     ResidentLayer,
     cdiv,
@@ -29,6 +29,7 @@ from batonlm.model_runner.quantization.resident import (
     int4_group,
     int8_per_channel,
     per_channel_scale,
+    same_codebook,
     static_scale,
     weight_only_int8,
 )
@@ -126,7 +127,10 @@ def _int4_experts(
     """`Int4Experts` when every expert's projections are 4-bit with consecutive groups of one
     size (a rank's slice of the down projections' rows in whole groups, or a start-up error), or
     in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
-    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed"} | weight_only_int8(quant):
+    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4"} | weight_only_int8(quant):
+        return None
+    books = [codebook_of(ckpt, lin) for lin, _ in sources]
+    if not same_codebook(books):
         return None
     by_expert: dict[tuple[int, int], list[tuple[QuantizedLinear, Target]]] = {}
     for lin, t in sources:  # (expert, 0: gate and up / 1: down) -> its layers
@@ -143,7 +147,7 @@ def _int4_experts(
         order_groups = (int_layout(ckpt, gate, quant)[2], int_layout(ckpt, down, quant)[2])
     bits = int_layout(ckpt, sources[0][0], quant)[0]
     with torch.device("meta"):
-        layer = Int4Experts(module, group, order_groups, bits)
+        layer = Int4Experts(module, group, order_groups, bits, codebook=books[0] is not None)
     return ResidentLayer(module_name, layer, sources, _fill_int4)
 
 
@@ -211,9 +215,12 @@ def _fill_int4(module: Int4Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: T
     projection's input rows (w2's, whole groups)."""
     e = _expert(lin)
     name = "w13" if t.dim == 0 else "w2"
-    qweight, zeros, scales = (getattr(module, f"{name}_{part}")[e] for part in ("qweight", "zeros", "scales"))
+    zeros = getattr(module, f"{name}_zeros")
+    qweight, scales = (getattr(module, f"{name}_{part}")[e] for part in ("qweight", "scales"))
     iw = int_weights(ckpt, lin, quant)
-    fill_int4(qweight, zeros, scales, module.group, iw, t)
+    fill_int4(qweight, None if zeros is None else zeros[e], scales, module.group, iw, t)
+    if module.codebook is not None and iw.codebook is not None:  # (one for every expert: _int4_experts checked)
+        module.codebook.copy_(iw.codebook)
     g_idx = getattr(module, f"{name}_g_idx")
     if g_idx is not None:  # activation order: this rank's rows' groups (gate and up share them)
         g_idx[e] = iw.groups[t.start : t.start + t.count] if t.dim == 1 else iw.groups
