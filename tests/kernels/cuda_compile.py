@@ -16,6 +16,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from batonlm.kernels import (  # noqa: E402
     _triton_int8,
+    _triton_llm_int8,
     _triton_logprobs,
     _triton_moe,
     _triton_moe_int4,
@@ -76,6 +77,11 @@ KERNELS = [
             stride_xs="i32", stride_ws="i32"),
        dict(HAS_BIAS=True, HAS_ZERO=zero, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128),
        dict(num_warps=4, num_stages=3, **NO_FMA)) for zero in (False, True)),
+    (_triton_llm_int8._llm_int8_matmul_kernel,
+     dict(x_ptr="*bf16", xq_ptr="*i8", rs_ptr=F32, cols_ptr=F32, w_ptr="*i8", scb_ptr=F32, bias_ptr="*bf16",
+          y_ptr="*bf16", M="i32", N="i32", K="i32", stride_xm="i32", stride_xqm="i32", stride_wn="i32",
+          stride_ym="i32", int_scale="fp32", outlier_scale="fp32"),
+     dict(HAS_BIAS=True, IEEE=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64), dict(num_warps=4, num_stages=3, **NO_FMA)),
     (_triton_moe._grouped_gemm_kernel,
      dict(a_ptr="*bf16", w_ptr="*bf16", c_ptr="*bf16", sorted_ids_ptr=I64, block_expert_ptr=I64, rows="i32", N="i32",
           K="i32", a_row_div="i32", num_experts="i32", stride_am="i32", stride_we="i32", stride_wn="i32",

@@ -31,6 +31,7 @@ def test_every_kernel_compiles_for_sm90():
     assert set(kernels) == {
         "_sample_kernel", "_threshold_kernel", "_argmax_kernel", "_uniform_kernel", "_penalties_kernel", "_logprobs_kernel",
         "_quant_fp8_kernel", "_fp8_matmul_kernel", "_int4_matmul_kernel", "_quant_int8_kernel", "_int8_matmul_kernel",
+        "_llm_int8_matmul_kernel",
         "_grouped_gemm_kernel", "_grouped_gemm_fp8_kernel", "_grouped_gemm_int8_kernel", "_grouped_gemm_int4_kernel",
     }
     assert all(r["ptx_chars"] > 1000 for r in kernels.values())
@@ -44,4 +45,5 @@ def test_every_kernel_compiles_for_sm90():
     # The int8 GEMMs multiply int8 tiles on the tensor cores; the int8 quantizer keeps its
     # add-and-subtract of 1.5 * 2^23 (round half to even), which fast math would fold away.
     assert kernels["_int8_matmul_kernel"]["int8_mma"] and kernels["_grouped_gemm_int8_kernel"]["int8_mma"]
+    assert kernels["_llm_int8_matmul_kernel"]["int8_mma"]  # LLM.int8's codes too, beside its outliers' product
     assert kernels["_quant_int8_kernel"]["rounder"]

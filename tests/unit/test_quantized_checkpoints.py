@@ -27,7 +27,7 @@ from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_runner import ModelRunner
 from batonlm.model_runner.moe import Fp8Experts
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, PackedIntLinear
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, LlmInt8Linear, PackedIntLinear
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 # transformers (+ compressed-tensors) computes exactly what these mean.
@@ -333,17 +333,63 @@ def test_bitsandbytes_4_bit_checkpoints_give_the_weights_bitsandbytes_dequantize
         assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * RELATIVE * want.abs().max()
 
 
-def test_bitsandbytes_8_bit_is_named_as_not_supported(tmp_path: Path) -> None:
+def test_bitsandbytes_8_bit_gives_transformers_llm_int8_logits() -> None:
+    """transformers' BitsAndBytesConfig(load_in_8bit) checkpoint (LLM.int8, written by
+    transformers 5.25 + bitsandbytes 0.50 on the CPU): int8 weights with row scales, run as
+    bitsandbytes runs them on every device (`LlmInt8Linear`: int8 activations per row, the
+    outlier columns, |x| >= 6, in float): transformers' logits to the float32 bound. The
+    dequantized weights with float activations are 1.6 off, without the outlier columns 0.6:
+    both far past the bound."""
+    ref = _reference("bnb-int8")
+    ids = ref["input_ids"].reshape(-1)
+    quant = ModelConfig.from_hf(DATA / "bnb-int8").quantization
+    assert quant is not None and quant.llm_int8_threshold == 6.0 and quant.act_quant == "int8"
+    runner = _runner(DATA / "bnb-int8")  # kept quantized on every device: its activations are quantized
+    layers = [m for m in runner.model.modules() if isinstance(m, LlmInt8Linear)]
+    assert len(layers) == 8 and all(m.threshold == 6.0 for m in layers)
+    ours = _prompt_logits(runner, ids)
+    bound = RELATIVE * ref["logits"].abs().max()
+    assert (ours - ref["logits"]).abs().max() <= bound
+    assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
+    assert (ours - ref["dequantized_logits"]).abs().max() > 100 * bound
+    assert (_prompt_logits(_runner(DATA / "bnb-int8", resident=False), ids) - ref["dequantized_logits"]).abs().max() <= (
+        RELATIVE * ref["dequantized_logits"].abs().max())  # dequantized when asked: bitsandbytes' own weights
+    for m in layers:
+        m.threshold = 0.0
+    assert (_prompt_logits(runner, ids) - ref["logits"]).abs().max() > 100 * bound
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"llm_int8_has_fp16_weight": True}, ["llm_int8_has_fp16_weight"]),
+    ({"llm_int8_threshold": -1}, ["llm_int8_threshold", "-1"]),
+    ({"load_in_8bit": False, "_load_in_8bit": False}, ["load_in_4bit", "load_in_8bit"]),
+])
+def test_a_bad_bitsandbytes_8_bit_config_is_named(change: dict, words: list[str], tmp_path: Path) -> None:
     import json
     import shutil
 
     out = tmp_path / "bnb-8bit"
-    shutil.copytree(DATA / "bnb-fp4", out)
+    shutil.copytree(DATA / "bnb-int8", out)
     config = json.loads((out / "config.json").read_text())
-    config["quantization_config"].update(load_in_4bit=False, _load_in_4bit=False, load_in_8bit=True)
+    config["quantization_config"].update(change)
     (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"bitsandbytes 8-bit \(load_in_8bit, LLM.int8\) is not supported"):
+    with pytest.raises(ValueError) as e:
         ModelConfig.from_hf(out)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_a_tiled_bitsandbytes_8_bit_layout_is_named(tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = tmp_path / "bnb-8bit-tiled"
+    shutil.copytree(DATA / "bnb-int8", out)
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors["model.layers.1.mlp.down_proj.weight_format"] = torch.tensor(2, dtype=torch.uint8)
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"down_proj.weight_format is 2: bitsandbytes' tiled"):
+        _runner(out)
 
 
 def _dequantized_dir(name: str, tmp: Path) -> Path:
@@ -479,7 +525,7 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
 
 
 @pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8",
-                                  "w8a8-static-asym", "bnb-nf4"])
+                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,

@@ -25,7 +25,7 @@ from quant_formats import write_fp8_block_checkpoint
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_loader import load_model, tp_layout
 from batonlm.model_runner.quantization.config import QuantizationError
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, PackedIntLinear
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, LlmInt8Linear, PackedIntLinear
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 LAYER = "model.layers.1."
@@ -61,6 +61,7 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("w8a8-static-asym", True, Int8Linear),  # one scale and zero point: each rank's weight sums its columns'
     ("online-fp8", True, Fp8Linear),  # --quantization fp8 of the float source, kept FP8 (CUDA's default)
     ("bnb-nf4", True, PackedIntLinear),  # bitsandbytes NF4 with its codebook: blocks of 64 inputs are whole groups
+    ("bnb-int8", True, LlmInt8Linear),  # LLM.int8: a row-parallel rank's slice of a row its own statistic
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:
     path = {"fp8-block64": fp8_block64, "online-fp8": DATA / "fp32-source"}.get(name, DATA / name)
@@ -75,10 +76,14 @@ def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, 
     def close(got, want, x_in, proj, model=full):
         w = _dense_weight(module(model, proj), x_in.shape[1])
         # FP8 layers compute in float32 (their kernels' accumulator): K terms err by K * 2^-24 each side.
-        rounding = x_in.shape[1] * 2.0**-23 if kind in (Fp8Linear, Int8Linear) else 1e-12
+        rounding = x_in.shape[1] * 2.0**-23 if kind in (Fp8Linear, Int8Linear, LlmInt8Linear) else 1e-12
         bound = (2.0**-3 if per_token else rounding) * (x_in.abs() @ w.abs().T).max()
         if name in ("w8a8", "w8a8-asym"):  # per-token int8 activations (half a step: amax / 255 at most)
             bound += 2 / 255 * (x_in.abs().amax(dim=1, keepdim=True) @ w.abs().sum(dim=1, keepdim=True).T).max()
+        if name == "bnb-int8":  # LLM.int8: half a step of a row's statistic (at most its amax / 254) each
+            # side, of a float16 copy of x (2^-11 of each |x|) each side
+            bound += 2 / 254 * (x_in.abs().amax(dim=1, keepdim=True) * (1 + 2.0**-11) @ w.abs().sum(dim=1, keepdim=True).T
+                                ).max() + 2 * 2.0**-11 * (x_in.abs() @ w.abs().T).max()
         assert (got - want).abs().max() <= bound, (name, proj)
 
     if kind is not None:
@@ -111,6 +116,8 @@ def _dense_weight(mod, k: int) -> torch.Tensor:
     inner = getattr(mod, "local", None) or mod
     if isinstance(inner, Int8Linear):
         return inner.weight_q.double() * inner.weight_scale.double()[:, None]
+    if isinstance(inner, LlmInt8Linear):
+        return inner.weight_q.double() * inner.weight_scale.double()[:, None] / 127
     if isinstance(inner, (Fp8Linear, PackedIntLinear)):
         from batonlm.kernels.quant import dequantize_fp8, dequantize_fp8_block, dequantize_int4
 

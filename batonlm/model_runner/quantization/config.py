@@ -39,7 +39,8 @@ class QuantConfig:
     ("none": weight-only); such layers stay quantized on every device, so the outputs are the
     checkpoint's (transformers'). `act_symmetric`: False where int8 activations have a zero
     point (compressed-tensors' `symmetric: false`: per token, or the checkpoint's
-    `input_zero_point`).
+    `input_zero_point`). `llm_int8_threshold`: bitsandbytes 8-bit's (LLM.int8) outlier threshold,
+    activations at least this large multiplied in float (0: none).
     Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
     of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
 
@@ -53,6 +54,7 @@ class QuantConfig:
     activation_scheme: str = "dynamic"
     act_quant: str = "none"  # "fp8" / "int8": the checkpoint's layers quantize their inputs (W8A8)
     act_symmetric: bool = True
+    llm_int8_threshold: float = 0.0
 
     @property
     def description(self) -> str:
@@ -64,6 +66,8 @@ class QuantConfig:
             static = ", static activation scales" if self.activation_scheme == "static" else ""
             return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
         if self.method == "bitsandbytes":
+            if self.bits == 8:
+                return f"bitsandbytes 8-bit (LLM.int8: int8 activations, outliers from {self.llm_int8_threshold:g} in float)"
             return "bitsandbytes 4-bit"
         if self.method == "modelopt":
             return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
@@ -276,13 +280,20 @@ def _modelopt(qc: dict[str, Any]) -> QuantConfig:
 
 def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:
     """transformers' BitsAndBytesConfig: 4-bit NF4 or FP4 (with or without double quantization,
-    `bnb4.py`), kept packed where the integer formats are; its 8-bit LLM.int8 format is not read."""
+    `bnb.py`), kept packed where the integer formats are; 8-bit LLM.int8 (int8 weights and
+    activations, outlier columns in float: `LlmInt8Linear`, on every device)."""
     if qc.get("load_in_8bit") or qc.get("_load_in_8bit"):
-        raise QuantizationError("bitsandbytes 8-bit (load_in_8bit, LLM.int8) is not supported (supported: 4-bit, "
-                                "load_in_4bit, nf4 or fp4)")
+        if qc.get("llm_int8_has_fp16_weight"):
+            raise QuantizationError("bitsandbytes quantization_config.llm_int8_has_fp16_weight is true: its weights "
+                                    "are not saved in 8 bits (supported: false)")
+        threshold = qc.get("llm_int8_threshold", 6.0)
+        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or threshold < 0:
+            raise QuantizationError(f"bitsandbytes quantization_config.llm_int8_threshold {threshold!r} is not a "
+                                    "non-negative number")
+        return QuantConfig("bitsandbytes", bits=8, act_quant="int8", llm_int8_threshold=float(threshold))
     if not (qc.get("load_in_4bit") or qc.get("_load_in_4bit")):
-        raise QuantizationError("bitsandbytes quantization_config.load_in_4bit is not set (supported: 4-bit, nf4 or "
-                                "fp4)")
+        raise QuantizationError("bitsandbytes quantization_config has neither load_in_4bit nor load_in_8bit set "
+                                "(supported: 4-bit nf4 or fp4, 8-bit LLM.int8)")
     kind = str(qc.get("bnb_4bit_quant_type", "fp4")).lower()
     if kind not in ("nf4", "fp4"):
         raise QuantizationError(f"bitsandbytes quantization_config.bnb_4bit_quant_type {kind!r} is not supported "

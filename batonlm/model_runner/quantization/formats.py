@@ -16,9 +16,10 @@ A quantized linear layer is stored as several tensors under its module name (its
 - AWQ (AutoAWQ, GEMM): `qweight` int32 [K, N/8] and `qzeros` int32 [K/G, N/8], both packed along
   N in AWQ's interleaved order (the j-th value of a word is column `_AWQ_ORDER[j]` of its 8),
   `scales` [K/G, N]. W^T = (q - zero) * scale.
-- bitsandbytes 4-bit (NF4 / FP4): `weight` packed two codes a byte with its quant state
-  (`bnb4.py`). W = codebook[q] * scale of its block; a row's blocks of `blocksize` inputs are
-  groups (no zeros) where K is a multiple of blocksize.
+- bitsandbytes (`bnb.py`): 4-bit (NF4 / FP4), `weight` packed two codes a byte with its quant
+  state, W = codebook[q] * scale of its block (a row's blocks of `blocksize` inputs are groups,
+  no zeros, where K is a multiple of blocksize); 8-bit (LLM.int8), an int8 `weight` and its
+  rows' `SCB`, W = weight * SCB / 127.
 
 `find_linears` names every quantized layer of a checkpoint and the tensors it consumes;
 `dequantize` gives its weight as nn.Linear holds it ([N, K], float32, exact: every format's
@@ -35,8 +36,9 @@ from dataclasses import dataclass
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
-from batonlm.model_runner.quantization import bnb4
+from batonlm.model_runner.quantization import bnb
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
+from batonlm.model_runner.quantization.int_weights import IntWeights
 
 # AWQ's interleave: value j of a packed word is column _AWQ_ORDER[j] of its group of 8.
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -76,11 +78,15 @@ def _with_activation_params(names: set[str], prefix: str, members: list[str]) ->
 def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: QuantConfig) -> QuantizedLinear | None:
     p = f"{prefix}."
     if quant.method == "bitsandbytes":
-        state = bnb4.state_name(names, prefix) if leaf == "weight" else None
+        state = bnb.state_name(names, prefix) if leaf == "weight" else None
         if state is None:
-            return None
-        n, k = (int(v) for v in bnb4.quant_state(ckpt, state)["shape"])
-        return QuantizedLinear(prefix, "bnb4", bnb4.members(names, prefix, state), (n, k))
+            eight = bnb.int8_members(names, prefix) if leaf == "weight" else None
+            if eight is None:
+                return None
+            rows, cols = ckpt.shape(f"{prefix}.weight")
+            return QuantizedLinear(prefix, "bnb8", eight, (rows, cols))
+        n, k = (int(v) for v in bnb.quant_state(ckpt, state)["shape"])
+        return QuantizedLinear(prefix, "bnb4", bnb.members(names, prefix, state), (n, k))
     if quant.method in ("gptq", "awq") and leaf == "qweight":
         members = [p + "qweight", p + "qzeros", p + "scales"] + ([p + "g_idx"] if p + "g_idx" in names else [])
         absent = [m for m in members if m not in names]
@@ -126,36 +132,6 @@ def _scaled(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch
     return w * _expand(ckpt.get(scale_name).to(torch.float32), n, k, quant, scale_name)
 
 
-@dataclass(frozen=True)
-class IntWeights:
-    """An integer format's layer unpacked: values q [K, N] and zeros [G, N] (unsigned, on the
-    same offset), scales [G, N] float32, each input row's group [K]. W^T = (q - zero) * scale;
-    with a `codebook` (bitsandbytes 4-bit, float32 [2^bits]; zeros unused, 0)
-    W^T = codebook[q] * scale."""
-
-    q: torch.Tensor
-    zeros: torch.Tensor
-    scales: torch.Tensor
-    groups: torch.Tensor
-    bits: int
-    codebook: torch.Tensor | None = None
-
-    def dense(self) -> torch.Tensor:
-        """W [N, K] float32 (exact: a small integer times a half-precision scale; with a codebook
-        one float32 product, as bitsandbytes dequantizes)."""
-        if self.codebook is not None:
-            return (self.codebook[self.q.long()] * self.scales[self.groups]).t().contiguous()
-        return ((self.q - self.zeros[self.groups]).to(torch.float32) * self.scales[self.groups]).t().contiguous()
-
-    @property
-    def group_size(self) -> int | None:
-        """Rows per group when the groups are consecutive rows (row // size), else None
-        (activation order: a permutation)."""
-        k, num_groups = self.q.shape[0], self.scales.shape[0]
-        size = -(-k // num_groups)
-        return size if torch.equal(self.groups, torch.arange(k) // size) else None
-
-
 def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tuple[int, int | None, int]:
     """A GPTQ, AWQ, compressed-tensors packed or bitsandbytes 4-bit layer's (bits, group size in
     rows: -1 for one group, None for activation-ordered groups (or bitsandbytes blocks that cross
@@ -173,7 +149,7 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
         groups = _group_index(ckpt, p + "weight_g_idx", lin, k, num_groups, size)
         return 8, size if torch.equal(groups, torch.arange(k) // size) else None, num_groups
     if lin.storage == "bnb4":  # a row's blocks are its groups where it holds whole ones (no g_idx: else dequantized)
-        size = bnb4.blocksize(ckpt, lin.members[1])
+        size = bnb.blocksize(ckpt, lin.members[1])
         if k % size:
             return 4, None, 0
         return (4, -1, 1) if size == k else (4, size, k // size)
@@ -291,17 +267,7 @@ def _int8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeig
 
 
 def _bnb4_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
-    """bitsandbytes 4-bit whose rows hold whole blocks: block b of row n is group b % (K / size)
-    of output column n; the codes unsigned, the codebook the checkpoint's `quant_map`."""
-    w = bnb4.read(ckpt, lin.prefix, lin.members[1])
-    n, k = lin.shape
-    if k % w.blocksize:
-        raise QuantizationError(f"{lin.prefix}: blocks of {w.blocksize} cross its rows of {k} input features; it "
-                                "is read dequantized")
-    groups = k // w.blocksize
-    scales = w.absmax[: n * groups].reshape(n, groups).t().contiguous()
-    zeros = torch.zeros(groups, n, dtype=torch.int32)
-    return IntWeights(w.codes.t().contiguous(), zeros, scales, torch.arange(k) // w.blocksize, 4, w.codebook)
+    return bnb.int4_weights(ckpt, lin.prefix, lin.members[1])
 
 
 def codebook_of(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor | None:
@@ -322,11 +288,15 @@ def _int_scaled(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> t
 
 
 def _bnb4(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
-    return bnb4.dequantize(ckpt, lin.prefix, lin.members[1])
+    return bnb.dequantize(ckpt, lin.prefix, lin.members[1])
+
+
+def _bnb8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
+    return bnb.dequantize_int8(ckpt, lin.prefix, lin.members)
 
 
 _DEQUANTIZE = {"fp8": _scaled, "int": _int_scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense,
-               "bnb4": _bnb4}
+               "bnb4": _bnb4, "bnb8": _bnb8}
 
 
 def unpack_words(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

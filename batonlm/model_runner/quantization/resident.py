@@ -1,6 +1,6 @@
 """Quantized weights kept quantized on the device (CUDA by default, W8A8 everywhere): each
 decoder projection whose checkpoint layers are all FP8, all int8 per channel with int8
-activations (W8A8-int8), or all 4- or 8-bit with consecutive groups (bitsandbytes 4-bit with
+activations (W8A8-int8), all bitsandbytes 8-bit (LLM.int8: `LlmInt8Linear`), or all 4- or 8-bit with consecutive groups (bitsandbytes 4-bit with
 its codebook too), becomes an `Fp8Linear` /
 `Int8Linear` / `PackedIntLinear` (quantization/linear.py) before the model's memory is allocated, and
 is filled here from the checkpoint's own integers and scales: never through a float copy.
@@ -30,17 +30,18 @@ from batonlm.kernels.quant import pack_int4
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.parallel_layers import RowParallelLinear
+from batonlm.model_runner.quantization.bnb import int8_weight
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import (
-    IntWeights,
     QuantizedLinear,
     codebook_of,
     group_index_name,
     int_layout,
     int_weights,
 )
-from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, PackedIntLinear
+from batonlm.model_runner.quantization.int_weights import IntWeights
+from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, LlmInt8Linear, PackedIntLinear
 from batonlm.model_runner.weight_loader import Target
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def make_resident(
             continue
         n, k = weight.shape
         storages = {lin.storage for lin, _ in sources}
-        layer: Fp8Linear | Int8Linear | PackedIntLinear
+        layer: Fp8Linear | Int8Linear | LlmInt8Linear | PackedIntLinear
         static = any(static_scale(lin) for lin, _ in sources)
         if storages == {"fp8"}:
             block = quant.block
@@ -98,6 +99,9 @@ def make_resident(
         elif storages == {"int"} and quant.act_quant == "int8" and all(int8_per_channel(ckpt, lin) for lin, _ in sources):
             with torch.device("meta"):
                 layer = Int8Linear(n, k, static, bias=False, asym=not quant.act_symmetric)
+        elif storages == {"bnb8"}:  # bitsandbytes 8-bit: LLM.int8
+            with torch.device("meta"):
+                layer = LlmInt8Linear(n, k, quant.llm_int8_threshold, bias=False)
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
@@ -202,7 +206,7 @@ def _check_fp8_slice(module_name: str, lin: QuantizedLinear, t: Target, block: t
                                 "them into whole blocks is needed")
 
 
-def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int8Linear | PackedIntLinear,
+def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int8Linear | LlmInt8Linear | PackedIntLinear,
           dtype: torch.dtype) -> None:
     if isinstance(old, RowParallelLinear):  # its bias stays, added once after the ranks' sum
         del old.weight
@@ -217,6 +221,8 @@ def _swap(model: nn.Module, name: str, old: nn.Module, new: Fp8Linear | Int8Line
 def _fill_of(layer: nn.Module, storages: set[str]) -> Fill:
     if isinstance(layer, Fp8Linear):
         return _load_online_fp8 if storages == {"online"} else _load_fp8
+    if isinstance(layer, LlmInt8Linear):
+        return _load_llm_int8
     return _load_int8 if isinstance(layer, Int8Linear) else _load_int4
 
 
@@ -268,12 +274,18 @@ def _load_int8(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Ta
         _load_input_scale(module, ckpt, lin, t)
 
 
+def _load_llm_int8(module: LlmInt8Linear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig,
+                   ) -> None:
+    _fill_channel_scaled(module, *int8_weight(ckpt, lin.prefix, lin.members), t)
+
+
 def channel_scales(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor:
     """A layer's weight scale, per channel or per tensor, as one float32 per output row [N]."""
     return ckpt.get(lin.members[1]).to(torch.float32).reshape(-1).expand(lin.shape[0])
 
 
-def _fill_channel_scaled(module: Fp8Linear | Int8Linear, codes: torch.Tensor, scale: torch.Tensor, t: Target) -> None:
+def _fill_channel_scaled(module: Fp8Linear | Int8Linear | LlmInt8Linear, codes: torch.Tensor, scale: torch.Tensor,
+                         t: Target) -> None:
     """This rank's part of a layer with one scale per output row (codes [N, K], scale [N]): its
     rows at the target's offset with their scales, or its columns with every scale."""
     rows = slice(t.offset, t.offset + t.count) if t.dim == 0 else slice(None)

@@ -182,10 +182,11 @@ def make_gptqmodel(names: list[str]) -> None:
         print(name, "->", out)
 
 
-# bitsandbytes fixtures: name -> BitsAndBytesConfig 4-bit arguments (transformers quantizes on load)
+# bitsandbytes fixtures: name -> BitsAndBytesConfig arguments (transformers quantizes on load)
 BNB_FIXTURES = {
-    "bnb-nf4": dict(bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True),
-    "bnb-fp4": dict(bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=False),
+    "bnb-nf4": dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True),
+    "bnb-fp4": dict(load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=False),
+    "bnb-int8": dict(load_in_8bit=True),  # LLM.int8: int8 weights, a scale (SCB) per output row
 }
 
 
@@ -193,7 +194,7 @@ def make_bitsandbytes(names: list[str]) -> None:
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     for name in names:
-        cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32, **BNB_FIXTURES[name])
+        cfg = BitsAndBytesConfig(bnb_4bit_compute_dtype=torch.float32, **BNB_FIXTURES[name])
         model = AutoModelForCausalLM.from_pretrained(SOURCE, quantization_config=cfg, dtype=torch.float32,
                                                      device_map="cpu")
         out = HERE / name

@@ -116,6 +116,9 @@ def dequantized_state(d: Path) -> dict[str, torch.Tensor]:
                 parts = {n.removeprefix(w + "."): v for n, v in t.items() if n.startswith(w + ".")}
                 state = bnbf.QuantState.from_dict(parts, device=torch.device("cpu"))
                 deq[w] = bnbf.dequantize_4bit(t[w], state).float()
+            elif k.endswith(".SCB"):  # 8-bit (LLM.int8): int8 rows and their scales
+                w = k.removesuffix(".SCB") + ".weight"
+                deq[w] = bnbf.int8_vectorwise_dequant(t[w], t[k]).float()
     elif method == "awq":
         deq = {}
         for k in t:
@@ -318,7 +321,8 @@ def main() -> None:
             tensors = {"input_ids": ids.clone(), "logits": hf_logits.contiguous(), "greedy_ids": hf_greedy.clone()}
             if json.loads((d / "config.json").read_text()).get("quantization_config", {}).get("quant_method") == "bitsandbytes":
                 # transformers' CPU 4-bit matmul is not the dequantized weights' product (0.03 off
-                # per layer here): keep the logits of the weights bitsandbytes dequantizes too.
+                # per layer here), nor is its 8-bit one (LLM.int8: int8 activations, outlier
+                # columns in float16): keep the logits of the weights bitsandbytes dequantizes too.
                 tensors["dequantized_logits"] = ref_logits.contiguous()
             save_file(tensors, str(d / "reference.safetensors"), metadata=meta)
 

@@ -1,6 +1,7 @@
-"""bitsandbytes 4-bit checkpoints (transformers' `BitsAndBytesConfig(load_in_4bit=True)` saved,
-e.g. the many `*-bnb-4bit` repositories): each quantized linear layer stored under its module
-name as
+"""bitsandbytes checkpoints (transformers' `BitsAndBytesConfig` saved).
+
+4-bit (`load_in_4bit=True`, e.g. the many `*-bnb-4bit` repositories): each quantized linear layer
+stored under its module name as
 
 - `weight`: uint8 [N * K / 2, 1], two 4-bit codes a byte over the weight [N, K] flattened row by
   row, the even element in the high nibble;
@@ -16,6 +17,11 @@ W = quant_map[code] * absmax[element // blocksize], in float32 (bitsandbytes'
 blocks (K a multiple of blocksize, as in every model's projections), a block is a group of
 `blocksize` input features of one output row: the packed int layout with a codebook
 (`formats.int_weights`), kept packed where integer formats are (CUDA); else dequantized on load.
+
+8-bit (`load_in_8bit=True`, LLM.int8): `weight` int8 [N, K], `SCB` float32 [N] (each row's
+absmax: W = weight * SCB / 127), `weight_format` (0: rows as they are; bitsandbytes' tiled GPU
+layouts are converted back before saving). Its layers quantize their activations too, with
+outlier columns in float (`kernels/llm_int8.py`: `LlmInt8Linear`), on every device.
 """
 
 from __future__ import annotations
@@ -26,10 +32,13 @@ from typing import Any
 
 import torch
 
+from batonlm.kernels.llm_int8 import OUTLIER_SCALE
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.quantization.config import QuantizationError
+from batonlm.model_runner.quantization.int_weights import IntWeights
 
 STATE_SUFFIXES = ("quant_state.bitsandbytes__nf4", "quant_state.bitsandbytes__fp4")
+ROW_SCALE = "SCB"  # an 8-bit layer's row scales, beside its `weight`
 _PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 
 
@@ -83,6 +92,21 @@ def read(ckpt: Checkpoint, prefix: str, state: str) -> Bnb4Weights:
                        int(qs["blocksize"]))
 
 
+def int4_weights(ckpt: Checkpoint, prefix: str, state: str) -> IntWeights:
+    """A 4-bit layer whose rows hold whole blocks as the packed int layout's values: block b of
+    row n is group b % (K / blocksize) of output column n; the codes unsigned, no zeros, the
+    codebook the checkpoint's `quant_map`."""
+    w = read(ckpt, prefix, state)
+    n, k = w.codes.shape
+    if k % w.blocksize:
+        raise QuantizationError(f"{prefix}: blocks of {w.blocksize} cross its rows of {k} input features; it is "
+                                "read dequantized")
+    groups = k // w.blocksize
+    scales = w.absmax[: n * groups].reshape(n, groups).t().contiguous()
+    zeros = torch.zeros(groups, n, dtype=torch.int32)
+    return IntWeights(w.codes.t().contiguous(), zeros, scales, torch.arange(k) // w.blocksize, 4, w.codebook)
+
+
 def blocksize(ckpt: Checkpoint, state: str) -> int:
     return int(quant_state(ckpt, state)["blocksize"])
 
@@ -93,3 +117,29 @@ def dequantize(ckpt: Checkpoint, prefix: str, state: str) -> torch.Tensor:
     n, k = w.codes.shape
     scales = w.absmax.repeat_interleave(w.blocksize)[: n * k].reshape(n, k)
     return w.codebook[w.codes] * scales
+
+
+def int8_members(names: set[str], prefix: str) -> tuple[str, ...] | None:
+    """An 8-bit layer's tensors (weight, SCB, weight_format where saved), or None: not one."""
+    if f"{prefix}.{ROW_SCALE}" not in names:
+        return None
+    return tuple(m for m in (f"{prefix}.weight", f"{prefix}.{ROW_SCALE}", f"{prefix}.weight_format") if m in names)
+
+
+def int8_weight(ckpt: Checkpoint, prefix: str, members: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An 8-bit layer's codes int8 [N, K] and row scales float32 [N] (its rows as saved: format 0)."""
+    fmt = f"{prefix}.weight_format"
+    if fmt in members and int(ckpt.get(fmt).reshape(-1)[0]) != 0:
+        raise QuantizationError(f"{fmt} is {int(ckpt.get(fmt).reshape(-1)[0])}: bitsandbytes' tiled GPU layouts are "
+                                "not read (transformers saves rows, format 0)")
+    w, scb = ckpt.get(f"{prefix}.weight"), ckpt.get(f"{prefix}.{ROW_SCALE}").to(torch.float32).reshape(-1)
+    if w.dtype != torch.int8 or w.dim() != 2 or scb.shape != (w.shape[0],):
+        raise QuantizationError(f"{prefix}: an 8-bit layer is an int8 [N, K] weight with N float32 SCB; got "
+                                f"{w.dtype} {list(w.shape)} and {list(scb.shape)}")
+    return w, scb
+
+
+def dequantize_int8(ckpt: Checkpoint, prefix: str, members: tuple[str, ...]) -> torch.Tensor:
+    """W [N, K] float32 = weight * SCB * (1 / 127 in float32), bitsandbytes' own order."""
+    w, scb = int8_weight(ckpt, prefix, members)
+    return w * scb[:, None] * OUTLIER_SCALE

@@ -1,0 +1,39 @@
+"""An integer format's layer unpacked (GPTQ, AWQ, compressed-tensors, unpacked int8, bitsandbytes
+4-bit): what `formats.int_weights` reads and `resident.fill_int4` repacks into the one packed
+layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class IntWeights:
+    """An integer format's layer unpacked: values q [K, N] and zeros [G, N] (unsigned, on the
+    same offset), scales [G, N] float32, each input row's group [K]. W^T = (q - zero) * scale;
+    with a `codebook` (bitsandbytes 4-bit, float32 [2^bits]; zeros unused, 0)
+    W^T = codebook[q] * scale."""
+
+    q: torch.Tensor
+    zeros: torch.Tensor
+    scales: torch.Tensor
+    groups: torch.Tensor
+    bits: int
+    codebook: torch.Tensor | None = None
+
+    def dense(self) -> torch.Tensor:
+        """W [N, K] float32 (exact: a small integer times a half-precision scale; with a codebook
+        one float32 product, as bitsandbytes dequantizes)."""
+        if self.codebook is not None:
+            return (self.codebook[self.q.long()] * self.scales[self.groups]).t().contiguous()
+        return ((self.q - self.zeros[self.groups]).to(torch.float32) * self.scales[self.groups]).t().contiguous()
+
+    @property
+    def group_size(self) -> int | None:
+        """Rows per group when the groups are consecutive rows (row // size), else None
+        (activation order: a permutation)."""
+        k, num_groups = self.q.shape[0], self.scales.shape[0]
+        size = -(-k // num_groups)
+        return size if torch.equal(self.groups, torch.arange(k) // size) else None
