@@ -3,21 +3,23 @@
 Part 1, one projection (K -> N) at M rows, median of `--rounds` (the ways alternating in each
 round): the float matmul (what a checkpoint dequantized on load runs: batonlm's CPU choice for
 weight-only formats), the int4 dequant-GEMM (and with bitsandbytes' NF4 codebook, blocks of
-64), the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`;
-the torch references on the CPU, which dequantize every call; Triton on CUDA) and the W8A8 int8
-GEMM with its per-token activation quantization (`batonlm/kernels/int8.py`: on the CPU oneDNN's
-int8 GEMM through `torch._int_mm`; Triton on CUDA). The CPU's choice for weight-only formats is
-this table: a dequantize per call costs more than the float matmul it feeds.
+64), the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`; the torch references on the CPU, which
+dequantize every call; Triton on CUDA), the W8A8 int8 GEMM with its per-token activation
+quantization (`batonlm/kernels/int8.py`: on the CPU oneDNN's int8 GEMM through `torch._int_mm`;
+Triton on CUDA) and bitsandbytes' LLM.int8 (`batonlm/kernels/llm_int8.py`: int8 rows, outlier
+columns in float). The CPU's choice for weight-only formats is this table: a dequantize per call
+costs more than the float matmul it feeds.
 
 Part 2, a random model (`--shape`: Llamas, or `qwen3-moe`, a small Qwen3-MoE whose experts stay
 quantized where its projections do) written as float, W8A8 FP8 in 128x128 blocks (transformers'
 FineGrainedFP8 format), W8A8 int8 (llm-compressor's format, tests/quant_w8a8.py), GPTQ int4
-(group 128), bitsandbytes NF4 (blocks of 64, tests/quant_bnb4.py) and served by `batonlm.Engine` (overlap loop; eager step unless `--compile on`), plus
-`--quantization fp8` on the float checkpoint, and AutoFP8's static FP8 (per-tensor weights and
-input scales, tests/quant_w8a8.py: Mixtral-8x7B-FP8's format): start-up seconds, checkpoint MB, and output tok/s
-of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill included), median of
+(group 128), bitsandbytes NF4 (blocks of 64) and 8-bit LLM.int8 (tests/quant_bnb.py), served by
+`batonlm.Engine` (overlap loop; eager step unless `--compile on`), plus `--quantization fp8` on
+the float checkpoint, and AutoFP8's static FP8 (per-tensor weights and input scales,
+tests/quant_w8a8.py: Mixtral-8x7B-FP8's format): start-up seconds, checkpoint MB, and output
+tok/s of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill included), median of
 `--rounds`. On CUDA the quantized variants run on the kernels (the weights stay quantized); on
-the CPU int4, NF4 and online FP8 run dequantized and W8A8 on the torch references.
+the CPU int4, NF4 and online FP8 run dequantized, W8A8 and LLM.int8 on the torch references.
 
     python benchmarks/quantization.py [--batch 1 16 64] [--compile on] [--json out.json]
     python benchmarks/quantization.py --device cuda --dtype bfloat16 [--shape llama3-8b --layers 8]
@@ -42,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests check against the tools
 from models import stream_tok_s, table  # noqa: E402
-from quant_bnb4 import NF4, write_bnb4_checkpoint  # noqa: E402
+from quant_bnb import NF4, write_bnb4_checkpoint, write_int8_checkpoint  # noqa: E402
 from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
 from quant_w8a8 import write_static_checkpoint, write_w8a8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
@@ -53,6 +55,7 @@ from batonlm.kernels.int8 import (  # noqa: E402
     per_token_quant_int8_asym,
     weight_sums,
 )
+from batonlm.kernels.llm_int8 import llm_int8_matmul, llm_int8_quant  # noqa: E402
 from batonlm.kernels.quant import (  # noqa: E402
     fp8_block_matmul,
     int4_dequant_matmul,
@@ -86,6 +89,7 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
     w_i8 = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).to(device)
     w_i8_scale = (torch.rand(n, generator=g) / 100).to(device)
     w_i8_sum = weight_sums(w_i8)
+    w_i8_f = w_i8.float() if device == "cpu" else None  # LlmInt8Linear's CPU operand for the outlier columns
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for m in ms:
@@ -103,10 +107,13 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
             x_q, x_s, x_z = per_token_quant_int8_asym(x)
             return int8_scaled_matmul(x_q, x_s, w_i8, w_i8_scale, x.dtype, x_zero=x_z, w_sum=w_i8_sum)
 
+        def llm_int8(x=x):  # bitsandbytes 8-bit: int8 rows with outlier columns (here none: |x| < 6 mostly)
+            return llm_int8_matmul(x, *llm_int8_quant(x, 6.0), w_i8, w_i8_scale, None, w_i8_f)
+
         ways = {"float": lambda x=x: F.linear(x, w), "int4 dequant-GEMM": lambda x=x: int4_dequant_matmul(
             x, qweight, scales, zeros, 128), "nf4 codebook GEMM": lambda x=x: int4_dequant_matmul(
             x, qweight, absmax, None, 64, codebook=nf4), "fp8 W8A8 block": fp8, "int8 W8A8": int8,
-            "int8 W8A8 asym": int8_asym}
+            "int8 W8A8 asym": int8_asym, "LLM.int8": llm_int8}
         times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(rounds):
             for name, fn in ways.items():
@@ -136,11 +143,13 @@ def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
     write_gptq_checkpoint(src, gptq, bits=4, group_size=128, sym=True)
     write_static_checkpoint(src, static, "autofp8")
     write_bnb4_checkpoint(src, out / "bnb-nf4")
+    write_int8_checkpoint(src, out / "bnb-int8")
     return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
             "int8 W8A8 asym": (str(out / "w8a8-int8-asym"), {}),
             "fp8 static (AutoFP8)": (str(static), {}),
             "gptq int4 g128": (str(gptq), {}),
             "bnb nf4 (bitsandbytes)": (str(out / "bnb-nf4"), {}),
+            "bnb int8 (LLM.int8)": (str(out / "bnb-int8"), {}),
             "fp8 online (per channel)": (src, {"quantization": "fp8"})}
 
 

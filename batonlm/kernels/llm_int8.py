@@ -19,7 +19,9 @@ Activations x [M, K] (any float dtype), as bitsandbytes' `MatMul8bitLt` computes
   those columns by W = fl(fl(w_q * scb) * C2) instead of scaling their sum: the two differ by
   float32 rounding (a few units of 2^-24 of sum |x| |W|). In a half-precision model
   bitsandbytes rounds the integer part to that precision before adding the outliers' product
-  (computed there too); here both are float32 until the one rounding of y.
+  (computed there too); here both are float32 until the one rounding of y. The reference gathers
+  the outlier columns (their indices on the host); the Triton kernel multiplies the masked
+  activations (no host synchronisation).
 """
 
 from __future__ import annotations
@@ -93,14 +95,31 @@ def llm_int8_matmul_reference(x: torch.Tensor, x_q: torch.Tensor, rs: torch.Tens
                               w_q: torch.Tensor, scb: torch.Tensor, bias: torch.Tensor | None = None,
                               w_f: torch.Tensor | None = None) -> torch.Tensor:
     """`w_f`: the codes in float32 (w_q.float(), which a CPU layer keeps from load), else
-    converted here."""
+    converted here (the outlier columns' only)."""
     _check_matmul(x, x_q, rs, cols, w_q, scb, bias)
     y = int_product(x_q, w_q).float() * (rs[:, None] * scb[None, :]) * INT_SCALE
     if bias is not None:
         y = y + bias.float()
-    codes = w_q.float() if w_f is None else w_f
-    y = y + ((x.float() * cols) @ codes.T) * scb * OUTLIER_SCALE
-    return y.to(x.dtype)
+    return (y + _outlier_product(x, cols, w_q, w_f, scb)).to(x.dtype)
+
+
+@torch.library.custom_op("batonlm::llm_int8_outliers", mutates_args=())
+def _outlier_product(x: torch.Tensor, cols: torch.Tensor, w_q: torch.Tensor, w_f: torch.Tensor | None,
+                     scb: torch.Tensor) -> torch.Tensor:
+    """float32 [M, N]: the outlier columns of x times those of W, only those columns gathered
+    (their indices read on the host). One opaque op, so a compiled graph calls it as it is rather
+    than multiplying every column of masked activations (its shapes fixed by the batch alone)."""
+    idx = cols.nonzero().flatten()
+    if not idx.numel():
+        return x.new_zeros((x.shape[0], w_q.shape[0]), dtype=torch.float32)
+    codes = w_q[:, idx].float() if w_f is None else w_f[:, idx]
+    return (x[:, idx].float() @ codes.T) * scb * OUTLIER_SCALE
+
+
+@_outlier_product.register_fake
+def _(x: torch.Tensor, cols: torch.Tensor, w_q: torch.Tensor, w_f: torch.Tensor | None,
+      scb: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w_q.shape[0]), dtype=torch.float32)
 
 
 def llm_int8_matmul(x: torch.Tensor, x_q: torch.Tensor, rs: torch.Tensor, cols: torch.Tensor, w_q: torch.Tensor,

@@ -97,15 +97,24 @@ def _truth(x, x_q, rs, cols, w_q, scb, bias):
     return y, mag
 
 
-@pytest.mark.parametrize("use_triton", IMPLS)
+def _traced(*args):
+    """The reference as a compiled graph runs it (the outlier columns' product one opaque op)."""
+    return torch.compile(lambda *a: llm_int8_matmul(*a, use_triton=False), backend="eager", fullgraph=True)(*args)
+
+
+@pytest.mark.parametrize("use_triton", [*IMPLS, pytest.param("traced", id="traced")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k,outliers", [(1, 48, 64, 2), (7, 40, 200, 5), (33, 130, 96, 0), (17, 64, 130, 9)])
 def test_matmul_equals_float64(use_triton, dtype, m, n, k, outliers):
+    """The reference (the outlier columns gathered), traced, and the Triton kernel (masked)."""
     x = _activations(m, k, seed=m * n, outliers=outliers, dtype=dtype)
     w_q, scb = _weights(n, k, seed=k)
     bias = torch.randn(n).to(dtype) if m == 7 else None
     x_q, rs, cols = llm_int8_quant(x, 6.0)
-    got = llm_int8_matmul(x, x_q, rs, cols, w_q, scb, bias, use_triton=use_triton)
+    if use_triton == "traced":
+        got = _traced(x, x_q, rs, cols, w_q, scb, bias)
+    else:
+        got = llm_int8_matmul(x, x_q, rs, cols, w_q, scb, bias, use_triton=use_triton)
     assert got.dtype == dtype and got.shape == (m, n)
     want, mag = _truth(x, x_q, rs, cols, w_q, scb, bias)
     bound = mag + torch.finfo(dtype).eps * want.abs() + 1e-30

@@ -215,12 +215,12 @@ def test_the_w8a8_writer_is_llm_compressors_bytes(tmp_path, kind, fixture):
 
 
 def test_the_nf4_writer_is_bitsandbytes_codes_and_scales(tmp_path):
-    """tests/quant_bnb4.py on the fixtures' source model: bitsandbytes' own NF4 codes (the
+    """tests/quant_bnb.py on the fixtures' source model: bitsandbytes' own NF4 codes (the
     `bnb-nf4` fixture, written by transformers + bitsandbytes; its scales are double-quantized
     after the codes are chosen) byte for byte, and its float32 scales (those of `bnb-fp4`, which
     keeps them: a block's absmax does not depend on the table), the NF4 table bitsandbytes
     stores, and a config loading as bitsandbytes 4-bit."""
-    from quant_bnb4 import NF4, write_bnb4_checkpoint
+    from quant_bnb import NF4, write_bnb4_checkpoint
 
     from batonlm.model_runner.model_config import ModelConfig
 
@@ -236,3 +236,19 @@ def test_the_nf4_writer_is_bitsandbytes_codes_and_scales(tmp_path):
     assert torch.equal(torch.tensor(NF4), nf4["model.layers.0.mlp.down_proj.weight.quant_map"])
     quant = ModelConfig.from_hf(out).quantization
     assert quant is not None and quant.method == "bitsandbytes"
+
+
+def test_the_8_bit_writer_is_bitsandbytes_bytes(tmp_path):
+    """tests/quant_bnb.py's LLM.int8 writer on the fixtures' source model: the `bnb-int8` fixture
+    (transformers + bitsandbytes) tensor for tensor, and a config loading the same."""
+    from quant_bnb import write_int8_checkpoint
+
+    from batonlm.model_runner.model_config import ModelConfig
+
+    out = tmp_path / "int8"
+    deq = write_int8_checkpoint(FIXTURES / "fp32-source", out)
+    ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(FIXTURES / "bnb-int8" / "model.safetensors"))
+    assert ours.keys() == theirs.keys() and len(deq) == 14
+    for name, t in theirs.items():
+        assert ours[name].dtype == t.dtype and torch.equal(ours[name], t), name
+    assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(FIXTURES / "bnb-int8").quantization

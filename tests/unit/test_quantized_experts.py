@@ -302,7 +302,7 @@ def test_bitsandbytes_4_bit_experts_are_the_dequantized_experts(family: str, tin
     activations the dequantized experts' outputs bit for bit, eager and traced; two ranks (one
     whole block of 32 each of a Qwen3-MoE expert's 64 features) sum to one."""
     from helpers import build_tiny_model
-    from quant_bnb4 import write_bnb4_checkpoint
+    from quant_bnb import write_bnb4_checkpoint
 
     from batonlm.kernels.moe import fused_moe_grouped, fused_moe_reference
     from batonlm.model_runner.moe import Int4Experts

@@ -1,14 +1,19 @@
-"""Write a bitsandbytes 4-bit NF4 checkpoint (what transformers' `BitsAndBytesConfig(load_in_4bit=True,
-bnb_4bit_quant_type="nf4")` saves, without double quantization) from a float checkpoint, for
-benchmarks at sizes the fixtures do not have (bitsandbytes need not be installed).
+"""Write bitsandbytes checkpoints from a float checkpoint, for tests and benchmarks at shapes the
+fixtures do not have (bitsandbytes need not be installed): 4-bit NF4 (what transformers'
+`BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")` saves, without double
+quantization) and 8-bit (`load_in_8bit=True`, LLM.int8).
 
-Format (batonlm/model_runner/quantization/bnb4.py reads it): every decoder linear's weight [N, K]
+NF4 (batonlm/model_runner/quantization/bnb.py reads it): every decoder linear's weight [N, K]
 flattened row by row, cut into blocks of `blocksize` elements; a block's scale is its largest
 |w| (`absmax`, float32); each element is w times the reciprocal of that scale (float32, clamped
 to [-1, 1]), coded as the NF4 value nearest it (a value on the midpoint of two takes the lower);
 two codes a byte, the even element in the high nibble. Checked against bitsandbytes' own
 checkpoint of the same weights (the `bnb-nf4` / `bnb-fp4` fixtures: the same codes and scales,
 tests/unit/test_quant_formats.py).
+
+8-bit: every decoder linear's weight taken in float16; `SCB` (float32 [N]) its rows' largest |w|;
+`weight` int8 [N, K] = w * (127 * (1 / SCB)) (the reciprocal and the products rounded to
+float32) rounded half to even; `weight_format` 0 (rows). The `bnb-int8` fixture's bytes.
 """
 
 from __future__ import annotations
@@ -66,5 +71,32 @@ def write_bnb4_checkpoint(src_dir: str | Path, out_dir: str | Path, blocksize: i
     qconfig = {"quant_method": "bitsandbytes", "load_in_4bit": True, "_load_in_4bit": True, "load_in_8bit": False,
                "_load_in_8bit": False, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False,
                "bnb_4bit_quant_storage": "uint8", "bnb_4bit_compute_dtype": "float32"}
+    _finish(src, out, config, qconfig, result, str(next(iter(tensors.values())).dtype).removeprefix("torch."))
+    return deq
+
+
+def write_int8_checkpoint(src_dir: str | Path, out_dir: str | Path, threshold: float = 6.0,
+                          linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
+    """The 8-bit (LLM.int8) checkpoint of `src_dir`'s float weights; returns the dequantized
+    float32 weights (weight * SCB * (1 / 127 in float32), bitsandbytes' own order)."""
+    src, out = Path(src_dir), Path(out_dir)
+    config, tensors = load_float_checkpoint(src)
+    result: dict[str, torch.Tensor] = {}
+    deq: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        if not is_quantized_linear(name, linears):
+            result[name] = w
+            continue
+        w16 = w.to(torch.float16).float()
+        scb = w16.abs().amax(dim=1)
+        codes = torch.round(w16 * (scb.reciprocal() * 127.0)[:, None]).to(torch.int8)
+        prefix = name.removesuffix(".weight")
+        result[name] = codes
+        result[prefix + ".SCB"] = scb
+        result[prefix + ".weight_format"] = torch.tensor(0, dtype=torch.uint8)
+        deq[name] = codes * scb[:, None] * torch.tensor(1 / 127, dtype=torch.float32)
+    qconfig = {"quant_method": "bitsandbytes", "load_in_8bit": True, "_load_in_8bit": True, "load_in_4bit": False,
+               "_load_in_4bit": False, "llm_int8_threshold": threshold, "llm_int8_has_fp16_weight": False,
+               "llm_int8_skip_modules": None, "llm_int8_enable_fp32_cpu_offload": False}
     _finish(src, out, config, qconfig, result, str(next(iter(tensors.values())).dtype).removeprefix("torch."))
     return deq
