@@ -19,6 +19,7 @@ float32) rounded half to even; `weight_format` 0 (rows). The `bnb-int8` fixture'
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,59 +45,64 @@ def nf4_quantize(w: torch.Tensor, blocksize: int = 64) -> tuple[torch.Tensor, to
     return codes.to(torch.uint8), absmax
 
 
+def _write(src_dir: str | Path, out_dir: str | Path, linears: tuple[str, ...], qconfig: dict,
+           quantize: Callable[[str, torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor]],
+           ) -> dict[str, torch.Tensor]:
+    """`src_dir`'s checkpoint with each projection named in `linears` replaced by the tensors
+    `quantize(name, w)` stores for it, the rest as they are, under `qconfig`; returns the
+    dequantized float32 weights `quantize` gives beside them."""
+    src = Path(src_dir)
+    config, tensors = load_float_checkpoint(src)
+    result: dict[str, torch.Tensor] = {}
+    deq: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        if is_quantized_linear(name, linears):
+            stored, deq[name] = quantize(name, w)
+            result.update(stored)
+        else:
+            result[name] = w
+    _finish(src, Path(out_dir), config, qconfig, result, str(next(iter(tensors.values())).dtype).removeprefix("torch."))
+    return deq
+
+
 def write_bnb4_checkpoint(src_dir: str | Path, out_dir: str | Path, blocksize: int = 64,
                           linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
     """The NF4 checkpoint of `src_dir`'s float weights (the projections named in `linears`: a
     MoE's experts too where they are listed); returns the dequantized float32 weights
     (NF4[code] * absmax, one float32 product, as bitsandbytes dequantizes)."""
-    src, out = Path(src_dir), Path(out_dir)
-    config, tensors = load_float_checkpoint(src)
     table = torch.tensor(NF4, dtype=torch.float32)
-    result: dict[str, torch.Tensor] = {}
-    deq: dict[str, torch.Tensor] = {}
-    for name, w in tensors.items():
-        if not is_quantized_linear(name, linears):
-            result[name] = w
-            continue
+
+    def quantize(name: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         n, k = w.shape
         codes, absmax = nf4_quantize(w, blocksize)
         even = torch.nn.functional.pad(codes, (0, codes.numel() % 2))
-        result[name] = ((even[0::2] << 4) | even[1::2]).unsqueeze(1)
-        result[name + ".absmax"] = absmax
-        result[name + ".quant_map"] = table.clone()  # (safetensors refuses shared storage)
         state = {"quant_type": "nf4", "blocksize": blocksize, "dtype": "float32", "shape": [n, k]}
-        result[name + ".quant_state.bitsandbytes__nf4"] = torch.tensor(list(json.dumps(state).encode()),
-                                                                       dtype=torch.uint8)
-        deq[name] = (table[codes.long()] * absmax.repeat_interleave(blocksize)[: n * k]).view(n, k)
+        stored = {name: ((even[0::2] << 4) | even[1::2]).unsqueeze(1), name + ".absmax": absmax,
+                  name + ".quant_map": table.clone(),  # (safetensors refuses shared storage)
+                  name + ".quant_state.bitsandbytes__nf4": torch.tensor(list(json.dumps(state).encode()),
+                                                                        dtype=torch.uint8)}
+        return stored, (table[codes.long()] * absmax.repeat_interleave(blocksize)[: n * k]).view(n, k)
+
     qconfig = {"quant_method": "bitsandbytes", "load_in_4bit": True, "_load_in_4bit": True, "load_in_8bit": False,
                "_load_in_8bit": False, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False,
                "bnb_4bit_quant_storage": "uint8", "bnb_4bit_compute_dtype": "float32"}
-    _finish(src, out, config, qconfig, result, str(next(iter(tensors.values())).dtype).removeprefix("torch."))
-    return deq
+    return _write(src_dir, out_dir, linears, qconfig, quantize)
 
 
 def write_int8_checkpoint(src_dir: str | Path, out_dir: str | Path, threshold: float = 6.0,
                           linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
     """The 8-bit (LLM.int8) checkpoint of `src_dir`'s float weights; returns the dequantized
     float32 weights (weight * SCB * (1 / 127 in float32), bitsandbytes' own order)."""
-    src, out = Path(src_dir), Path(out_dir)
-    config, tensors = load_float_checkpoint(src)
-    result: dict[str, torch.Tensor] = {}
-    deq: dict[str, torch.Tensor] = {}
-    for name, w in tensors.items():
-        if not is_quantized_linear(name, linears):
-            result[name] = w
-            continue
+
+    def quantize(name: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         w16 = w.to(torch.float16).float()
         scb = w16.abs().amax(dim=1)
         codes = torch.round(w16 * (scb.reciprocal() * 127.0)[:, None]).to(torch.int8)
         prefix = name.removesuffix(".weight")
-        result[name] = codes
-        result[prefix + ".SCB"] = scb
-        result[prefix + ".weight_format"] = torch.tensor(0, dtype=torch.uint8)
-        deq[name] = codes * scb[:, None] * torch.tensor(1 / 127, dtype=torch.float32)
+        stored = {name: codes, prefix + ".SCB": scb, prefix + ".weight_format": torch.tensor(0, dtype=torch.uint8)}
+        return stored, codes * scb[:, None] * torch.tensor(1 / 127, dtype=torch.float32)
+
     qconfig = {"quant_method": "bitsandbytes", "load_in_8bit": True, "_load_in_8bit": True, "load_in_4bit": False,
                "_load_in_4bit": False, "llm_int8_threshold": threshold, "llm_int8_has_fp16_weight": False,
                "llm_int8_skip_modules": None, "llm_int8_enable_fp32_cpu_offload": False}
-    _finish(src, out, config, qconfig, result, str(next(iter(tensors.values())).dtype).removeprefix("torch."))
-    return deq
+    return _write(src_dir, out_dir, linears, qconfig, quantize)

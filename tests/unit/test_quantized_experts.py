@@ -265,13 +265,43 @@ def test_int4_experts_are_the_dequantized_experts(family: str, int4_moe) -> None
         assert torch.equal(traced, fused_moe_int4_dense(x, w13, w2, e.group, ids, weights, moe.act))
 
 
+def _within_float32(got: torch.Tensor, want: torch.Tensor, floats64, x: torch.Tensor, ids: torch.Tensor,
+                    weights: torch.Tensor) -> bool:
+    """float32 sums in another order: 4 * depth * eps of the magnitudes |x| |W13| |act| |W2| (the
+    float experts' bound), from the layer's float64 experts."""
+    from batonlm.kernels.moe import fused_moe_reference
+
+    mag = fused_moe_reference(x.double().abs(), floats64.w13.abs(), floats64.w2.abs(), ids, weights.double(),
+                              act=lambda v: v.abs())
+    depth = x.shape[1] + floats64.w2.shape[2] + ids.shape[1]
+    return bool(((got.double() - want.double()).abs() <= 4 * depth * torch.finfo(torch.float32).eps * mag).all())
+
+
+def _packed_experts_are_the_dequantized_experts(cfg: ModelConfig, model, x: torch.Tensor) -> None:
+    """Each MoE layer's packed experts against the same checkpoint's experts dequantized: with
+    float32 activations the same rounded weights, so bit for bit eager; traced (the dense
+    formulation) within the float32 bound."""
+    from batonlm.kernels.moe import fused_moe_grouped
+
+    plain = load_model(cfg, torch.float32, "cpu", resident=False)[0]
+    floats64 = load_model(cfg, torch.float64, "cpu", resident=False)[0]
+    for name, moe in _moe_layers(model):
+        floats = plain.get_submodule(name).experts
+        assert isinstance(floats, FusedExperts)
+        ids, weights = moe.route(x)
+        want = fused_moe_grouped(x, floats.w13, floats.w2, ids, weights, moe.act)
+        assert torch.equal(moe.experts(x, ids, weights, moe.act), want)
+        traced = torch.compile(lambda x, moe=moe, ids=ids, weights=weights: moe.experts(x, ids, weights, moe.act),
+                               backend="eager", fullgraph=True)(x)
+        assert _within_float32(traced, want, floats64.get_submodule(name).experts, x, ids, weights)
+
+
 def test_8_bit_experts_are_the_dequantized_experts(tmp_path) -> None:
     """GPTQ 8-bit experts (4 codes per word) stay packed like int4 ones: with float32
-    activations the dequantized experts' outputs, bit for bit, eager and traced."""
+    activations the dequantized experts' outputs, bit for bit eager, traced to float32's bound."""
     from helpers import build_tiny_model
     from quant_formats import write_gptq_checkpoint
 
-    from batonlm.kernels.moe import fused_moe_grouped
     from batonlm.model_runner.moe import Int4Experts
 
     build_tiny_model("qwen3_moe", tmp_path / "qwen3_moe", moe_intermediate_size=64, intermediate_size=128)
@@ -280,31 +310,21 @@ def test_8_bit_experts_are_the_dequantized_experts(tmp_path) -> None:
                           linears=LINEARS + FAMILIES["qwen3_moe"])
     cfg = ModelConfig.from_hf(path)
     model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
-    plain = load_model(cfg, torch.float32, "cpu", resident=False)[0]
     layers = _moe_layers(model)
     assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.bits == 8 for _, m in layers)
-    x = torch.randn(7, cfg.hidden_size, generator=torch.Generator().manual_seed(9))
-    for name, moe in layers:
-        floats = plain.get_submodule(name).experts
-        assert isinstance(floats, FusedExperts)
-        ids, weights = moe.route(x)
-        want = fused_moe_grouped(x, floats.w13, floats.w2, ids, weights, moe.act)
-        assert torch.equal(moe.experts(x, ids, weights, moe.act), want)
-        traced = torch.compile(lambda x, moe=moe, ids=ids, weights=weights: moe.experts(x, ids, weights, moe.act),
-                               backend="eager", fullgraph=True)(x)
-        assert (traced - want).abs().max() <= 1e-5 * want.abs().max()
+    _packed_experts_are_the_dequantized_experts(cfg, model, torch.randn(7, cfg.hidden_size,
+                                                                        generator=torch.Generator().manual_seed(9)))
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_bitsandbytes_4_bit_experts_are_the_dequantized_experts(family: str, tiny_models, tmp_path) -> None:
     """NF4 experts (older transformers saved a Mixtral's experts as linear layers, which
     bitsandbytes quantized) stay packed with the table where int4 experts do: with float32
-    activations the dequantized experts' outputs bit for bit, eager and traced; two ranks (one
-    whole block of 32 each of a Qwen3-MoE expert's 64 features) sum to one."""
+    activations the dequantized experts' outputs bit for bit eager, traced to float32's bound;
+    two ranks (one whole block of 32 each of a Qwen3-MoE expert's 64 features) sum to one."""
     from helpers import build_tiny_model
     from quant_bnb import write_bnb4_checkpoint
 
-    from batonlm.kernels.moe import fused_moe_grouped, fused_moe_reference
     from batonlm.model_runner.moe import Int4Experts
 
     src = tmp_path / family
@@ -314,37 +334,19 @@ def test_bitsandbytes_4_bit_experts_are_the_dequantized_experts(family: str, tin
     write_bnb4_checkpoint(src, path, blocksize=32, linears=LINEARS + FAMILIES[family])
     cfg = ModelConfig.from_hf(path)
     model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
-    plain = load_model(cfg, torch.float32, "cpu", resident=False)[0]
     layers = _moe_layers(model)
     assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.codebook is not None
                           and m.experts.w13_zeros is None and m.experts.group == 32 for _, m in layers)
     x = torch.randn(9, cfg.hidden_size, generator=torch.Generator().manual_seed(5))
-    floats64 = load_model(cfg, torch.float64, "cpu", resident=False)[0]
-
-    def within(got: torch.Tensor, want: torch.Tensor, name: str, ids: torch.Tensor, weights: torch.Tensor) -> bool:
-        """float32 sums in another order: 4 * depth * eps of the magnitudes (the float experts' bound)."""
-        f = floats64.get_submodule(name).experts
-        mag = fused_moe_reference(x.double().abs(), f.w13.abs(), f.w2.abs(), ids, weights.double(),
-                                  act=lambda v: v.abs())
-        depth = cfg.hidden_size + f.w2.shape[2] + ids.shape[1]
-        return bool(((got.double() - want.double()).abs() <= 4 * depth * torch.finfo(torch.float32).eps * mag).all())
-
-    for name, moe in layers:
-        floats = plain.get_submodule(name).experts
-        assert isinstance(floats, FusedExperts)
-        ids, weights = moe.route(x)
-        want = fused_moe_grouped(x, floats.w13, floats.w2, ids, weights, moe.act)
-        assert torch.equal(moe.experts(x, ids, weights, moe.act), want)
-        traced = torch.compile(lambda x, moe=moe, ids=ids, weights=weights: moe.experts(x, ids, weights, moe.act),
-                               backend="eager", fullgraph=True)(x)
-        assert within(traced, want, name, ids, weights)
+    _packed_experts_are_the_dequantized_experts(cfg, model, x)
     if family == "qwen3_moe":
         ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2), resident=True)[0]
                  for r in range(2)]
         name, moe = layers[0]
         ids, weights = moe.route(x)
         got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
-        assert within(got, moe.experts(x, ids, weights, moe.act), name, ids, weights)
+        floats64 = load_model(cfg, torch.float64, "cpu", resident=False)[0].get_submodule(name).experts
+        assert _within_float32(got, moe.experts(x, ids, weights, moe.act), floats64, x, ids, weights)
 
 
 def test_two_ranks_int4_experts_sum_to_one_ranks(int4_moe) -> None:
@@ -359,15 +361,9 @@ def test_two_ranks_int4_experts_sum_to_one_ranks(int4_moe) -> None:
     ids, weights = moe.route(x)
     want = moe.experts(x, ids, weights, moe.act)
     got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
-    # float32 sums in another order: 4 * depth * eps of the magnitudes (the float experts' bound).
-    from batonlm.kernels.moe import fused_moe_reference
-
     floats = load_model(cfg, torch.float64, "cpu", resident=False)[0].get_submodule(name).experts
     assert isinstance(floats, FusedExperts)
-    mag = fused_moe_reference(x.double().abs(), floats.w13.abs(), floats.w2.abs(), ids, weights.double(),
-                              act=lambda v: v.abs())
-    depth = cfg.hidden_size + floats.w2.shape[2] + ids.shape[1]
-    assert ((got.double() - want.double()).abs() <= 4 * depth * torch.finfo(torch.float32).eps * mag).all()
+    assert _within_float32(got, want, floats, x, ids, weights)
 
 
 def test_an_int4_slice_that_would_split_a_group_is_refused(int4_moe) -> None:
