@@ -37,7 +37,7 @@ def _greedy(path: str | Path, prompts: list[list[int]], max_new: list[int], grap
 # (compressed-tensors, dequantized), GPTQ with activation order (a g_idx permutation,
 # dequantized), bitsandbytes NF4 (dequantized).
 @pytest.mark.parametrize("name", ["fp8-block", "w8a8", "w8a8-asym", "w8a8-static-asym", "w4a16-asym", "bnb-nf4",
-                                  "bnb-int8", "gptqmodel-w4g64-asym-descact"])
+                                  "bnb-int8", "nvfp4a16", "gptqmodel-w4g64-asym-descact"])
 def test_served_greedy_tokens_are_transformers(name: str) -> None:
     ref = load_file(str(DATA / name / "reference.safetensors"))
     want = ref["greedy_ids"].tolist()  # 16 tokens, or fewer ending in the EOS (2)

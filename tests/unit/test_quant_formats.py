@@ -252,3 +252,28 @@ def test_the_8_bit_writer_is_bitsandbytes_bytes(tmp_path):
     for name, t in theirs.items():
         assert ours[name].dtype == t.dtype and torch.equal(ours[name], t), name
     assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(FIXTURES / "bnb-int8").quantization
+
+
+def test_the_nvfp4_writer_round_trips(tmp_path):
+    """tests/quant_nvfp4.py: batonlm reads back the dequantized weights it returns, bit for bit,
+    each within half an E2M1 step of the float weight (the step at 4-6 is 2: at most 1 scale
+    unit; the FP8 scale's own rounding, 2^-4, moves the grid by no more than that)."""
+    from quant_nvfp4 import write_nvfp4_checkpoint
+
+    from batonlm.model_runner.model_config import ModelConfig
+    from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
+    from batonlm.model_runner.weight_loader import checkpoint_files
+
+    out = tmp_path / "nvfp4"
+    deq = write_nvfp4_checkpoint(FIXTURES / "fp32-source", out)
+    src = load_file(str(FIXTURES / "fp32-source" / "model.safetensors"))
+    quant = ModelConfig.from_hf(out).quantization
+    assert quant is not None
+    with DequantizedCheckpoint(checkpoint_files(out), quant) as ckpt:
+        assert len(ckpt.linears) == 14
+        for name, w in deq.items():
+            assert torch.equal(ckpt.read(name), w), name
+            n, k = w.shape
+            amax = src[name].float().view(n, k // 16, 16).abs().amax(dim=2, keepdim=True)
+            err = (w - src[name].float()).view(n, k // 16, 16).abs()
+            assert bool((err <= amax / 6 * (1 + 2.0**-4) + 1e-12).all()), name

@@ -58,6 +58,9 @@ def test_which_activations_w8a8_quantizes(caplog) -> None:
         resolve_quantization(both)
 
 
+FP4_WEIGHTS = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
+
+
 def test_the_checkpoints_method_is_read() -> None:
     assert resolve_quantization({}) is None
     gptq = resolve_quantization({"quantization_config": GPTQ})
@@ -69,6 +72,9 @@ def test_the_checkpoints_method_is_read() -> None:
     assert fp8 is not None and fp8.block == (128, 128) and not fp8.online
     ct = resolve_quantization({"quantization_config": CT_W4A16})
     assert ct is not None and (ct.method, ct.group_size) == ("compressed-tensors", 128)
+    nvfp4 = resolve_quantization({"quantization_config": {**CT_W4A16, "format": "nvfp4-pack-quantized",
+                                                          "config_groups": {"g": {"weights": FP4_WEIGHTS}}}})
+    assert nvfp4 is not None and (nvfp4.method, nvfp4.act_quant) == ("compressed-tensors", "none")
     online = resolve_quantization({}, "fp8")
     assert online is not None and online.online and online.method == "fp8"
 
@@ -91,6 +97,13 @@ def test_the_checkpoints_method_is_read() -> None:
     ({"quantization_config": {**CT_W4A16, "config_groups": {"g": {"weights": {
         "num_bits": 2, "type": "int", "strategy": "group"}}}}}, "auto", ["int 2-bit", "int 4-bit"]),
     ({"quantization_config": {**CT_W4A16, "sparsity_config": {"format": "sparse-24"}}}, "auto", ["sparsity"]),
+    # NVFP4 with FP4 activations (W4A4), and float 4-bit in other groups (MXFP4's 32, E8M0 scales)
+    ({"quantization_config": {**CT_W4A16, "format": "nvfp4-pack-quantized", "config_groups": {"g": {
+        "weights": FP4_WEIGHTS, "input_activations": {**FP4_WEIGHTS, "dynamic": "local"}}}}}, "auto",
+     ["input_activations", "float 4-bit", "NVFP4A16"]),
+    ({"quantization_config": {**CT_W4A16, "format": "mxfp4-pack-quantized"}}, "auto", ["'mxfp4-pack-quantized'"]),
+    ({"quantization_config": {**CT_W4A16, "config_groups": {"g": {"weights": {
+        **FP4_WEIGHTS, "strategy": "group", "group_size": 32}}}}}, "auto", ["float 4-bit", "'group'", "32", "NVFP4"]),
 ])
 def test_an_unloadable_config_is_one_clear_line(raw: dict, flag: str, words: list[str]) -> None:
     with pytest.raises(QuantizationError) as e:

@@ -333,6 +333,26 @@ def test_bitsandbytes_4_bit_checkpoints_give_the_weights_bitsandbytes_dequantize
         assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * RELATIVE * want.abs().max()
 
 
+@pytest.mark.parametrize("resident", [False, True])
+def test_nvfp4_weights_give_the_dequantized_models_logits(resident: bool) -> None:
+    """llm-compressor's NVFP4A16 (FP4 E2M1 codes, an FP8 scale per 16 inputs, a global scale),
+    dequantized on load (the CPU's default) or kept packed with the E2M1 table in groups of 16
+    (CUDA's): the float32 model of the weights the format means (the fixture's
+    `dequantized_logits`, read by make_references.py from the format's description) to the
+    float32 bound, and transformers' greedy tokens (transformers runs it in bfloat16 only:
+    compressed-tensors decompresses NVFP4 to bfloat16; its logits are 0.32 off)."""
+    ref = _reference("nvfp4a16")
+    ids = ref["input_ids"].reshape(-1)
+    runner = _runner(DATA / "nvfp4a16", resident=resident)
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(packed) == (8 if resident else 0)
+    assert all(m.codebook is not None and m.group_size == 16 and m.zeros is None for m in packed)
+    ours = _prompt_logits(runner, ids)
+    want = ref["dequantized_logits"]
+    assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
+    assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
+
+
 def test_bitsandbytes_8_bit_gives_transformers_llm_int8_logits() -> None:
     """transformers' BitsAndBytesConfig(load_in_8bit) checkpoint (LLM.int8, written by
     transformers 5.25 + bitsandbytes 0.50 on the CPU): int8 weights with row scales, run as
@@ -525,7 +545,7 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
 
 
 @pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8",
-                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8"])
+                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8", "nvfp4a16"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,
@@ -619,7 +639,7 @@ def test_phi3_fused_projections_in_gptq_int4(tiny_models, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static", "bnb-nf4",
-                                  *GPTQ_AWQ])
+                                  "nvfp4a16", *GPTQ_AWQ])
 def test_the_int_layout_read_from_shapes_is_the_unpacked_ones(name: str) -> None:
     """What decides whether a layer stays int4 (its bits and consecutive groups) is read without
     unpacking its values; it is what the unpacked layer says, activation order included."""

@@ -189,7 +189,8 @@ def _awq(qc: dict[str, Any]) -> QuantConfig:
 
 def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
     fmt = str(qc.get("format", ""))
-    supported = ("float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "mixed-precision")
+    supported = ("float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "nvfp4-pack-quantized",
+                 "mixed-precision")
     if fmt not in supported:
         raise QuantizationError(f"compressed-tensors quantization_config.format {fmt!r} is not supported "
                                 f"(supported: {', '.join(supported)})")
@@ -201,13 +202,17 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
         if not isinstance(weights, dict):
             raise QuantizationError(f"compressed-tensors config_groups.{name}.weights is missing")
         kind, bits = weights.get("type"), weights.get("num_bits")
-        if (kind, bits) not in (("float", 8), ("int", 4), ("int", 8)):
+        if (kind, bits) not in (("float", 8), ("float", 4), ("int", 4), ("int", 8)):
             raise QuantizationError(f"compressed-tensors config_groups.{name}.weights: {kind} {bits}-bit is not "
-                                    "supported (supported: float 8-bit, int 4-bit, int 8-bit)")
+                                    "supported (supported: float 8-bit, float 4-bit NVFP4, int 4-bit, int 8-bit)")
         strategy = weights.get("strategy")
-        if strategy not in ("tensor", "channel", "group", "block"):
+        if (kind, bits) == ("float", 4) and (strategy, weights.get("group_size")) != ("tensor_group", 16):
+            raise QuantizationError(f"compressed-tensors config_groups.{name}.weights: float 4-bit with strategy "
+                                    f"{strategy!r} and group_size {weights.get('group_size')!r} is not supported "
+                                    "(supported: NVFP4, tensor_group with groups of 16)")
+        if strategy not in ("tensor", "channel", "group", "block", "tensor_group"):
             raise QuantizationError(f"compressed-tensors config_groups.{name}.weights.strategy {strategy!r} is "
-                                    "not supported (supported: tensor, channel, group, block)")
+                                    "not supported (supported: tensor, channel, group, block, tensor_group)")
     if qc.get("sparsity_config"):
         raise QuantizationError("compressed-tensors sparsity (quantization_config.sparsity_config) is not supported")
     blocks = {tuple(g["weights"]["block_structure"]) for g in groups.values()
@@ -233,6 +238,10 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
         acts = group.get("input_activations")
         if not isinstance(acts, dict):
             continue
+        if acts.get("type") == "float" and acts.get("num_bits") == 4:
+            raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float 4-bit "
+                                    "activations (NVFP4 W4A4) are not supported (supported: NVFP4A16, its weights "
+                                    "only)")
         if acts.get("type") == "float":
             kinds.add("fp8")
         elif acts.get("type") == "int" and acts.get("num_bits") == 8:

@@ -62,6 +62,7 @@ LLMC_FIXTURES = {
     "w8a8-asym": ("static", "W8A8 with asymmetric dynamic per-token activations"),
     "w8a8-static-asym": ("static", "W8A8 with asymmetric static per-tensor activations"),
     "w4a16-gptq": ("gptq", "W4A16"),
+    "nvfp4a16": ("rtn", "NVFP4A16"),
 }
 
 

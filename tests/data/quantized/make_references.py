@@ -88,6 +88,16 @@ def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Ten
             else:
                 gi = torch.arange(K) // G
             out[p + ".weight"] = s[:, gi] * (q - z[:, gi]).to(torch.float32)
+        elif fmt == "nvfp4-pack-quantized" and k.endswith(".weight_packed"):
+            # E2M1 codes, two a byte (the even element low), sign in bit 3; FP8 scales per 16
+            # inputs divided by the global scale: W = value * (scale / global)
+            p = k[: -len(".weight_packed")]
+            byte = t[k].to(torch.int64)
+            codes = torch.stack([byte & 15, byte >> 4], dim=2).reshape(byte.shape[0], -1)
+            mag = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])[codes & 7]
+            value = torch.where(codes >= 8, -mag, mag)
+            s = t[p + ".weight_scale"].to(torch.float32) / t[p + ".weight_global_scale"].to(torch.float32)
+            out[p + ".weight"] = value * s.repeat_interleave(16, dim=1)[:, : value.shape[1]]
     return out
 
 
@@ -290,8 +300,13 @@ def main() -> None:
         d = HERE / name
         qc = loading_config(d)
         kw = {"quantization_config": qc} if qc is not None else {}
+        # compressed-tensors decompresses NVFP4 weights to bfloat16 (a float32 model fails on the
+        # dtypes): transformers runs that fixture in bfloat16.
+        fp4 = (json.loads((d / "config.json").read_text()).get("quantization_config") or {}).get("format") == \
+            "nvfp4-pack-quantized"
         try:
-            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, device_map="cpu", **kw).eval()
+            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16 if fp4 else torch.float32,
+                                                         device_map="cpu", **kw).eval()
         except Exception as e:  # noqa: BLE001 - the report says which fixtures load
             print(f"{name}: transformers cannot load it: {type(e).__name__}: {str(e)[:300]}")
             continue
@@ -311,7 +326,8 @@ def main() -> None:
         print(f"{name}: max |logits - ({meaning})| = {diff:.3g} (logit scale {hf_logits.abs().max():.3g}), min top-2 margin {margin:.3g}, greedy equal: {same}")
         if write:
             meta = {
-                "producer": f"transformers AutoModelForCausalLM.from_pretrained(dtype=float32, CPU): {versions()}",
+                "producer": f"transformers AutoModelForCausalLM.from_pretrained(dtype={'bfloat16' if fp4 else 'float32'}, "
+                            f"CPU): {versions()}",
                 "prompt": PROMPT,
                 "loading_config": repr(qc.to_dict()) if qc is not None else "default",
                 "compared_with": meaning,
@@ -319,10 +335,12 @@ def main() -> None:
                 "greedy_equal": str(same),
             }
             tensors = {"input_ids": ids.clone(), "logits": hf_logits.contiguous(), "greedy_ids": hf_greedy.clone()}
-            if json.loads((d / "config.json").read_text()).get("quantization_config", {}).get("quant_method") == "bitsandbytes":
+            if fp4 or json.loads((d / "config.json").read_text()).get("quantization_config", {}).get(
+                    "quant_method") == "bitsandbytes":
                 # transformers' CPU 4-bit matmul is not the dequantized weights' product (0.03 off
                 # per layer here), nor is its 8-bit one (LLM.int8: int8 activations, outlier
                 # columns in float16): keep the logits of the weights bitsandbytes dequantizes too.
+                # NVFP4: transformers' are bfloat16 ones; keep the float32 dequantized model's.
                 tensors["dequantized_logits"] = ref_logits.contiguous()
             save_file(tensors, str(d / "reference.safetensors"), metadata=meta)
 

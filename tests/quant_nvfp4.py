@@ -1,0 +1,59 @@
+"""Write an NVFP4A16 checkpoint (compressed-tensors' `nvfp4-pack-quantized`, the format
+llm-compressor's NVFP4A16 scheme saves) from a float checkpoint, for tests at shapes the fixture
+does not have (MoE experts); llm-compressor need not be installed. Not its numbers: it shares one
+global scale among q/k/v and among gate/up, rounded to bfloat16; here each layer has its own.
+
+Format (batonlm/model_runner/quantization/nvfp4.py reads it): every listed linear's weight [N, K]
+with a float32 `weight_global_scale` = 448 * 6 / max |W| (FP8's largest over E2M1's: the
+largest group scale lands on FP8's top), a float8 e4m3 `weight_scale` per 16 inputs of a row =
+(the group's max |w| / 6) * global, rounded to FP8, and `weight_packed` uint8 [N, K / 2]: each w
+divided by (scale / global), rounded to the nearest E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6; a
+tie takes the lower), its index in bits 0-2 and its sign in bit 3, two codes a byte, the even
+element in the low nibble. The dequantized weight is value * (scale / global) in float32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from quant_bnb import _write
+from quant_formats import LINEARS
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def nvfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [N, K] (K a multiple of 16) -> (packed uint8 [N, K / 2], scale float8 [N, K / 16], global
+    float32 [1], the dequantized float32 [N, K])."""
+    n, k = w.shape
+    w = w.float()
+    glob = (448.0 * 6.0 / w.abs().amax()).reshape(1)
+    groups = w.view(n, k // 16, 16)
+    scale = (groups.abs().amax(dim=2) / 6.0 * glob).clamp(max=448.0).to(torch.float8_e4m3fn)
+    step = (scale.float() / glob)[:, :, None]  # compressed-tensors' dequantizing scale
+    v = groups / torch.where(step > 0, step, torch.ones_like(step))
+    index = torch.bucketize(v.abs().clamp(max=6.0), (E2M1[:-1] + E2M1[1:]) / 2)  # a tie takes the lower
+    codes = (index | torch.where(v < 0, 8, 0)).reshape(n, k)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    value = torch.where(v < 0, -E2M1[index], E2M1[index])
+    return packed, scale, glob, (value * step).reshape(n, k)
+
+
+def write_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path,
+                           linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
+    """The NVFP4A16 checkpoint of `src_dir`'s float weights (the projections named in `linears`);
+    returns the dequantized float32 weights."""
+
+    def quantize(name: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        packed, scale, glob, deq = nvfp4_quantize(w)
+        prefix = name.removesuffix(".weight")
+        return {prefix + ".weight_packed": packed, prefix + ".weight_scale": scale,
+                prefix + ".weight_global_scale": glob}, deq
+
+    weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
+               "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
+    qconfig = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
+               "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                             "format": "nvfp4-pack-quantized"}}, "ignore": ["lm_head"]}
+    return _write(src_dir, out_dir, linears, qconfig, quantize)
