@@ -353,6 +353,28 @@ def test_nvfp4_weights_give_the_dequantized_models_logits(resident: bool) -> Non
     assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
 
 
+def test_bitsandbytes_4_bit_in_another_storage_dtype_is_the_same_bytes(tmp_path: Path) -> None:
+    """`bnb_4bit_quant_storage=bfloat16` (FSDP QLoRA's): the packed bytes saved seen as bfloat16
+    give the uint8 checkpoint's logits bit for bit, dequantized and kept packed."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = tmp_path / "bnb-nf4-bf16"
+    shutil.copytree(DATA / "bnb-nf4", out)
+    tensors = load_file(str(out / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith("proj.weight")]:
+        tensors[name] = tensors[name].reshape(-1).view(torch.bfloat16).reshape(-1, 1)
+    save_file(tensors, str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["bnb_4bit_quant_storage"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(config))
+    ids = _reference("bnb-nf4")["input_ids"].reshape(-1)
+    for resident in (False, True):
+        assert torch.equal(_prompt_logits(_runner(out, resident), ids), _prompt_logits(_runner(DATA / "bnb-nf4", resident), ids))
+
+
 def test_bitsandbytes_8_bit_gives_transformers_llm_int8_logits() -> None:
     """transformers' BitsAndBytesConfig(load_in_8bit) checkpoint (LLM.int8, written by
     transformers 5.25 + bitsandbytes 0.50 on the CPU): int8 weights with row scales, run as

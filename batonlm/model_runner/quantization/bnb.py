@@ -4,7 +4,8 @@
 stored under its module name as
 
 - `weight`: uint8 [N * K / 2, 1], two 4-bit codes a byte over the weight [N, K] flattened row by
-  row, the even element in the high nibble;
+  row, the even element in the high nibble (with `bnb_4bit_quant_storage` another dtype, those
+  bytes seen as it: e.g. bfloat16 [N * K / 4, 1]);
 - `weight.quant_map`: float32 [16], the value of each code (NF4's or FP4's table);
 - `weight.absmax`: one scale per block of `blocksize` consecutive elements: float32, or with
   double quantization (`bnb_4bit_use_double_quant`) uint8 codes into `weight.nested_quant_map`
@@ -79,7 +80,10 @@ def read(ckpt: Checkpoint, prefix: str, state: str) -> Bnb4Weights:
     qs = quant_state(ckpt, state)
     n, k = (int(v) for v in qs["shape"])
     p = f"{prefix}.weight"
-    packed = ckpt.get(p).reshape(-1).to(torch.int64)
+    stored = ckpt.get(p).contiguous()
+    # `bnb_4bit_quant_storage` other than uint8 (bfloat16 for FSDP QLoRA): the same bytes, seen
+    # as that dtype; read back as bytes (little-endian, as bitsandbytes reinterprets them).
+    packed = (stored if stored.dtype == torch.uint8 else stored.view(torch.uint8)).reshape(-1).to(torch.int64)
     if packed.numel() * 2 < n * k:
         raise QuantizationError(f"{p}: {packed.numel()} bytes cannot hold a {n}x{k} weight at 4 bits")
     codes = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[: n * k].reshape(n, k)
