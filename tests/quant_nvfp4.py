@@ -8,7 +8,7 @@ with a float32 `weight_global_scale` = 448 * 6 / max |W| (FP8's largest over E2M
 largest group scale lands on FP8's top), a float8 e4m3 `weight_scale` per 16 inputs of a row =
 (the group's max |w| / 6) * global, rounded to FP8, and `weight_packed` uint8 [N, K / 2]: each w
 divided by (scale / global), rounded to the nearest E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6; a
-tie takes the lower), its index in bits 0-2 and its sign in bit 3, two codes a byte, the even
+tie to the one with an even mantissa, as compressed-tensors rounds), its index in bits 0-2 and its sign in bit 3, two codes a byte, the even
 element in the low nibble. The dequantized weight is value * (scale / global) in float32.
 """
 
@@ -33,7 +33,11 @@ def nvfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     scale = (groups.abs().amax(dim=2) / 6.0 * glob).clamp(max=448.0).to(torch.float8_e4m3fn)
     step = (scale.float() / glob)[:, :, None]  # compressed-tensors' dequantizing scale
     v = groups / torch.where(step > 0, step, torch.ones_like(step))
-    index = torch.bucketize(v.abs().clamp(max=6.0), (E2M1[:-1] + E2M1[1:]) / 2)  # a tie takes the lower
+    mag = v.abs().clamp(max=6.0)
+    mids = (E2M1[:-1] + E2M1[1:]) / 2
+    index = torch.bucketize(mag, mids)  # the first midpoint >= the value: a tie takes the lower ...
+    tie = (index < 7) & (mag == mids[index.clamp(max=6)]) & (index % 2 == 1)
+    index = index + tie.long()  # ... unless that one's mantissa is odd (0.5, 1.5, 3, 6): to even, as IEEE
     codes = (index | torch.where(v < 0, 8, 0)).reshape(n, k)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     value = torch.where(v < 0, -E2M1[index], E2M1[index])
