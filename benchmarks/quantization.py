@@ -13,13 +13,14 @@ costs more than the float matmul it feeds.
 Part 2, a random model (`--shape`: Llamas, or `qwen3-moe`, a small Qwen3-MoE whose experts stay
 quantized where its projections do) written as float, W8A8 FP8 in 128x128 blocks (transformers'
 FineGrainedFP8 format), W8A8 int8 (llm-compressor's format, tests/quant_w8a8.py), GPTQ int4
-(group 128), bitsandbytes NF4 (blocks of 64) and 8-bit LLM.int8 (tests/quant_bnb.py), served by
+(group 128), bitsandbytes NF4 (blocks of 64) and 8-bit LLM.int8 (tests/quant_bnb.py), NVFP4A16
+(tests/quant_nvfp4.py), served by
 `batonlm.Engine` (overlap loop; eager step unless `--compile on`), plus `--quantization fp8` on
 the float checkpoint, and AutoFP8's static FP8 (per-tensor weights and input scales,
 tests/quant_w8a8.py: Mixtral-8x7B-FP8's format): start-up seconds, checkpoint MB, and output
 tok/s of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill included), median of
 `--rounds`. On CUDA the quantized variants run on the kernels (the weights stay quantized); on
-the CPU int4, NF4 and online FP8 run dequantized, W8A8 and LLM.int8 on the torch references.
+the CPU int4, NF4, NVFP4 and online FP8 run dequantized, W8A8 and LLM.int8 on the torch references.
 
     python benchmarks/quantization.py [--batch 1 16 64] [--compile on] [--json out.json]
     python benchmarks/quantization.py --device cuda --dtype bfloat16 [--shape llama3-8b --layers 8]
@@ -46,6 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests chec
 from models import stream_tok_s, table  # noqa: E402
 from quant_bnb import NF4, write_bnb4_checkpoint, write_int8_checkpoint  # noqa: E402
 from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
+from quant_nvfp4 import write_nvfp4_checkpoint  # noqa: E402
 from quant_w8a8 import write_static_checkpoint, write_w8a8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
 
@@ -144,12 +146,14 @@ def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
     write_static_checkpoint(src, static, "autofp8")
     write_bnb4_checkpoint(src, out / "bnb-nf4")
     write_int8_checkpoint(src, out / "bnb-int8")
+    write_nvfp4_checkpoint(src, out / "nvfp4a16")
     return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
             "int8 W8A8 asym": (str(out / "w8a8-int8-asym"), {}),
             "fp8 static (AutoFP8)": (str(static), {}),
             "gptq int4 g128": (str(gptq), {}),
             "bnb nf4 (bitsandbytes)": (str(out / "bnb-nf4"), {}),
             "bnb int8 (LLM.int8)": (str(out / "bnb-int8"), {}),
+            "nvfp4 (NVFP4A16)": (str(out / "nvfp4a16"), {}),
             "fp8 online (per channel)": (src, {"quantization": "fp8"})}
 
 
