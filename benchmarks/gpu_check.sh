@@ -13,7 +13,8 @@
 #              per-expert loop in bfloat16, decode tok/s per family at 1 and 16 streams;
 #   lora       16 streams over 0 / 1 / 4 / 8 adapters (lora_mix_gpu.json);
 #   quantization  bf16 vs FP8 vs static FP8 (AutoFP8) vs W8A8 int8 (symmetric and asymmetric
-#              activations) vs int4 decode tok/s on a random 32M Llama (quantization_gpu.json) and
+#              activations) vs int4 vs bitsandbytes NF4 and LLM.int8 vs NVFP4A16 decode tok/s and
+#              the per-projection GEMMs on a random 32M Llama (quantization_gpu.json) and
 #              a small Qwen3-MoE whose experts stay quantized (quantization_moe_gpu.json);
 #   host       the host side next to the real device step (host_gpu.json);
 #   tp         scale-out, where there are at least 2 GPUs (tp_sync_gpu.json): NCCL collective

@@ -75,6 +75,7 @@ def test_the_checkpoints_method_is_read() -> None:
     nvfp4 = resolve_quantization({"quantization_config": {**CT_W4A16, "format": "nvfp4-pack-quantized",
                                                           "config_groups": {"g": {"weights": FP4_WEIGHTS}}}})
     assert nvfp4 is not None and (nvfp4.method, nvfp4.act_quant) == ("compressed-tensors", "none")
+    assert nvfp4.description == "compressed-tensors (NVFP4 weights)"
     online = resolve_quantization({}, "fp8")
     assert online is not None and online.online and online.method == "fp8"
 

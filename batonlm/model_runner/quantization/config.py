@@ -55,6 +55,7 @@ class QuantConfig:
     act_quant: str = "none"  # "fp8" / "int8": the checkpoint's layers quantize their inputs (W8A8)
     act_symmetric: bool = True
     llm_int8_threshold: float = 0.0
+    fp4: bool = False  # compressed-tensors NVFP4 weights (named at start-up)
 
     @property
     def description(self) -> str:
@@ -73,6 +74,8 @@ class QuantConfig:
             return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
                                       else "(per channel, dynamic activations)")
         asym = "" if self.act_symmetric else "asymmetric "
+        if self.fp4:
+            return self.method + " (NVFP4 weights)"
         return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
@@ -223,9 +226,10 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
     sizes = {g["weights"].get("group_size") for g in groups.values() if g["weights"].get("strategy") == "group"}
     block = blocks.pop() if blocks else None
     act_quant, act_symmetric = _activations(groups)
+    fp4 = any((g["weights"].get("type"), g["weights"].get("num_bits")) == ("float", 4) for g in groups.values())
     return QuantConfig("compressed-tensors", block=(block[0], block[1]) if block else None,
                        group_size=sizes.pop() if len(sizes) == 1 else -1, act_quant=act_quant,
-                       act_symmetric=act_symmetric)
+                       act_symmetric=act_symmetric, fp4=fp4)
 
 
 def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
