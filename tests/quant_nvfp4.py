@@ -44,20 +44,27 @@ def nvfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return packed, scale, glob, (value * step).reshape(n, k)
 
 
-def write_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path,
-                           linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
+def write_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path, linears: tuple[str, ...] = LINEARS,
+                           input_global_scale: float | None = None) -> dict[str, torch.Tensor]:
     """The NVFP4A16 checkpoint of `src_dir`'s float weights (the projections named in `linears`);
-    returns the dequantized float32 weights."""
+    with `input_global_scale`, NVFP4 (W4A4): FP4 activations, every layer that input global
+    scale (llm-compressor calibrates it: 448 * 6 / the largest input seen). Returns the
+    dequantized float32 weights."""
 
     def quantize(name: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         packed, scale, glob, deq = nvfp4_quantize(w)
         prefix = name.removesuffix(".weight")
-        return {prefix + ".weight_packed": packed, prefix + ".weight_scale": scale,
-                prefix + ".weight_global_scale": glob}, deq
+        stored = {prefix + ".weight_packed": packed, prefix + ".weight_scale": scale,
+                  prefix + ".weight_global_scale": glob}
+        if input_global_scale is not None:
+            stored[prefix + ".input_global_scale"] = torch.tensor([input_global_scale])
+        return stored, deq
 
     weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
                "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
     qconfig = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
                                              "format": "nvfp4-pack-quantized"}}, "ignore": ["lm_head"]}
+    if input_global_scale is not None:
+        qconfig["config_groups"]["group_0"]["input_activations"] = {**weights, "dynamic": "local"}
     return _write(src_dir, out_dir, linears, qconfig, quantize)

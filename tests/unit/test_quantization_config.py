@@ -48,7 +48,7 @@ def test_which_activations_w8a8_quantizes(caplog) -> None:
     mixed["quantization_config"]["config_groups"]["group_1"] = {
         "targets": ["re:.*down_proj"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}
-    with pytest.raises(QuantizationError, match="both fp8 and int8"):
+    with pytest.raises(QuantizationError, match="to fp8 and int8"):
         resolve_quantization(mixed)
     both = _ct_int8(strategy="token", dynamic=True)
     both["quantization_config"]["config_groups"]["group_1"] = {
@@ -76,6 +76,10 @@ def test_the_checkpoints_method_is_read() -> None:
                                                           "config_groups": {"g": {"weights": FP4_WEIGHTS}}}})
     assert nvfp4 is not None and (nvfp4.method, nvfp4.act_quant) == ("compressed-tensors", "none")
     assert nvfp4.description == "compressed-tensors (NVFP4 weights)"
+    w4a4 = resolve_quantization({"quantization_config": {**CT_W4A16, "format": "nvfp4-pack-quantized",
+                                                         "config_groups": {"g": {"weights": FP4_WEIGHTS, "input_activations": {
+                                                             **FP4_WEIGHTS, "dynamic": "local"}}}}})
+    assert w4a4 is not None and w4a4.act_quant == "fp4"
     online = resolve_quantization({}, "fp8")
     assert online is not None and online.online and online.method == "fp8"
 
@@ -100,8 +104,9 @@ def test_the_checkpoints_method_is_read() -> None:
     ({"quantization_config": {**CT_W4A16, "sparsity_config": {"format": "sparse-24"}}}, "auto", ["sparsity"]),
     # NVFP4 with FP4 activations (W4A4), and float 4-bit in other groups (MXFP4's 32, E8M0 scales)
     ({"quantization_config": {**CT_W4A16, "format": "nvfp4-pack-quantized", "config_groups": {"g": {
-        "weights": FP4_WEIGHTS, "input_activations": {**FP4_WEIGHTS, "dynamic": "local"}}}}}, "auto",
-     ["input_activations", "float 4-bit", "NVFP4A16"]),
+        "weights": FP4_WEIGHTS, "input_activations": {**FP4_WEIGHTS, "strategy": "group", "group_size": 32,
+                                                      "dynamic": True}}}}}, "auto",
+     ["input_activations", "float 4-bit", "NVFP4's"]),
     ({"quantization_config": {**CT_W4A16, "format": "mxfp4-pack-quantized"}}, "auto", ["'mxfp4-pack-quantized'"]),
     ({"quantization_config": {**CT_W4A16, "config_groups": {"g": {"weights": {
         **FP4_WEIGHTS, "strategy": "group", "group_size": 32}}}}}, "auto", ["float 4-bit", "'group'", "32", "NVFP4"]),

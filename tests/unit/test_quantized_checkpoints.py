@@ -353,6 +353,31 @@ def test_nvfp4_weights_give_the_dequantized_models_logits(resident: bool) -> Non
     assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
 
 
+def test_nvfp4_w4a4_quantizes_its_activations_as_compressed_tensors_does() -> None:
+    """llm-compressor's NVFP4 (W4A4: FP4 activations per token and 16 inputs, with each layer's
+    calibrated input global scale) runs packed on every device, its inputs quantized as
+    compressed-tensors' own functions quantize them (the fixture's `dequantized_logits`:
+    make_references.py runs the float32 model of its weights with compressed-tensors'
+    `fake_quantize` on every layer's input): to the float32 bound. Without the activations'
+    quantization the logits are >100x that bound off. (transformers runs NVFP4 in bfloat16 only;
+    FP4 activations magnify its rounding: its logits are 6.5 off and its greedy tokens differ.)"""
+    ref = _reference("nvfp4")
+    ids = ref["input_ids"].reshape(-1)
+    quant = ModelConfig.from_hf(DATA / "nvfp4").quantization
+    assert quant is not None and quant.act_quant == "fp4"
+    assert quant.description == "compressed-tensors (NVFP4 weights and activations)"
+    runner = _runner(DATA / "nvfp4")  # kept quantized on the CPU too: its activations are quantized
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(packed) == 8 and all(m.input_global_scale is not None and m.group_size == 16 for m in packed)
+    ours = _prompt_logits(runner, ids)
+    want = ref["dequantized_logits"]
+    bound = RELATIVE * want.abs().max()
+    assert (ours - want).abs().max() <= bound
+    for m in packed:
+        m.input_global_scale = None
+    assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * bound
+
+
 def test_bitsandbytes_4_bit_in_another_storage_dtype_is_the_same_bytes(tmp_path: Path) -> None:
     """`bnb_4bit_quant_storage=bfloat16` (FSDP QLoRA's): the packed bytes saved seen as bfloat16
     give the uint8 checkpoint's logits bit for bit, dequantized and kept packed."""
@@ -567,7 +592,7 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
 
 
 @pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8",
-                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8", "nvfp4a16"])
+                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8", "nvfp4a16", "nvfp4"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,

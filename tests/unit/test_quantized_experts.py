@@ -457,6 +457,31 @@ def test_experts_with_asymmetric_int8_activations_run_dequantized_with_a_warning
     assert record.levelname == "WARNING" and "unquantized activations" in record.getMessage()
 
 
+def test_nvfp4_w4a4_experts_run_dequantized_with_a_warning(tiny_models, tmp_path, caplog) -> None:
+    """NVFP4 with FP4 activations: the projections quantize their inputs (`PackedIntLinear` with
+    the input global scale), the experts (no expert kernel quantizes FP4 activations) run
+    dequantized, and start-up says in a warning that their activations are not quantized."""
+    from quant_nvfp4 import write_nvfp4_checkpoint
+
+    from batonlm.model_runner.quantization.linear import PackedIntLinear
+
+    path = tmp_path / "w4a4"
+    deq = write_nvfp4_checkpoint(tiny_models["qwen3_moe"], path, LINEARS + FAMILIES["qwen3_moe"], input_global_scale=300.0)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        model = load_model(ModelConfig.from_hf(path), torch.float32, "cpu")[0]
+    projections = [m for m in model.modules() if isinstance(m, PackedIntLinear)]
+    assert projections and all(m.input_global_scale is not None and float(m.input_global_scale) == 300.0
+                               for m in projections)
+    layers = _moe_layers(model)
+    assert layers and all(type(m.experts) is FusedExperts for _, m in layers)
+    name, moe = layers[0]
+    gate = deq[f"{checkpoint_name(model, name + '.experts')}.0.gate_proj.weight"]
+    assert torch.equal(moe.experts.w13[0, : gate.shape[0]], gate)
+    (record,) = [r for r in caplog.records if "MoE layer" in r.getMessage()]
+    assert record.levelname == "WARNING" and "unquantized activations" in record.getMessage()
+
+
 def _shared_order(name: str) -> str:
     """GPTQ orders the projections of one input together (q/k/v; an expert's gate and up)."""
     return re.sub(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|w1|w3)\.weight$", ".input", name)

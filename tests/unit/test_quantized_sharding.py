@@ -62,7 +62,8 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("online-fp8", True, Fp8Linear),  # --quantization fp8 of the float source, kept FP8 (CUDA's default)
     ("bnb-nf4", True, PackedIntLinear),  # bitsandbytes NF4 with its codebook: blocks of 64 inputs are whole groups
     ("bnb-int8", True, LlmInt8Linear),
-    ("nvfp4a16", True, PackedIntLinear),  # NVFP4: groups of 16 inputs, FP4 codes through the E2M1 table  # LLM.int8: a row-parallel rank's slice of a row its own statistic
+    ("nvfp4a16", True, PackedIntLinear),  # NVFP4: groups of 16 inputs, FP4 codes through the E2M1 table
+    ("nvfp4", True, PackedIntLinear),  # W4A4: a group of 16 inputs quantized alike in a rank's whole groups  # LLM.int8: a row-parallel rank's slice of a row its own statistic
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:
     path = {"fp8-block64": fp8_block64, "online-fp8": DATA / "fp32-source"}.get(name, DATA / name)

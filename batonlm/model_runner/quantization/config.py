@@ -52,7 +52,7 @@ class QuantConfig:
     checkpoint_format: str = "gptq"
     block: tuple[int, int] | None = None
     activation_scheme: str = "dynamic"
-    act_quant: str = "none"  # "fp8" / "int8": the checkpoint's layers quantize their inputs (W8A8)
+    act_quant: str = "none"  # "fp8" / "int8" / "fp4": the checkpoint's layers quantize their inputs (W8A8, NVFP4)
     act_symmetric: bool = True
     llm_int8_threshold: float = 0.0
     fp4: bool = False  # compressed-tensors NVFP4 weights (named at start-up)
@@ -75,7 +75,7 @@ class QuantConfig:
                                       else "(per channel, dynamic activations)")
         asym = "" if self.act_symmetric else "asymmetric "
         if self.fp4:
-            return self.method + " (NVFP4 weights)"
+            return self.method + (" (NVFP4 weights and activations)" if self.act_quant == "fp4" else " (NVFP4 weights)")
         return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
@@ -243,9 +243,13 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
         if not isinstance(acts, dict):
             continue
         if acts.get("type") == "float" and acts.get("num_bits") == 4:
-            raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float 4-bit "
-                                    "activations (NVFP4 W4A4) are not supported (supported: NVFP4A16, its weights "
-                                    "only)")
+            fp4 = (acts.get("strategy"), acts.get("group_size"), acts.get("dynamic"))
+            if fp4 != ("tensor_group", 16, "local"):
+                raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float 4-bit "
+                                        f"activations {fp4} are not supported (supported: NVFP4's, "
+                                        "tensor_group of 16, dynamic 'local' with a calibrated global scale)")
+            kinds.add("fp4")
+            continue
         if acts.get("type") == "float":
             kinds.add("fp8")
         elif acts.get("type") == "int" and acts.get("num_bits") == 8:
@@ -259,8 +263,8 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
                                "layers run with unquantized activations (W8A16)", name,
                                "dynamic" if scheme[1] else "static", scheme[0])
     if len(kinds) > 1:
-        raise QuantizationError("compressed-tensors config_groups quantize activations to both fp8 and int8; one "
-                                "kind per checkpoint is supported")
+        raise QuantizationError(f"compressed-tensors config_groups quantize activations to {' and '.join(sorted(kinds))}; "
+                                "one kind per checkpoint is supported")
     if len(symmetric) > 1:
         raise QuantizationError("compressed-tensors config_groups quantize int8 activations both symmetrically and "
                                 "asymmetrically (input_activations.symmetric); one kind per checkpoint is supported")

@@ -4,7 +4,9 @@ each quantized linear layer stored under its module name as
 - `weight_packed`: uint8 [N, K / 2], two FP4 (E2M1) codes a byte along K, the even element in
   the low nibble; a code is a sign (bit 3) and an index (bits 0-2) into 0, 0.5, 1, 1.5, 2, 3, 4, 6;
 - `weight_scale`: float8 e4m3 [N, K / 16], one per group of 16 inputs of a row;
-- `weight_global_scale`: float32 [1].
+- `weight_global_scale`: float32 [1];
+- with FP4 activations (the NVFP4 scheme, W4A4), `input_global_scale`: float32 [1], calibrated
+  (kernels/fp4.py quantizes the layer's input with it).
 
 W = value(code) * (weight_scale / weight_global_scale), in float32 (compressed-tensors'
 dequantization: the group's scale divided by the global one, then the product, each rounded to
@@ -34,7 +36,8 @@ def members(names: set[str], prefix: str) -> tuple[str, ...] | None:
     absent = [p for p in _PARTS if f"{prefix}.{p}" not in names]
     if absent:
         raise QuantizationError(f"NVFP4 layer {prefix} lacks {', '.join(absent)}")
-    return tuple(f"{prefix}.{p}" for p in _PARTS)
+    extra = (f"{prefix}.input_global_scale",) if f"{prefix}.input_global_scale" in names else ()
+    return tuple(f"{prefix}.{p}" for p in _PARTS) + extra
 
 
 def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int]) -> IntWeights:

@@ -109,12 +109,18 @@ def make_resident(
             group = int4_group(ckpt, module_name, sources, quant)
             books = [codebook_of(ckpt, lin) for lin, _ in sources]
             if group is None or not same_codebook(books):
+                if quant.act_quant == "fp4":  # dequantized, its activations would not be quantized
+                    raise QuantizationError(f"{module_name}: its NVFP4 layers cannot be fused into one packed "
+                                            "layer (different widths or groups); W4A4 layers run packed only")
                 kept.add(module_name)
                 continue
             bits, _, num_groups = int_layout(ckpt, sources[0][0], quant)
+            fp4_input = quant.act_quant == "fp4"
+            if fp4_input:
+                _check_fp4_input_scales(ckpt, module_name, sources)
             with torch.device("meta"):
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
-                                        bits=bits, codebook=books[0] is not None)
+                                        bits=bits, codebook=books[0] is not None, fp4_input=fp4_input)
         else:
             kept.add(module_name)
             continue
@@ -125,6 +131,21 @@ def make_resident(
                     "activation orders, widths or codebooks, bitsandbytes blocks across rows, mixed formats), e.g. %s",
                     len(kept), sorted(kept)[0])
     return out
+
+
+def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]]) -> None:
+    """A fused NVFP4 W4A4 projection quantizes its one input once: its layers' calibrated input
+    global scales must agree (llm-compressor shares them, as q/k/v and gate/up see one input)."""
+    scales = []
+    for lin, _ in sources:
+        name = f"{lin.prefix}.input_global_scale"
+        if name not in lin.members:
+            raise QuantizationError(f"{lin.prefix} lacks input_global_scale (NVFP4 with FP4 activations)")
+        scales.append(ckpt.get(name).to(torch.float32).reshape(1))
+    if any(not torch.equal(s, scales[0]) for s in scales):
+        raise QuantizationError(f"{module_name}: its NVFP4 layers' input_global_scale differ "
+                                f"({', '.join(str(float(s)) for s in scales)}); fused layers quantize one input "
+                                "with one scale")
 
 
 def same_codebook(books: list[torch.Tensor | None]) -> bool:
@@ -325,6 +346,8 @@ def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, 
     fill_int4(module.qweight, module.zeros, module.scales, module.group_size, iw, t)
     if module.codebook is not None and iw.codebook is not None:  # (make_resident checked they are all one)
         module.codebook.copy_(iw.codebook)
+    if module.input_global_scale is not None:  # (one for the fused layers: make_resident checked)
+        module.input_global_scale.copy_(ckpt.get(f"{lin.prefix}.input_global_scale").to(torch.float32).reshape(1))
     if module.g_idx is not None:  # activation order: this rank's rows' groups (the fused layers share them)
         module.g_idx.copy_(_narrow(iw.groups, t, dim=0) if t.dim == 1 else iw.groups)
 

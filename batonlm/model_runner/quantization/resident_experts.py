@@ -73,7 +73,7 @@ def make_resident_experts(
         logger.log(logging.WARNING if w8a8 else logging.INFO,
                    "%d MoE layer(s) run their experts dequantized%s (formats the expert kernels do not cover: gate "
                    "and up in different activation orders, static and dynamic activations mixed, int8 activations "
-                   "with zero points, other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
+                   "with zero points, FP4 activations, other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
                    kept[0])
     return out
 
@@ -128,6 +128,8 @@ def _int4_experts(
     size (a rank's slice of the down projections' rows in whole groups, or a start-up error), or
     in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
     if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4", "nvfp4"} | weight_only_int8(quant):
+        return None
+    if quant.act_quant == "fp4":  # NVFP4 W4A4 experts: no expert kernel quantizes FP4 activations
         return None
     books = [codebook_of(ckpt, lin) for lin, _ in sources]
     if not same_codebook(books):

@@ -63,6 +63,7 @@ LLMC_FIXTURES = {
     "w8a8-static-asym": ("static", "W8A8 with asymmetric static per-tensor activations"),
     "w4a16-gptq": ("gptq", "W4A16"),
     "nvfp4a16": ("rtn", "NVFP4A16"),
+    "nvfp4": ("calibrated", "NVFP4"),  # FP4 activations too: their global scales calibrated
 }
 
 
@@ -117,6 +118,10 @@ def make_llmcompressor(names: list[str]) -> None:
         if kind == "rtn":
             recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
             oneshot(model=model, recipe=recipe)
+        elif kind == "calibrated":  # a preset whose static activation parameters need data
+            recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
+            ds = calibration_dataset()
+            oneshot(model=model, recipe=recipe, dataset=ds, num_calibration_samples=len(ds), max_seq_length=64)
         elif kind == "static":  # int8 per-channel weights; int8 activations per tensor (calibrated) or token
             from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 

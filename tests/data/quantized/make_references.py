@@ -157,7 +157,8 @@ def dequantized_model(d: Path):
 
 
 def activation_args(d: Path) -> dict | None:
-    """The 8-bit (float8 or int8) input_activations args of a compressed-tensors fixture, if any."""
+    """The 8-bit (float8 or int8) or NVFP4 input_activations args of a compressed-tensors fixture,
+    if any."""
     qcfg = json.loads((d / "config.json").read_text()).get("quantization_config") or {}
     if qcfg.get("quant_method") != "compressed-tensors":
         return None
@@ -165,11 +166,15 @@ def activation_args(d: Path) -> dict | None:
     a = group.get("input_activations")
     if a and a["num_bits"] == 8 and (a["dynamic"] or a["type"] == "int"):
         return a
+    if a and (a["type"], a["num_bits"]) == ("float", 4):
+        return a
     return None
 
 
 def add_activation_quant(model, args: dict, d: Path) -> None:
-    if args["type"] == "float":
+    if (args["type"], args["num_bits"]) == ("float", 4):
+        add_fp4_activation_quant(model, args, load_tensors(d))
+    elif args["type"] == "float":
         add_fp8_activation_quant(model, args)
     elif args["dynamic"]:
         add_int8_activation_quant(model, args)
@@ -230,6 +235,27 @@ def add_int8_activation_quant(model, args: dict) -> None:
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
             mod.register_forward_pre_hook(hook if args["symmetric"] else asym_hook)
+
+
+def add_fp4_activation_quant(model, args: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """NVFP4 activations (W4A4): every decoder Linear's input quantized and dequantized by
+    compressed-tensors' own functions (its dynamic per-16 scales with the layer's calibrated
+    `input_global_scale`), in float32."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+
+    qargs = QuantizationArgs(**args)
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
+            glob = tensors[name + ".input_global_scale"].float()
+
+            def hook(mod, inputs, glob=glob):
+                x = inputs[0]
+                scale, zero = compute_dynamic_scales_and_zp(value=x, args=qargs, module=mod, global_scale=glob)
+                return (fake_quantize(x, scale, zero, qargs, global_scale=glob),)
+
+            mod.register_forward_pre_hook(hook)
 
 
 def add_static_int8_activation_quant(model, tensors: dict[str, torch.Tensor]) -> None:
@@ -315,7 +341,7 @@ def main() -> None:
         meaning = "dequantized fp32 weights"
         if (act := activation_args(d)) is not None:
             add_activation_quant(ref_model, act, d)
-            kind = "fp8 e4m3" if act["type"] == "float" else "int8"
+            kind = "int8" if act["type"] == "int" else "fp8 e4m3" if act["num_bits"] == 8 else "nvfp4"
             how = ("dynamic" if act["dynamic"] else "static") + ("" if act["symmetric"] else " asymmetric")
             meaning += f" + {kind} {how} activations per {act['strategy']}"
         ref_logits, ref_greedy = run(ref_model, ids)

@@ -1,0 +1,55 @@
+"""NVFP4 activations (compressed-tensors' NVFP4 scheme, W4A4): a layer's input quantized to FP4
+E2M1 per token and group of 16 and back, as compressed-tensors computes it; the layer then
+multiplies those values by its NVFP4 weights (the codebook GEMM of `quant.py`). Torch operations
+on every device (no host synchronisation).
+
+For x [M, K] (K a multiple of 16) and the layer's calibrated `input_global_scale` g (float32):
+- a group's scale s = fp8(g * (amax / 6)): its largest |x| over E2M1's largest, times g, rounded
+  to float8 e4m3 (clamped to +-448; each operation rounded to float32, the division by a tensor 6
+  as compressed-tensors divides by its range); a scale of 0 becomes 0.125 (float8 e4m3's eps, its
+  substitute for a zero scale);
+- step = s / g; each value x / step, clamped to [-6, 6], rounded to the nearest E2M1 value
+  (0, 0.5, 1, 1.5, 2, 3, 4, 6; a tie to the one with an even mantissa), times step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batonlm.kernels._checks import check_2d, check_scale, fail
+
+GROUP = 16
+E2M1_MAX = 6.0
+FP8_MAX = 448.0
+ZERO_SCALE = 0.125  # compressed-tensors' eps for a float8 e4m3 scale that rounds to 0
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def round_e2m1(v: torch.Tensor) -> torch.Tensor:
+    """float32 v, clamped to [-6, 6], rounded to the nearest E2M1 value (ties to even)."""
+    table = torch.tensor(_E2M1, dtype=torch.float32, device=v.device)
+    mag = v.abs().clamp(max=E2M1_MAX)
+    mids = (table[:-1] + table[1:]) / 2
+    index = torch.bucketize(mag, mids)  # the first midpoint >= the value: a tie lands on the lower ...
+    tie = (index < len(_E2M1) - 1) & (mag == mids[index.clamp(max=len(_E2M1) - 2)]) & (index % 2 == 1)
+    value = table[index + tie.long()]  # ... moved up where the lower one's mantissa is odd
+    return torch.where(v < 0, -value, value)
+
+
+def nvfp4_fake_quant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] quantized to NVFP4 per token and group of 16 with `global_scale` (float32 [1] or
+    []) and back, in x's dtype (computed in float32)."""
+    check_2d(x, "x")
+    if not x.is_floating_point():
+        raise fail("x", "a floating-point tensor", x.dtype)
+    m, k = x.shape
+    if k % GROUP:
+        raise fail("x", f"a multiple of {GROUP} columns (NVFP4's groups)", k)
+    check_scale(global_scale, "global_scale", [(), (1,)])
+    g = global_scale.reshape(())
+    xf = x.float().view(m, k // GROUP, GROUP)
+    amax = xf.abs().amax(dim=2, keepdim=True)
+    scale = (g * (amax / torch.full_like(amax, E2M1_MAX))).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+    scale = torch.where(scale == 0, torch.full_like(scale, ZERO_SCALE), scale)
+    step = scale / g
+    return (round_e2m1(xf / step) * step).view(m, k).to(x.dtype)
