@@ -26,13 +26,14 @@ _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:
-    """float32 v, clamped to [-6, 6], rounded to the nearest E2M1 value (ties to even)."""
-    table = torch.tensor(_E2M1, dtype=torch.float32, device=v.device)
-    mag = v.abs().clamp(max=E2M1_MAX)
-    mids = (table[:-1] + table[1:]) / 2
-    index = torch.bucketize(mag, mids)  # the first midpoint >= the value: a tie lands on the lower ...
-    tie = (index < len(_E2M1) - 1) & (mag == mids[index.clamp(max=len(_E2M1) - 2)]) & (index % 2 == 1)
-    value = table[index + tie.long()]  # ... moved up where the lower one's mantissa is odd
+    """float32 v, clamped to [-6, 6], rounded to the nearest E2M1 value (ties to even). Each value
+    against the midpoints of its neighbours, scalars only (no table copied to the device: a CUDA
+    graph captures it): a midpoint belongs to the neighbour with the even mantissa (0, 1, 2, 4)."""
+    mag = v.abs()
+    value = torch.full_like(mag, _E2M1[-1])
+    for below, above, mid_to_lower in zip(reversed(_E2M1[:-1]), reversed(_E2M1[1:]), (True, False) * 4):
+        mid = (below + above) / 2
+        value = torch.where(mag <= mid if mid_to_lower else mag < mid, below, value)
     return torch.where(v < 0, -value, value)
 
 

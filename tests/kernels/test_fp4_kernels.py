@@ -65,3 +65,22 @@ def test_a_compiled_graph_gives_the_eager_values():
 def test_a_bad_argument_is_named(args, name):
     with pytest.raises(ValueError, match=f"^{name}:"):
         nvfp4_fake_quant(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_values_are_the_cpus_and_a_cuda_graph_captures_them():
+    """On CUDA the same values bit for bit (tensor divisions and float8 rounding are exact there
+    too), and the quantization replays in a CUDA graph (no host copies or synchronisation)."""
+    x = torch.randn(64, 4096, generator=torch.Generator().manual_seed(5)) * 3
+    glob = torch.tensor([200.0])
+    want = nvfp4_fake_quant(x, glob)
+    xc, gc = x.cuda(), glob.cuda()
+    assert torch.equal(nvfp4_fake_quant(xc, gc).cpu(), want)
+    graph = torch.cuda.CUDAGraph()
+    nvfp4_fake_quant(xc, gc)  # warm up outside the capture
+    with torch.cuda.graph(graph):
+        out = nvfp4_fake_quant(xc, gc)
+    xc.copy_(x.flip(0).cuda())
+    graph.replay()
+    assert torch.equal(out.cpu(), nvfp4_fake_quant(x.flip(0), glob))
