@@ -107,9 +107,9 @@ def test_the_checkpoints_method_is_read() -> None:
         "weights": FP4_WEIGHTS, "input_activations": {**FP4_WEIGHTS, "strategy": "group", "group_size": 32,
                                                       "dynamic": True}}}}}, "auto",
      ["input_activations", "float 4-bit", "NVFP4's"]),
-    ({"quantization_config": {**CT_W4A16, "format": "mxfp4-pack-quantized"}}, "auto", ["'mxfp4-pack-quantized'"]),
+    ({"quantization_config": {**CT_W4A16, "format": "mxfp8-quantized"}}, "auto", ["'mxfp8-quantized'"]),
     ({"quantization_config": {**CT_W4A16, "config_groups": {"g": {"weights": {
-        **FP4_WEIGHTS, "strategy": "group", "group_size": 32}}}}}, "auto", ["float 4-bit", "'group'", "32", "NVFP4"]),
+        **FP4_WEIGHTS, "strategy": "group", "group_size": 64}}}}}, "auto", ["float 4-bit", "'group'", "64", "MXFP4"]),
 ])
 def test_an_unloadable_config_is_one_clear_line(raw: dict, flag: str, words: list[str]) -> None:
     with pytest.raises(QuantizationError) as e:

@@ -353,6 +353,24 @@ def test_nvfp4_weights_give_the_dequantized_models_logits(resident: bool) -> Non
     assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
 
 
+@pytest.mark.parametrize("resident", [False, True])
+def test_mxfp4_weights_give_the_dequantized_models_logits(resident: bool) -> None:
+    """llm-compressor's MXFP4A16 (FP4 E2M1 codes, an E8M0 exponent per 32 inputs), dequantized on
+    load or kept packed with the E2M1 table in groups of 32: the float32 model of the weights the
+    format means (`dequantized_logits`, decoded by make_references.py) to the float32 bound.
+    (transformers runs it in bfloat16 only, 0.26 off, its greedy tokens not the float32 model's
+    at a near tie.)"""
+    ref = _reference("mxfp4a16")
+    ids = ref["input_ids"].reshape(-1)
+    quant = ModelConfig.from_hf(DATA / "mxfp4a16").quantization
+    assert quant is not None and quant.description == "compressed-tensors (MXFP4 weights)"
+    runner = _runner(DATA / "mxfp4a16", resident=resident)
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(packed) == (8 if resident else 0) and all(m.group_size == 32 and m.codebook is not None for m in packed)
+    want = ref["dequantized_logits"]
+    assert (_prompt_logits(runner, ids) - want).abs().max() <= RELATIVE * want.abs().max()
+
+
 def test_nvfp4_w4a4_quantizes_its_activations_as_compressed_tensors_does() -> None:
     """llm-compressor's NVFP4 (W4A4: FP4 activations per token and 16 inputs, with each layer's
     calibrated input global scale) runs packed on every device, its inputs quantized as
@@ -592,7 +610,7 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
 
 
 @pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8",
-                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8", "nvfp4a16", "nvfp4"])
+                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8", "nvfp4a16", "nvfp4", "mxfp4a16"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,
@@ -686,7 +704,7 @@ def test_phi3_fused_projections_in_gptq_int4(tiny_models, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static", "bnb-nf4",
-                                  "nvfp4a16", *GPTQ_AWQ])
+                                  "nvfp4a16", "mxfp4a16", *GPTQ_AWQ])
 def test_the_int_layout_read_from_shapes_is_the_unpacked_ones(name: str) -> None:
     """What decides whether a layer stays int4 (its bits and consecutive groups) is read without
     unpacking its values; it is what the unpacked layer says, activation order included."""

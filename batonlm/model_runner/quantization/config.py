@@ -55,7 +55,8 @@ class QuantConfig:
     act_quant: str = "none"  # "fp8" / "int8" / "fp4": the checkpoint's layers quantize their inputs (W8A8, NVFP4)
     act_symmetric: bool = True
     llm_int8_threshold: float = 0.0
-    fp4: bool = False  # compressed-tensors NVFP4 weights (named at start-up)
+    fp4: bool = False  # compressed-tensors FP4 weights (named at start-up): NVFP4, or MXFP4 with `mx`
+    mx: bool = False
 
     @property
     def description(self) -> str:
@@ -75,7 +76,8 @@ class QuantConfig:
                                       else "(per channel, dynamic activations)")
         asym = "" if self.act_symmetric else "asymmetric "
         if self.fp4:
-            return self.method + (" (NVFP4 weights and activations)" if self.act_quant == "fp4" else " (NVFP4 weights)")
+            kind = "MXFP4" if self.mx else "NVFP4"
+            return self.method + (f" ({kind} weights and activations)" if self.act_quant == "fp4" else f" ({kind} weights)")
         return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
@@ -193,7 +195,7 @@ def _awq(qc: dict[str, Any]) -> QuantConfig:
 def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
     fmt = str(qc.get("format", ""))
     supported = ("float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "nvfp4-pack-quantized",
-                 "mixed-precision")
+                 "mxfp4-pack-quantized", "mixed-precision")
     if fmt not in supported:
         raise QuantizationError(f"compressed-tensors quantization_config.format {fmt!r} is not supported "
                                 f"(supported: {', '.join(supported)})")
@@ -209,10 +211,11 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
             raise QuantizationError(f"compressed-tensors config_groups.{name}.weights: {kind} {bits}-bit is not "
                                     "supported (supported: float 8-bit, float 4-bit NVFP4, int 4-bit, int 8-bit)")
         strategy = weights.get("strategy")
-        if (kind, bits) == ("float", 4) and (strategy, weights.get("group_size")) != ("tensor_group", 16):
+        if (kind, bits) == ("float", 4) and (strategy, weights.get("group_size")) not in (("tensor_group", 16),
+                                                                                          ("group", 32)):
             raise QuantizationError(f"compressed-tensors config_groups.{name}.weights: float 4-bit with strategy "
                                     f"{strategy!r} and group_size {weights.get('group_size')!r} is not supported "
-                                    "(supported: NVFP4, tensor_group with groups of 16)")
+                                    "(supported: NVFP4, tensor_group with groups of 16; MXFP4, group of 32)")
         if strategy not in ("tensor", "channel", "group", "block", "tensor_group"):
             raise QuantizationError(f"compressed-tensors config_groups.{name}.weights.strategy {strategy!r} is "
                                     "not supported (supported: tensor, channel, group, block, tensor_group)")
@@ -227,9 +230,10 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
     block = blocks.pop() if blocks else None
     act_quant, act_symmetric = _activations(groups)
     fp4 = any((g["weights"].get("type"), g["weights"].get("num_bits")) == ("float", 4) for g in groups.values())
+    mx = fmt == "mxfp4-pack-quantized" or any(g.get("format") == "mxfp4-pack-quantized" for g in groups.values())
     return QuantConfig("compressed-tensors", block=(block[0], block[1]) if block else None,
                        group_size=sizes.pop() if len(sizes) == 1 else -1, act_quant=act_quant,
-                       act_symmetric=act_symmetric, fp4=fp4)
+                       act_symmetric=act_symmetric, fp4=fp4, mx=mx)
 
 
 def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
@@ -244,7 +248,7 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
             continue
         if acts.get("type") == "float" and acts.get("num_bits") == 4:
             fp4 = (acts.get("strategy"), acts.get("group_size"), acts.get("dynamic"))
-            if fp4 != ("tensor_group", 16, "local"):
+            if fp4 != ("tensor_group", 16, "local"):  # (MXFP4's activations, per 32 with E8M0 scales: not read)
                 raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float 4-bit "
                                         f"activations {fp4} are not supported (supported: NVFP4's, "
                                         "tensor_group of 16, dynamic 'local' with a calibrated global scale)")

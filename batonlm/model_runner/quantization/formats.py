@@ -10,7 +10,8 @@ A quantized linear layer is stored as several tensors under its module name (its
   K, each + 2^(bits-1) so it is unsigned, the first in the lowest bits), `weight_shape`, `weight_scale` [N, K/G] and for
   asymmetric schemes `weight_zero_point` (packed along N the same way); `weight_g_idx` for
   activation-ordered groups. W = (q - zero) * scale. NVFP4 (`nvfp4-pack-quantized`):
-  `weight_packed` FP4 codes, `weight_scale` FP8 per 16 inputs, `weight_global_scale` (`nvfp4.py`).
+  `weight_packed` FP4 codes, `weight_scale` FP8 per 16 inputs, `weight_global_scale` (`nvfp4.py`);
+  MXFP4 (`mxfp4-pack-quantized`): the same codes, a uint8 E8M0 `weight_scale` per 32 (`mxfp4.py`).
 - GPTQ (AutoGPTQ, GPTQModel): `qweight` int32 [K/8, N] (packed along K, the first row in the
   lowest bits), `qzeros` int32 [K/G, N/8] (packed along N; `checkpoint_format` gptq stores
   zero - 1), `scales` [K/G, N], `g_idx` [K] (each input row's group). W^T = (q - zero) * scale.
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
-from batonlm.model_runner.quantization import bnb, nvfp4
+from batonlm.model_runner.quantization import bnb, mxfp4, nvfp4
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.int_weights import IntWeights
 
@@ -100,6 +101,10 @@ def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: Qu
     if leaf == "weight_packed" and (fp4 := nvfp4.members(names, prefix)) is not None:
         rows, half = ckpt.shape(p + "weight_packed")
         return QuantizedLinear(prefix, "nvfp4", fp4, (rows, 2 * half))
+    if leaf == "weight_packed" and ckpt.dtype(p + "weight_packed") == "U8" and p + "weight_scale" in names and \
+            ckpt.dtype(p + "weight_scale") == "U8":  # MXFP4: FP4 codes with E8M0 exponents
+        rows, half = ckpt.shape(p + "weight_packed")
+        return QuantizedLinear(prefix, "mxfp4", mxfp4.members(names, prefix), (rows, 2 * half))
     if leaf == "weight_packed":
         members = [m for m in (p + "weight_packed", p + "weight_shape", p + "weight_scale", p + "weight_zero_point",
                                p + "weight_g_idx") if m in names]
@@ -152,8 +157,9 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
         size = -(-k // num_groups)
         groups = _group_index(ckpt, p + "weight_g_idx", lin, k, num_groups, size)
         return 8, size if torch.equal(groups, torch.arange(k) // size) else None, num_groups
-    if lin.storage == "nvfp4":
-        return 4, nvfp4.GROUP, -(-k // nvfp4.GROUP)
+    if lin.storage in ("nvfp4", "mxfp4"):
+        size = nvfp4.GROUP if lin.storage == "nvfp4" else mxfp4.GROUP
+        return 4, size, -(-k // size)
     if lin.storage == "bnb4":  # a row's blocks are its groups where it holds whole ones (no g_idx: else dequantized)
         size = bnb.blocksize(ckpt, lin.members[1])
         if k % size:
@@ -280,15 +286,20 @@ def _nvfp4_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> I
     return nvfp4.int_weights(ckpt, lin.prefix, lin.shape)
 
 
+def _mxfp4_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
+    return mxfp4.int_weights(ckpt, lin.prefix, lin.shape)
+
+
 def codebook_of(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor | None:
     """A layer's codebook (bitsandbytes' `quant_map`, NVFP4's E2M1 values), or None: its codes
     are integers."""
-    if lin.storage == "nvfp4":
+    if lin.storage in ("nvfp4", "mxfp4"):
         return nvfp4.CODEBOOK
     return ckpt.get(f"{lin.prefix}.weight.quant_map").to(torch.float32) if lin.storage == "bnb4" else None
 
 
-_INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq, "int": _int8, "bnb4": _bnb4_ints, "nvfp4": _nvfp4_ints}
+_INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq, "int": _int8, "bnb4": _bnb4_ints, "nvfp4": _nvfp4_ints,
+                "mxfp4": _mxfp4_ints}
 
 
 def _int_dense(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
@@ -309,7 +320,7 @@ def _bnb8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.T
 
 
 _DEQUANTIZE = {"fp8": _scaled, "int": _int_scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense,
-               "bnb4": _bnb4, "bnb8": _bnb8, "nvfp4": _int_dense}
+               "bnb4": _bnb4, "bnb8": _bnb8, "nvfp4": _int_dense, "mxfp4": _int_dense}
 
 
 def unpack_words(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

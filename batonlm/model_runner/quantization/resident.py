@@ -105,7 +105,7 @@ def make_resident(
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
-        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4"} | weight_only_int8(quant):  # weight-only, 4 or 8 bits
+        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4"} | weight_only_int8(quant):  # weight-only, 4 or 8 bits
             group = int4_group(ckpt, module_name, sources, quant)
             books = [codebook_of(ckpt, lin) for lin, _ in sources]
             if group is None or not same_codebook(books):

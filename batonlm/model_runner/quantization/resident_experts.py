@@ -127,7 +127,7 @@ def _int4_experts(
     """`Int4Experts` when every expert's projections are 4-bit with consecutive groups of one
     size (a rank's slice of the down projections' rows in whole groups, or a start-up error), or
     in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
-    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4", "nvfp4"} | weight_only_int8(quant):
+    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4"} | weight_only_int8(quant):
         return None
     if quant.act_quant == "fp4":  # NVFP4 W4A4 experts: no expert kernel quantizes FP4 activations
         return None

@@ -63,6 +63,7 @@ LLMC_FIXTURES = {
     "w8a8-static-asym": ("static", "W8A8 with asymmetric static per-tensor activations"),
     "w4a16-gptq": ("gptq", "W4A16"),
     "nvfp4a16": ("rtn", "NVFP4A16"),
+    "mxfp4a16": ("rtn", "MXFP4A16"),
     "nvfp4": ("calibrated", "NVFP4"),  # FP4 activations too: their global scales calibrated
 }
 

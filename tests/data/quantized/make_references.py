@@ -88,16 +88,20 @@ def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Ten
             else:
                 gi = torch.arange(K) // G
             out[p + ".weight"] = s[:, gi] * (q - z[:, gi]).to(torch.float32)
-        elif fmt == "nvfp4-pack-quantized" and k.endswith(".weight_packed"):
-            # E2M1 codes, two a byte (the even element low), sign in bit 3; FP8 scales per 16
-            # inputs divided by the global scale: W = value * (scale / global)
+        elif fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized") and k.endswith(".weight_packed"):
+            # E2M1 codes, two a byte (the even element low), sign in bit 3; NVFP4: FP8 scales per
+            # 16 inputs divided by the global scale, W = value * (scale / global); MXFP4: E8M0
+            # exponents per 32 inputs, W = value * 2^(e - 127)
             p = k[: -len(".weight_packed")]
             byte = t[k].to(torch.int64)
             codes = torch.stack([byte & 15, byte >> 4], dim=2).reshape(byte.shape[0], -1)
             mag = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])[codes & 7]
             value = torch.where(codes >= 8, -mag, mag)
-            s = t[p + ".weight_scale"].to(torch.float32) / t[p + ".weight_global_scale"].to(torch.float32)
-            out[p + ".weight"] = value * s.repeat_interleave(16, dim=1)[:, : value.shape[1]]
+            if fmt == "nvfp4-pack-quantized":
+                s, group = t[p + ".weight_scale"].to(torch.float32) / t[p + ".weight_global_scale"].to(torch.float32), 16
+            else:
+                s, group = 2.0 ** (t[p + ".weight_scale"].to(torch.float64) - 127), 32
+            out[p + ".weight"] = (value.double() * s.double().repeat_interleave(group, dim=1)[:, : value.shape[1]]).float()
     return out
 
 
@@ -326,10 +330,10 @@ def main() -> None:
         d = HERE / name
         qc = loading_config(d)
         kw = {"quantization_config": qc} if qc is not None else {}
-        # compressed-tensors decompresses NVFP4 weights to bfloat16 (a float32 model fails on the
-        # dtypes): transformers runs that fixture in bfloat16.
-        fp4 = (json.loads((d / "config.json").read_text()).get("quantization_config") or {}).get("format") == \
-            "nvfp4-pack-quantized"
+        # compressed-tensors decompresses NVFP4 / MXFP4 weights to bfloat16 (a float32 model fails
+        # on the dtypes): transformers runs those fixtures in bfloat16.
+        fp4 = (json.loads((d / "config.json").read_text()).get("quantization_config") or {}).get("format") in \
+            ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
         try:
             model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16 if fp4 else torch.float32,
                                                          device_map="cpu", **kw).eval()
