@@ -425,21 +425,27 @@ def test_the_lora_mix_benchmark_runs_end_to_end(tmp_path):
     assert "adapters in use" in done.stdout
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["dequantized", "packed"])
-def test_adapters_on_a_quantized_base(adapters, references, stories_path, tmp_path, monkeypatch, packed):
-    """Adapters trained on the float model served on its GPTQ int4 checkpoint (as QLoRA adapters
-    are): each request gets transformers + PEFT's tokens on the float model the checkpoint means
-    (its dequantized weights), base rows and adapter rows mixed in one batch; with the
-    projections dequantized on load (the CPU's default) or kept packed (CUDA's, forced here in an
-    inline device: `PackedIntLinear`, its torch reference exact in float32)."""
+@pytest.mark.parametrize("fmt, packed", [("gptq", False), ("gptq", True), ("nf4", True)],
+                         ids=["dequantized", "packed", "nf4-packed"])
+def test_adapters_on_a_quantized_base(adapters, references, stories_path, tmp_path, monkeypatch, fmt, packed):
+    """Adapters trained on the float model served on its GPTQ int4 checkpoint, or its bitsandbytes
+    NF4 one (QLoRA's own base format): each request gets transformers + PEFT's tokens on the float
+    model the checkpoint means (its dequantized weights), base rows and adapter rows mixed in one
+    batch; with the projections dequantized on load (the CPU's default) or kept packed (CUDA's,
+    forced here in an inline device: `PackedIntLinear`, with NF4's table, its torch reference
+    exact in float32)."""
+    from quant_bnb import write_bnb4_checkpoint
     from quant_formats import save_dequantized, write_gptq_checkpoint
 
     prompts, _ = references
-    gptq = tmp_path / "gptq"
+    gptq = tmp_path / fmt
     # The attention projections: the MLP's 172 features do not pack into int32 words of 8 (GPTQ
-    # would leave them float too).
+    # would leave them float too), nor into NF4's blocks of 64 per row.
     linears = ("q_proj", "k_proj", "v_proj", "o_proj")
-    deq = write_gptq_checkpoint(stories_path, gptq, bits=4, group_size=64, sym=False, linears=linears)
+    if fmt == "gptq":
+        deq = write_gptq_checkpoint(stories_path, gptq, bits=4, group_size=64, sym=False, linears=linears)
+    else:
+        deq = write_bnb4_checkpoint(stories_path, gptq, blocksize=64, linears=linears)
     save_dequantized(gptq, deq, tmp_path / "float")
     want = peft_references(str(tmp_path / "float"), adapters, prompts, 12)
     assert want[(None, 0)] != peft_greedy(stories_path, None, prompts[0], 12)  # the base is the quantized one
