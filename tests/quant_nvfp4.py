@@ -1,5 +1,6 @@
-"""Write an NVFP4A16 checkpoint (compressed-tensors' `nvfp4-pack-quantized`, the format
-llm-compressor's NVFP4A16 scheme saves) from a float checkpoint, for tests at shapes the fixture
+"""Write an NVFP4A16 (or NVFP4 W4A4, or MXFP4A16) checkpoint (compressed-tensors'
+`nvfp4-pack-quantized` / `mxfp4-pack-quantized`, the formats llm-compressor's schemes save) from a
+float checkpoint, for tests at shapes the fixture
 does not have (MoE experts); llm-compressor need not be installed. Not its numbers: it shares one
 global scale among q/k/v and among gate/up, rounded to bfloat16; here each layer has its own.
 
@@ -67,4 +68,42 @@ def write_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path, linears: tu
                                              "format": "nvfp4-pack-quantized"}}, "ignore": ["lm_head"]}
     if input_global_scale is not None:
         qconfig["config_groups"]["group_0"]["input_activations"] = {**weights, "dynamic": "local"}
+    return _write(src_dir, out_dir, linears, qconfig, quantize)
+
+
+def mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [N, K] (K a multiple of 32) -> (packed uint8 [N, K / 2], E8M0 exponents uint8 [N, K / 32],
+    the dequantized float32 [N, K]): each group's scale the power of two 2^e with its largest |w|
+    / 2^e at most 6 (E2M1's largest), the codes as for NVFP4."""
+    n, k = w.shape
+    groups = w.float().view(n, k // 32, 32)
+    amax = groups.abs().amax(dim=2, keepdim=True).clamp(min=2.0**-120)
+    e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    step = torch.ldexp(torch.ones_like(amax), e.to(torch.int32))
+    v = groups / step
+    mag = v.abs().clamp(max=6.0)
+    mids = (E2M1[:-1] + E2M1[1:]) / 2
+    index = torch.bucketize(mag, mids)
+    index = index + ((index < 7) & (mag == mids[index.clamp(max=6)]) & (index % 2 == 1)).long()
+    codes = (index | torch.where(v < 0, 8, 0)).reshape(n, k)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    value = torch.where(v < 0, -E2M1[index], E2M1[index])
+    return packed, (e + 127).to(torch.uint8).reshape(n, k // 32), (value * step).reshape(n, k)
+
+
+def write_mxfp4_checkpoint(src_dir: str | Path, out_dir: str | Path,
+                           linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
+    """The MXFP4A16 checkpoint (`mxfp4-pack-quantized`) of `src_dir`'s float weights; returns the
+    dequantized float32 weights (value * 2^(e - 127), exact)."""
+
+    def quantize(name: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        packed, exponent, deq = mxfp4_quantize(w)
+        prefix = name.removesuffix(".weight")
+        return {prefix + ".weight_packed": packed, prefix + ".weight_scale": exponent}, deq
+
+    weights = {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": True,
+               "dynamic": False, "scale_dtype": "torch.uint8"}
+    qconfig = {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "quantization_status": "compressed",
+               "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                             "format": "mxfp4-pack-quantized"}}, "ignore": ["lm_head"]}
     return _write(src_dir, out_dir, linears, qconfig, quantize)

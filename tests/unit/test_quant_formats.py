@@ -254,26 +254,30 @@ def test_the_8_bit_writer_is_bitsandbytes_bytes(tmp_path):
     assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(FIXTURES / "bnb-int8").quantization
 
 
-def test_the_nvfp4_writer_round_trips(tmp_path):
-    """tests/quant_nvfp4.py: batonlm reads back the dequantized weights it returns, bit for bit,
-    each within half an E2M1 step of the float weight (the step at 4-6 is 2: at most 1 scale
-    unit; the FP8 scale's own rounding, 2^-4, moves the grid by no more than that)."""
-    from quant_nvfp4 import write_nvfp4_checkpoint
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_the_fp4_writers_round_trip(tmp_path, fmt):
+    """tests/quant_nvfp4.py: batonlm reads back the dequantized weights a writer returns, bit for
+    bit, each within one step of its group (E2M1's widest gap, 4 to 6, is 2 steps: half of it;
+    NVFP4's FP8 scale rounds by 2^-4 more; MXFP4's power of two puts amax / step in (3, 6]) of the
+    float weight."""
+    from quant_nvfp4 import write_mxfp4_checkpoint, write_nvfp4_checkpoint
 
     from batonlm.model_runner.model_config import ModelConfig
     from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
     from batonlm.model_runner.weight_loader import checkpoint_files
 
-    out = tmp_path / "nvfp4"
-    deq = write_nvfp4_checkpoint(FIXTURES / "fp32-source", out)
+    out = tmp_path / fmt
+    deq = (write_nvfp4_checkpoint if fmt == "nvfp4" else write_mxfp4_checkpoint)(FIXTURES / "fp32-source", out)
     src = load_file(str(FIXTURES / "fp32-source" / "model.safetensors"))
     quant = ModelConfig.from_hf(out).quantization
-    assert quant is not None
+    assert quant is not None and quant.description == f"compressed-tensors ({fmt.upper()} weights)"
+    group = 16 if fmt == "nvfp4" else 32
     with DequantizedCheckpoint(checkpoint_files(out), quant) as ckpt:
         assert len(ckpt.linears) == 14
         for name, w in deq.items():
             assert torch.equal(ckpt.read(name), w), name
             n, k = w.shape
-            amax = src[name].float().view(n, k // 16, 16).abs().amax(dim=2, keepdim=True)
-            err = (w - src[name].float()).view(n, k // 16, 16).abs()
-            assert bool((err <= amax / 6 * (1 + 2.0**-4) + 1e-12).all()), name
+            amax = src[name].float().view(n, k // group, group).abs().amax(dim=2, keepdim=True)
+            err = (w - src[name].float()).view(n, k // group, group).abs()
+            step = amax / 6 * (1 + 2.0**-4) if fmt == "nvfp4" else amax / 3  # MXFP4: 2^e < amax / 3 at most
+            assert bool((err <= step + 1e-12).all()), name
