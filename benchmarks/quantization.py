@@ -91,7 +91,6 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
     w_i8 = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).to(device)
     w_i8_scale = (torch.rand(n, generator=g) / 100).to(device)
     w_i8_sum = weight_sums(w_i8)
-    w_i8_f = w_i8.float() if device == "cpu" else None  # LlmInt8Linear's CPU operand for the outlier columns
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for m in ms:
@@ -110,7 +109,7 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
             return int8_scaled_matmul(x_q, x_s, w_i8, w_i8_scale, x.dtype, x_zero=x_z, w_sum=w_i8_sum)
 
         def llm_int8(x=x):  # bitsandbytes 8-bit: int8 rows with outlier columns (here none: |x| < 6 mostly)
-            return llm_int8_matmul(x, *llm_int8_quant(x, 6.0), w_i8, w_i8_scale, None, w_i8_f)
+            return llm_int8_matmul(x, *llm_int8_quant(x, 6.0), w_i8, w_i8_scale)
 
         ways = {"float": lambda x=x: F.linear(x, w), "int4 dequant-GEMM": lambda x=x: int4_dequant_matmul(
             x, qweight, scales, zeros, 128), "nf4 codebook GEMM": lambda x=x: int4_dequant_matmul(

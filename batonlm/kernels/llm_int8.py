@@ -92,43 +92,37 @@ def _check_matmul(x, x_q, rs, cols, w_q, scb, bias) -> None:
 
 
 def llm_int8_matmul_reference(x: torch.Tensor, x_q: torch.Tensor, rs: torch.Tensor, cols: torch.Tensor,
-                              w_q: torch.Tensor, scb: torch.Tensor, bias: torch.Tensor | None = None,
-                              w_f: torch.Tensor | None = None) -> torch.Tensor:
-    """`w_f`: the codes in float32 (w_q.float(), which a CPU layer keeps from load), else
-    converted here (the outlier columns' only)."""
+                              w_q: torch.Tensor, scb: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     _check_matmul(x, x_q, rs, cols, w_q, scb, bias)
     y = int_product(x_q, w_q).float() * (rs[:, None] * scb[None, :]) * INT_SCALE
     if bias is not None:
         y = y + bias.float()
-    return (y + _outlier_product(x, cols, w_q, w_f, scb)).to(x.dtype)
+    return (y + _outlier_product(x, cols, w_q, scb)).to(x.dtype)
 
 
 @torch.library.custom_op("batonlm::llm_int8_outliers", mutates_args=())
-def _outlier_product(x: torch.Tensor, cols: torch.Tensor, w_q: torch.Tensor, w_f: torch.Tensor | None,
-                     scb: torch.Tensor) -> torch.Tensor:
+def _outlier_product(x: torch.Tensor, cols: torch.Tensor, w_q: torch.Tensor, scb: torch.Tensor) -> torch.Tensor:
     """float32 [M, N]: the outlier columns of x times those of W, only those columns gathered
-    (their indices read on the host). One opaque op, so a compiled graph calls it as it is rather
+    (their indices read on the host) and their codes converted to float32. One opaque op, so a compiled graph calls it as it is rather
     than multiplying every column of masked activations (its shapes fixed by the batch alone)."""
     idx = cols.nonzero().flatten()
     if not idx.numel():
         return x.new_zeros((x.shape[0], w_q.shape[0]), dtype=torch.float32)
-    codes = w_q[:, idx].float() if w_f is None else w_f[:, idx]
-    return (x[:, idx].float() @ codes.T) * scb * OUTLIER_SCALE
+    return (x[:, idx].float() @ w_q[:, idx].float().T) * scb * OUTLIER_SCALE
 
 
 @_outlier_product.register_fake
-def _(x: torch.Tensor, cols: torch.Tensor, w_q: torch.Tensor, w_f: torch.Tensor | None,
-      scb: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, cols: torch.Tensor, w_q: torch.Tensor, scb: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], w_q.shape[0]), dtype=torch.float32)
 
 
 def llm_int8_matmul(x: torch.Tensor, x_q: torch.Tensor, rs: torch.Tensor, cols: torch.Tensor, w_q: torch.Tensor,
-                    scb: torch.Tensor, bias: torch.Tensor | None = None, w_f: torch.Tensor | None = None, *,
+                    scb: torch.Tensor, bias: torch.Tensor | None = None, *,
                     use_triton: bool | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype: x [M, K] through the LLM.int8 layer of codes w_q [N, K] and row
     scales scb [N], given `llm_int8_quant(x, threshold)`'s (x_q, rs, cols)."""
     if not (x.is_cuda if use_triton is None else use_triton):
-        return llm_int8_matmul_reference(x, x_q, rs, cols, w_q, scb, bias, w_f)
+        return llm_int8_matmul_reference(x, x_q, rs, cols, w_q, scb, bias)
     _check_matmul(x, x_q, rs, cols, w_q, scb, bias)
     from batonlm.kernels import _triton_llm_int8
 

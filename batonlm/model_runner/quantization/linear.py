@@ -134,30 +134,22 @@ class Int8Linear(nn.Module):
 class LlmInt8Linear(nn.Module):
     """bitsandbytes' 8-bit layer (LLM.int8): W [N, K] int8 with one float32 scale per output row
     (its absmax: W = code * scale / 127); activations quantized to int8 per row, the outlier
-    columns (an element of at least `threshold`) multiplied in float (kernels/llm_int8.py). On the
-    CPU `finish_load` keeps the codes as float32 for the outlier columns' product (`weight_f`,
-    4 bytes a weight), as Fp8Linear keeps its operand."""
+    columns (an element of at least `threshold`) multiplied in float (kernels/llm_int8.py)."""
 
     weight_q: torch.Tensor
     weight_scale: torch.Tensor
-    weight_f: torch.Tensor | None
 
     def __init__(self, n: int, k: int, threshold: float, bias: bool) -> None:
         super().__init__()
         self.n, self.k, self.threshold = n, k, threshold
         self.register_buffer("weight_q", torch.empty(n, k, dtype=torch.int8))
         self.register_buffer("weight_scale", torch.empty(n, dtype=torch.float32))
-        self.register_buffer("weight_f", None, persistent=False)
         self.bias = nn.Parameter(torch.empty(n)) if bias else None
-
-    def finish_load(self) -> None:
-        if self.weight_q.device.type == "cpu":
-            self.weight_f = self.weight_q.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
         x_q, rs, cols = llm_int8_quant(flat, self.threshold)
-        y = llm_int8_matmul(flat, x_q, rs, cols, self.weight_q, self.weight_scale, self.bias, self.weight_f)
+        y = llm_int8_matmul(flat, x_q, rs, cols, self.weight_q, self.weight_scale, self.bias)
         return y.reshape(*x.shape[:-1], self.n)
 
 
