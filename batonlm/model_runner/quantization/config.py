@@ -55,8 +55,7 @@ class QuantConfig:
     act_quant: str = "none"  # "fp8" / "int8" / "fp4": the checkpoint's layers quantize their inputs (W8A8, NVFP4)
     act_symmetric: bool = True
     llm_int8_threshold: float = 0.0
-    fp4: bool = False  # compressed-tensors FP4 weights (named at start-up): NVFP4, or MXFP4 with `mx`
-    mx: bool = False
+    fp4: str = ""  # compressed-tensors' FP4 weight format, "NVFP4" or "MXFP4" (named at start-up)
 
     @property
     def description(self) -> str:
@@ -76,8 +75,8 @@ class QuantConfig:
                                       else "(per channel, dynamic activations)")
         asym = "" if self.act_symmetric else "asymmetric "
         if self.fp4:
-            kind = "MXFP4" if self.mx else "NVFP4"
-            return self.method + (f" ({kind} weights and activations)" if self.act_quant == "fp4" else f" ({kind} weights)")
+            return self.method + (f" ({self.fp4} weights and activations)" if self.act_quant == "fp4"
+                                  else f" ({self.fp4} weights)")
         return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
@@ -229,11 +228,13 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
     sizes = {g["weights"].get("group_size") for g in groups.values() if g["weights"].get("strategy") == "group"}
     block = blocks.pop() if blocks else None
     act_quant, act_symmetric = _activations(groups)
-    fp4 = any((g["weights"].get("type"), g["weights"].get("num_bits")) == ("float", 4) for g in groups.values())
-    mx = fmt == "mxfp4-pack-quantized" or any(g.get("format") == "mxfp4-pack-quantized" for g in groups.values())
+    fp4 = ""
+    if any((g["weights"].get("type"), g["weights"].get("num_bits")) == ("float", 4) for g in groups.values()):
+        mx = fmt == "mxfp4-pack-quantized" or any(g.get("format") == "mxfp4-pack-quantized" for g in groups.values())
+        fp4 = "MXFP4" if mx else "NVFP4"
     return QuantConfig("compressed-tensors", block=(block[0], block[1]) if block else None,
                        group_size=sizes.pop() if len(sizes) == 1 else -1, act_quant=act_quant,
-                       act_symmetric=act_symmetric, fp4=fp4, mx=mx)
+                       act_symmetric=act_symmetric, fp4=fp4)
 
 
 def _activations(groups: dict[str, Any]) -> tuple[str, bool]:

@@ -17,7 +17,7 @@ import torch
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.quantization.config import QuantizationError
 from batonlm.model_runner.quantization.int_weights import IntWeights
-from batonlm.model_runner.quantization.nvfp4 import CODEBOOK
+from batonlm.model_runner.quantization.nvfp4 import e2m1_weights
 
 GROUP = 32
 _BIAS = 127
@@ -33,14 +33,8 @@ def members(names: set[str], prefix: str) -> tuple[str, ...]:
 def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int]) -> IntWeights:
     """The layer's codes [K, N] (unsigned 0..15), its groups' scales [K / 32, N] (powers of two,
     float32) and the E2M1 codebook."""
-    n, k = shape
-    packed, exponent = ckpt.get(f"{prefix}.weight_packed"), ckpt.get(f"{prefix}.weight_scale")
-    groups = -(-k // GROUP)
-    if packed.dtype != torch.uint8 or exponent.dtype != torch.uint8 or tuple(packed.shape) != (n, k // 2) or \
-            tuple(exponent.shape) != (n, groups):
-        raise QuantizationError(f"MXFP4 layer {prefix}: weight_packed {packed.dtype} {list(packed.shape)} and "
-                                f"weight_scale {exponent.dtype} {list(exponent.shape)} are not a [{n}, {k}] weight's")
-    codes = torch.stack([packed & 15, packed >> 4], dim=2).reshape(n, k)  # the low nibble first
-    scales = torch.ldexp(torch.ones(n, groups), exponent.to(torch.int32) - _BIAS).t().contiguous()  # [G, N]
-    zeros = torch.zeros(groups, n, dtype=torch.int32)
-    return IntWeights(codes.t().contiguous().to(torch.int32), zeros, scales, torch.arange(k) // GROUP, 4, CODEBOOK)
+    exponent = ckpt.get(f"{prefix}.weight_scale")
+    if exponent.dtype != torch.uint8:
+        raise QuantizationError(f"MXFP4 layer {prefix}: weight_scale is {exponent.dtype}, not uint8 E8M0 exponents")
+    scales = torch.ldexp(torch.ones(exponent.shape), exponent.to(torch.int32) - _BIAS)
+    return e2m1_weights(ckpt.get(f"{prefix}.weight_packed"), exponent, scales, shape, GROUP, f"MXFP4 layer {prefix}")

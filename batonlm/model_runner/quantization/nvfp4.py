@@ -43,15 +43,24 @@ def members(names: set[str], prefix: str) -> tuple[str, ...] | None:
 def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int]) -> IntWeights:
     """The layer's codes [K, N] (unsigned 0..15), its groups' float32 scales [K / 16, N] and the
     E2M1 codebook."""
-    n, k = shape
-    packed = ckpt.get(f"{prefix}.weight_packed")
     scale = ckpt.get(f"{prefix}.weight_scale")
-    groups = -(-k // GROUP)
-    if packed.dtype != torch.uint8 or tuple(packed.shape) != (n, k // 2) or tuple(scale.shape) != (n, groups):
-        raise QuantizationError(f"NVFP4 layer {prefix}: weight_packed {packed.dtype} {list(packed.shape)} and "
-                                f"weight_scale {list(scale.shape)} are not a [{n}, {k}] weight's")
-    codes = torch.stack([packed & 15, packed >> 4], dim=2).reshape(n, k)  # the low nibble first
     glob = ckpt.get(f"{prefix}.weight_global_scale").to(torch.float32).reshape(())
-    scales = (scale.to(torch.float32) / glob).t().contiguous()  # [G, N]
+    return e2m1_weights(ckpt.get(f"{prefix}.weight_packed"), scale, scale.to(torch.float32) / glob, shape, GROUP,
+                        f"NVFP4 layer {prefix}")
+
+
+def e2m1_weights(packed: torch.Tensor, stored_scale: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int],
+                 group: int, what: str) -> IntWeights:
+    """FP4 codes packed two a byte along K (uint8 [N, K / 2], the low nibble first) with float32
+    `scales` [N, K / group] (decoded from the checkpoint's `stored_scale`, its shape checked) as
+    the packed int layout's values: codes [K, N] (unsigned 0..15), scales [G, N], the E2M1
+    codebook, no zeros. NVFP4's and MXFP4's layers alike."""
+    n, k = shape
+    groups = -(-k // group)
+    if packed.dtype != torch.uint8 or tuple(packed.shape) != (n, k // 2) or tuple(stored_scale.shape) != (n, groups):
+        raise QuantizationError(f"{what}: weight_packed {packed.dtype} {list(packed.shape)} and weight_scale "
+                                f"{stored_scale.dtype} {list(stored_scale.shape)} are not a [{n}, {k}] weight's")
+    codes = torch.stack([packed & 15, packed >> 4], dim=2).reshape(n, k)  # the low nibble first
     zeros = torch.zeros(groups, n, dtype=torch.int32)
-    return IntWeights(codes.t().contiguous().to(torch.int32), zeros, scales, torch.arange(k) // GROUP, 4, CODEBOOK)
+    return IntWeights(codes.t().contiguous().to(torch.int32), zeros, scales.t().contiguous(),
+                      torch.arange(k) // group, 4, CODEBOOK)
