@@ -33,16 +33,22 @@ def nvfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     groups = w.view(n, k // 16, 16)
     scale = (groups.abs().amax(dim=2) / 6.0 * glob).clamp(max=448.0).to(torch.float8_e4m3fn)
     step = (scale.float() / glob)[:, :, None]  # compressed-tensors' dequantizing scale
-    v = groups / torch.where(step > 0, step, torch.ones_like(step))
+    packed, value = _e2m1(groups / torch.where(step > 0, step, torch.ones_like(step)))
+    return packed, scale, glob, (value * step).reshape(n, k)
+
+
+def _e2m1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values v [N, G, group] (in steps) -> (their codes packed, uint8 [N, G * group / 2], the E2M1
+    values they stand for): nearest, clamped to +-6, ties to even; sign in bit 3, the even
+    element in the low nibble."""
+    n = v.shape[0]
     mag = v.abs().clamp(max=6.0)
     mids = (E2M1[:-1] + E2M1[1:]) / 2
     index = torch.bucketize(mag, mids)  # the first midpoint >= the value: a tie takes the lower ...
     tie = (index < 7) & (mag == mids[index.clamp(max=6)]) & (index % 2 == 1)
     index = index + tie.long()  # ... unless that one's mantissa is odd (0.5, 1.5, 3, 6): to even, as IEEE
-    codes = (index | torch.where(v < 0, 8, 0)).reshape(n, k)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-    value = torch.where(v < 0, -E2M1[index], E2M1[index])
-    return packed, scale, glob, (value * step).reshape(n, k)
+    codes = (index | torch.where(v < 0, 8, 0)).reshape(n, -1)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8), torch.where(v < 0, -E2M1[index], E2M1[index])
 
 
 def write_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path, linears: tuple[str, ...] = LINEARS,
@@ -80,14 +86,7 @@ def mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     amax = groups.abs().amax(dim=2, keepdim=True).clamp(min=2.0**-120)
     e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
     step = torch.ldexp(torch.ones_like(amax), e.to(torch.int32))
-    v = groups / step
-    mag = v.abs().clamp(max=6.0)
-    mids = (E2M1[:-1] + E2M1[1:]) / 2
-    index = torch.bucketize(mag, mids)
-    index = index + ((index < 7) & (mag == mids[index.clamp(max=6)]) & (index % 2 == 1)).long()
-    codes = (index | torch.where(v < 0, 8, 0)).reshape(n, k)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-    value = torch.where(v < 0, -E2M1[index], E2M1[index])
+    packed, value = _e2m1(groups / step)
     return packed, (e + 127).to(torch.uint8).reshape(n, k // 32), (value * step).reshape(n, k)
 
 
