@@ -10,6 +10,13 @@ For x [M, K] (K a multiple of 16) and the layer's calibrated `input_global_scale
   substitute for a zero scale);
 - step = s / g; each value x / step, clamped to [-6, 6], rounded to the nearest E2M1 value
   (0, 0.5, 1, 1.5, 2, 3, 4, 6; a tie to the one with an even mantissa), times step.
+
+NVIDIA ModelOpt's NVFP4 (`modelopt_nvfp4_fake_quant`) stores the layer's per-tensor scale the other
+way up, `input_scale` t = amax / (6 * 448) (g = 1 / t), and quantizes a tensor in another order
+(`NVFP4QTensor.quantize`, what its export quantizes the weights with): s = fp8(amax / (6 * t))
+clamped to [2^-9, 448]; step = s * t; then the same rounding. The two orders give steps a float32
+ulp apart here and there (a value at a rounding tie would round differently), so each format's
+layers run its own arithmetic.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ GROUP = 16
 E2M1_MAX = 6.0
 FP8_MAX = 448.0
 ZERO_SCALE = 0.125  # compressed-tensors' eps for a float8 e4m3 scale that rounds to 0
+MODELOPT_MIN_SCALE = 2.0**-9  # ModelOpt clamps a group's float8 scale to float8 e4m3's smallest
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
@@ -37,20 +45,33 @@ def round_e2m1(v: torch.Tensor) -> torch.Tensor:
     return torch.where(v < 0, -value, value)
 
 
-def nvfp4_fake_quant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] quantized to NVFP4 per token and group of 16 with `global_scale` (float32 [1] or
-    []) and back, in x's dtype (computed in float32)."""
+def _groups(x: torch.Tensor, scale: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] checked, in float32 as [M, K / 16, 16]; each group's largest |x|; the scale []."""
     check_2d(x, "x")
     if not x.is_floating_point():
         raise fail("x", "a floating-point tensor", x.dtype)
     m, k = x.shape
     if k % GROUP:
         raise fail("x", f"a multiple of {GROUP} columns (NVFP4's groups)", k)
-    check_scale(global_scale, "global_scale", [(), (1,)])
-    g = global_scale.reshape(())
+    check_scale(scale, name, [(), (1,)])
     xf = x.float().view(m, k // GROUP, GROUP)
-    amax = xf.abs().amax(dim=2, keepdim=True)
+    return xf, xf.abs().amax(dim=2, keepdim=True), scale.reshape(())
+
+
+def nvfp4_fake_quant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] quantized to NVFP4 per token and group of 16 with `global_scale` (float32 [1] or
+    []) and back, in x's dtype (computed in float32): compressed-tensors' arithmetic."""
+    xf, amax, g = _groups(x, global_scale, "global_scale")
     scale = (g * (amax / torch.full_like(amax, E2M1_MAX))).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
     scale = torch.where(scale == 0, torch.full_like(scale, ZERO_SCALE), scale)
     step = scale / g
-    return (round_e2m1(xf / step) * step).view(m, k).to(x.dtype)
+    return (round_e2m1(xf / step) * step).view(x.shape).to(x.dtype)
+
+
+def modelopt_nvfp4_fake_quant(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] quantized to NVFP4 per token and group of 16 with ModelOpt's `input_scale`
+    (float32 [1] or [], amax / (6 * 448)) and back, in x's dtype: ModelOpt's arithmetic."""
+    xf, amax, t = _groups(x, input_scale, "input_scale")
+    scale = (amax / (t * E2M1_MAX)).clamp(MODELOPT_MIN_SCALE, FP8_MAX).to(torch.float8_e4m3fn).float()
+    step = scale * t
+    return (round_e2m1(xf / step) * step).view(x.shape).to(x.dtype)

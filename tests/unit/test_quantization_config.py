@@ -80,6 +80,9 @@ def test_the_checkpoints_method_is_read() -> None:
                                                          "config_groups": {"g": {"weights": FP4_WEIGHTS, "input_activations": {
                                                              **FP4_WEIGHTS, "dynamic": "local"}}}}})
     assert w4a4 is not None and w4a4.act_quant == "fp4"
+    modelopt = resolve_quantization({"quantization_config": {"quant_method": "modelopt", "quantization": {
+        "quant_algo": "NVFP4", "group_size": 16}}})  # (hf_quant_config.json's layout)
+    assert modelopt is not None and (modelopt.act_quant, modelopt.fp4, modelopt.group_size) == ("fp4", "NVFP4", 16)
     online = resolve_quantization({}, "fp8")
     assert online is not None and online.online and online.method == "fp8"
 
@@ -108,6 +111,10 @@ def test_the_checkpoints_method_is_read() -> None:
                                                       "dynamic": True}}}}}, "auto",
      ["input_activations", "float 4-bit", "NVFP4's"]),
     ({"quantization_config": {**CT_W4A16, "format": "mxfp8-quantized"}}, "auto", ["'mxfp8-quantized'"]),
+    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}}, "auto",
+     ["modelopt NVFP4", "group_size", "32", "16"]),
+    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4_AWQ"}}, "auto",
+     ["'NVFP4_AWQ'", "NVFP4, W4A16_NVFP4"]),
     ({"quantization_config": {**CT_W4A16, "config_groups": {"g": {"weights": {
         **FP4_WEIGHTS, "strategy": "group", "group_size": 64}}}}}, "auto", ["float 4-bit", "'group'", "64", "MXFP4"]),
 ])

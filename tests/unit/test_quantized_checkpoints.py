@@ -257,13 +257,14 @@ def test_modelopt_fp8_is_the_static_fp8_it_stores(layout: str, tmp_path: Path) -
     assert len(layers) == 8 and all(m.input_scale is not None and m.block is None for m in layers)
     ids = _reference("fp32-source")["input_ids"].reshape(-1)
     assert torch.equal(_prompt_logits(runner, ids), _prompt_logits(_runner(autofp8), ids))
-    bad = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    bad = {"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}
     if layout == "config":
         config["quantization_config"] = bad
         (out / "config.json").write_text(json.dumps(config))
     else:
-        (out / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
-    with pytest.raises(ValueError, match=r"modelopt quant_algo 'NVFP4' is not supported \(supported: FP8"):
+        (out / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A8_AWQ"}}))
+    with pytest.raises(ValueError, match=r"modelopt quant_algo 'W4A8_AWQ' is not supported \(supported: FP8, "
+                                         r"FP8_PER_CHANNEL_PER_TOKEN, NVFP4, W4A16_NVFP4\)"):
         ModelConfig.from_hf(out)
 
 
@@ -386,14 +387,79 @@ def test_nvfp4_w4a4_quantizes_its_activations_as_compressed_tensors_does() -> No
     assert quant.description == "compressed-tensors (NVFP4 weights and activations)"
     runner = _runner(DATA / "nvfp4")  # kept quantized on the CPU too: its activations are quantized
     packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
-    assert len(packed) == 8 and all(m.input_global_scale is not None and m.group_size == 16 for m in packed)
+    assert len(packed) == 8 and all(m.fp4_input_scale is not None and m.group_size == 16 for m in packed)
     ours = _prompt_logits(runner, ids)
     want = ref["dequantized_logits"]
     bound = RELATIVE * want.abs().max()
     assert (ours - want).abs().max() <= bound
     for m in packed:
-        m.input_global_scale = None
+        m.fp4_input_scale = None
     assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * bound
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_modelopt_w4a16_nvfp4_gives_modelopts_dequantized_weights_logits(resident: bool) -> None:
+    """NVIDIA ModelOpt's W4A16_NVFP4 export (`weight` FP4 codes, float8 `weight_scale` per 16,
+    `weight_scale_2`: W = value * (scale * scale_2)), dequantized on load or kept packed in groups
+    of 16: the logits of the float32 model of the weights ModelOpt's own `NVFP4QTensor.dequantize`
+    reads (the fixture's reference; transformers has no ModelOpt integration) to the float32 bound,
+    and its greedy token."""
+    ref = _reference("modelopt-w4a16-nvfp4")
+    ids = ref["input_ids"].reshape(-1)
+    quant = ModelConfig.from_hf(DATA / "modelopt-w4a16-nvfp4").quantization
+    assert quant is not None and quant.description == "modelopt (NVFP4 weights)" and quant.act_quant == "none"
+    runner = _runner(DATA / "modelopt-w4a16-nvfp4", resident=resident)
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(packed) == (8 if resident else 0) and all(m.group_size == 16 and m.codebook is not None for m in packed)
+    ours = _prompt_logits(runner, ids)
+    want = ref["logits"]
+    assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
+    assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
+
+
+def test_modelopt_nvfp4_quantizes_its_activations_as_modelopt_does() -> None:
+    """ModelOpt's NVFP4 export (W4A4, as nvidia's *-FP4 repositories: each layer's calibrated
+    `input_scale`) runs packed on every device, its inputs quantized as ModelOpt's own
+    `NVFP4QTensor` quantizes a tensor (the fixture's reference) to the float32 bound. Without the
+    activations' quantization the logits are >100x that bound off."""
+    ref = _reference("modelopt-nvfp4")
+    ids = ref["input_ids"].reshape(-1)
+    quant = ModelConfig.from_hf(DATA / "modelopt-nvfp4").quantization
+    assert quant is not None and quant.act_quant == "fp4"
+    assert quant.description == "modelopt (NVFP4 weights and activations)"
+    runner = _runner(DATA / "modelopt-nvfp4")
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(packed) == 8 and all(m.fp4_input_scale is not None and m.group_size == 16 for m in packed)
+    ours = _prompt_logits(runner, ids)
+    want = ref["logits"]
+    bound = RELATIVE * want.abs().max()
+    assert (ours - want).abs().max() <= bound
+    assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
+    for m in packed:
+        m.fp4_input_scale = None
+    assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * bound
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"model.layers.0.self_attn.k_proj.input_scale": torch.tensor(0.5)},
+     ["model.layers.0.self_attn.qkv_proj", "input_scale differ"]),  # one fused input, one scale
+    ({"model.layers.1.mlp.down_proj.pre_quant_scale": torch.ones(384, dtype=torch.bfloat16)},
+     ["model.layers.1.mlp.down_proj", "pre_quant_scale"]),  # ModelOpt's NVFP4_AWQ input scaling
+])
+def test_a_modelopt_nvfp4_layer_batonlm_cannot_run_is_named(change: dict, words: list[str], tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from batonlm.model_runner.quantization.config import QuantizationError
+
+    out = tmp_path / "bad"
+    shutil.copytree(DATA / "modelopt-nvfp4", out)
+    tensors = load_file(str(out / "model.safetensors"))
+    save_file({**tensors, **change}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(QuantizationError) as e:
+        _runner(out)
+    assert all(w in str(e.value) for w in words), str(e.value)
 
 
 def test_bitsandbytes_4_bit_in_another_storage_dtype_is_the_same_bytes(tmp_path: Path) -> None:
@@ -610,7 +676,8 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
 
 
 @pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8",
-                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8", "nvfp4a16", "nvfp4", "mxfp4a16"])
+                                  "w8a8-static-asym", "bnb-nf4", "bnb-int8", "nvfp4a16", "nvfp4", "mxfp4a16",
+                                  "modelopt-nvfp4", "modelopt-w4a16-nvfp4"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,
@@ -704,7 +771,7 @@ def test_phi3_fused_projections_in_gptq_int4(tiny_models, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static", "bnb-nf4",
-                                  "nvfp4a16", "mxfp4a16", *GPTQ_AWQ])
+                                  "nvfp4a16", "mxfp4a16", "modelopt-w4a16-nvfp4", *GPTQ_AWQ])
 def test_the_int_layout_read_from_shapes_is_the_unpacked_ones(name: str) -> None:
     """What decides whether a layer stays int4 (its bits and consecutive groups) is read without
     unpacking its values; it is what the unpacked layer says, activation order included."""

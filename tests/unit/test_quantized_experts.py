@@ -473,7 +473,7 @@ def test_nvfp4_w4a4_experts_run_dequantized_with_a_warning(tiny_models, tmp_path
     with caplog.at_level("INFO"):
         model = load_model(ModelConfig.from_hf(path), torch.float32, "cpu")[0]
     projections = [m for m in model.modules() if isinstance(m, PackedIntLinear)]
-    assert projections and all(m.input_global_scale is not None and float(m.input_global_scale) == 300.0
+    assert projections and all(m.fp4_input_scale is not None and float(m.fp4_input_scale) == 300.0
                                for m in projections)
     layers = _moe_layers(model)
     assert layers and all(type(m.experts) is FusedExperts for _, m in layers)

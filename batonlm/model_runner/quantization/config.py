@@ -55,7 +55,7 @@ class QuantConfig:
     act_quant: str = "none"  # "fp8" / "int8" / "fp4": the checkpoint's layers quantize their inputs (W8A8, NVFP4)
     act_symmetric: bool = True
     llm_int8_threshold: float = 0.0
-    fp4: str = ""  # compressed-tensors' FP4 weight format, "NVFP4" or "MXFP4" (named at start-up)
+    fp4: str = ""  # the FP4 weight format, "NVFP4" or "MXFP4" (compressed-tensors'; ModelOpt's NVFP4)
 
     @property
     def description(self) -> str:
@@ -70,7 +70,7 @@ class QuantConfig:
             if self.bits == 8:
                 return f"bitsandbytes 8-bit (LLM.int8: int8 activations, outliers from {self.llm_int8_threshold:g} in float)"
             return "bitsandbytes 4-bit"
-        if self.method == "modelopt":
+        if self.method == "modelopt" and not self.fp4:
             return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
                                       else "(per channel, dynamic activations)")
         asym = "" if self.act_symmetric else "asymmetric "
@@ -276,7 +276,7 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
     return (kinds.pop() if kinds else "none"), symmetric.pop() if symmetric else True
 
 
-_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
+_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_NVFP4")
 
 
 def _modelopt_algo(qc: dict[str, Any]) -> str:
@@ -291,12 +291,20 @@ def _modelopt(qc: dict[str, Any]) -> QuantConfig:
     quantization_config, or under `quantization` (hf_quant_config.json's layout). FP8: an FP8
     weight with one scale per tensor and a static activation scale per layer (`input_scale`), the
     tensors AutoFP8 writes too; FP8_PER_CHANNEL_PER_TOKEN: a scale per output channel and dynamic
-    per-token activations. Layers it excludes are stored in float."""
+    per-token activations. NVFP4: FP4 weights (`nvfp4.py`) and FP4 activations with each layer's
+    calibrated `input_scale` (W4A4, kernels/fp4.py); W4A16_NVFP4: the weights only. Layers it
+    excludes are stored in float."""
     algo = _modelopt_algo(qc)
     if algo.upper() not in _MODELOPT_ALGOS:
         raise QuantizationError(f"modelopt quant_algo {algo!r} is not supported (supported: "
                                 f"{', '.join(_MODELOPT_ALGOS)})")
     algo = algo.upper()
+    if algo in ("NVFP4", "W4A16_NVFP4"):
+        nested = qc.get("quantization")
+        group = (nested if isinstance(nested, dict) else qc).get("group_size", 16)
+        if group != 16:
+            raise QuantizationError(f"modelopt {algo} group_size {group!r} is not supported (supported: 16)")
+        return QuantConfig("modelopt", group_size=16, act_quant="fp4" if algo == "NVFP4" else "none", fp4="NVFP4")
     return QuantConfig("modelopt", activation_scheme="static" if algo == "FP8" else "dynamic", act_quant="fp8")
 
 

@@ -10,7 +10,8 @@ A quantized linear layer is stored as several tensors under its module name (its
   K, each + 2^(bits-1) so it is unsigned, the first in the lowest bits), `weight_shape`, `weight_scale` [N, K/G] and for
   asymmetric schemes `weight_zero_point` (packed along N the same way); `weight_g_idx` for
   activation-ordered groups. W = (q - zero) * scale. NVFP4 (`nvfp4-pack-quantized`):
-  `weight_packed` FP4 codes, `weight_scale` FP8 per 16 inputs, `weight_global_scale` (`nvfp4.py`);
+  `weight_packed` FP4 codes, `weight_scale` FP8 per 16 inputs, `weight_global_scale` (`nvfp4.py`,
+  which reads ModelOpt's NVFP4 too: `weight`, `weight_scale`, `weight_scale_2`);
   MXFP4 (`mxfp4-pack-quantized`): the same codes, a uint8 E8M0 `weight_scale` per 32 (`mxfp4.py`).
 - GPTQ (AutoGPTQ, GPTQModel): `qweight` int32 [K/8, N] (packed along K, the first row in the
   lowest bits), `qzeros` int32 [K/G, N/8] (packed along N; `checkpoint_format` gptq stores
@@ -98,8 +99,8 @@ def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: Qu
         per_word = 32 // quant.bits
         shape = ((packed[1], packed[0] * per_word) if quant.method == "gptq" else (packed[1] * per_word, packed[0]))
         return QuantizedLinear(prefix, quant.method, tuple(members), shape)
-    if leaf == "weight_packed" and (fp4 := nvfp4.members(names, prefix)) is not None:
-        rows, half = ckpt.shape(p + "weight_packed")
+    if leaf in ("weight_packed", "weight") and (fp4 := nvfp4.members(names, prefix)) is not None:
+        rows, half = ckpt.shape(fp4[0])  # (ModelOpt's codes are its `weight`)
         return QuantizedLinear(prefix, "nvfp4", fp4, (rows, 2 * half))
     if leaf == "weight_packed" and ckpt.dtype(p + "weight_packed") == "U8" and p + "weight_scale" in names and \
             ckpt.dtype(p + "weight_scale") == "U8":  # MXFP4: FP4 codes with E8M0 exponents
@@ -283,7 +284,7 @@ def _bnb4_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> In
 
 
 def _nvfp4_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
-    return nvfp4.int_weights(ckpt, lin.prefix, lin.shape)
+    return nvfp4.int_weights(ckpt, lin.prefix, lin.shape, lin.members)
 
 
 def _mxfp4_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batonlm.kernels.fp4 import nvfp4_fake_quant
+from batonlm.kernels.fp4 import modelopt_nvfp4_fake_quant, nvfp4_fake_quant
 from batonlm.kernels.int8 import (
     int8_scaled_matmul,
     per_token_quant_int8,
@@ -153,6 +153,10 @@ class LlmInt8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.n)
 
 
+# NVFP4 activations' quantization, by the format whose arithmetic they follow (kernels/fp4.py).
+FP4_INPUTS = {"compressed-tensors": nvfp4_fake_quant, "modelopt": modelopt_nvfp4_fake_quant}
+
+
 class PackedIntLinear(nn.Module):
     """y = x W^T (+ bias) with W^T [K, N] as `bits`-bit integers (4 or 8) packed along K
     (`qweight` [K / (32 / bits), N]), a zero and a scale per group of `group_size` input rows and
@@ -160,18 +164,19 @@ class PackedIntLinear(nn.Module):
     on load). `group_size` 0: GPTQ's activation order, each input row's group in `g_idx` [K] (of
     `groups` groups). With a `codebook` (bitsandbytes' NF4 / FP4, NVFP4's E2M1, float32 [2^bits]) a
     weight is codebook[q] * its group's scale, and there are no zeros. With `fp4_input` (NVFP4
-    W4A4) the input is first quantized to FP4 and back with `input_global_scale`
-    (kernels/fp4.py)."""
+    W4A4: the format whose arithmetic its activations follow, a key of FP4_INPUTS) the input is
+    first quantized to FP4 and back with `fp4_input_scale`, the layer's calibrated scale as that
+    format stores it (kernels/fp4.py)."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor | None
     g_idx: torch.Tensor | None
     codebook: torch.Tensor | None
-    input_global_scale: torch.Tensor | None
+    fp4_input_scale: torch.Tensor | None
 
     def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
-                 bits: int = 4, codebook: bool = False, fp4_input: bool = False) -> None:
+                 bits: int = 4, codebook: bool = False, fp4_input: str = "") -> None:
         super().__init__()
         self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
         if group_size != 0:
@@ -182,13 +187,14 @@ class PackedIntLinear(nn.Module):
         self.register_buffer("zeros", None if codebook else torch.empty(groups, n, dtype=torch.uint8))
         self.register_buffer("g_idx", torch.empty(k, dtype=torch.int32) if group_size == 0 else None)
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
-        self.register_buffer("input_global_scale", torch.empty(1, dtype=torch.float32) if fp4_input else None)
+        self.register_buffer("fp4_input_scale", torch.empty(1, dtype=torch.float32) if fp4_input else None)
+        self.fp4_quant = FP4_INPUTS[fp4_input] if fp4_input else None
         self.bias = nn.Parameter(torch.empty(n, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
-        if self.input_global_scale is not None:
-            flat = nvfp4_fake_quant(flat, self.input_global_scale)
+        if self.fp4_input_scale is not None and self.fp4_quant is not None:
+            flat = self.fp4_quant(flat, self.fp4_input_scale)
         y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias, self.g_idx,
                                 self.bits, self.codebook)
         return y.reshape(*x.shape[:-1], self.n)

@@ -10,7 +10,15 @@ each quantized linear layer stored under its module name as
 
 W = value(code) * (weight_scale / weight_global_scale), in float32 (compressed-tensors'
 dequantization: the group's scale divided by the global one, then the product, each rounded to
-float32). That is the packed int layout with a codebook (the 16 values) and float32 scales per
+float32).
+
+NVIDIA ModelOpt (`quant_algo` NVFP4 or W4A16_NVFP4, nvidia's *-FP4 repositories) stores the same
+codes and group scales as `weight` (uint8 [N, K / 2]) and `weight_scale` (float8 e4m3 [N, K / 16]),
+and the per-tensor scale the other way up: `weight_scale_2` (float32 [], amax / (6 * 448)),
+W = value(code) * (weight_scale * weight_scale_2) (ModelOpt's `NVFP4QTensor.dequantize`); with FP4
+activations `input_scale` (float32 [], likewise amax / (6 * 448)).
+
+That is the packed int layout with a codebook (the 16 values) and float32 scales per
 group of 16: kept packed where the integer formats are (CUDA), dequantized on load elsewhere.
 """
 
@@ -26,27 +34,44 @@ GROUP = 16
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Each 4-bit code's value: the index's magnitude, negated when bit 3 is set.
 CODEBOOK = torch.tensor(_E2M1 + tuple(-v for v in _E2M1), dtype=torch.float32)
-_PARTS = ("weight_packed", "weight_scale", "weight_global_scale")
+# Each layout's tensors (codes, group scales, per-tensor scale) and its activations' scale.
+_LAYOUTS = {"compressed-tensors": (("weight_packed", "weight_scale", "weight_global_scale"), "input_global_scale"),
+            "modelopt": (("weight", "weight_scale", "weight_scale_2"), "input_scale")}
 
 
 def members(names: set[str], prefix: str) -> tuple[str, ...] | None:
-    """An NVFP4 layer's tensors, or None: not one (no global scale)."""
-    if f"{prefix}.weight_global_scale" not in names:
-        return None
-    absent = [p for p in _PARTS if f"{prefix}.{p}" not in names]
-    if absent:
-        raise QuantizationError(f"NVFP4 layer {prefix} lacks {', '.join(absent)}")
-    extra = (f"{prefix}.input_global_scale",) if f"{prefix}.input_global_scale" in names else ()
-    return tuple(f"{prefix}.{p}" for p in _PARTS) + extra
+    """An NVFP4 layer's tensors in either layout, or None: not one (no per-tensor scale)."""
+    for layout, (parts, act) in _LAYOUTS.items():
+        if f"{prefix}.{parts[2]}" not in names:
+            continue
+        absent = [p for p in parts if f"{prefix}.{p}" not in names]
+        if absent:
+            raise QuantizationError(f"NVFP4 layer {prefix} ({layout}'s layout) lacks {', '.join(absent)}")
+        if f"{prefix}.pre_quant_scale" in names:  # ModelOpt's NVFP4_AWQ: the input scaled first
+            raise QuantizationError(f"NVFP4 layer {prefix} has a pre_quant_scale (AWQ's input scaling), which is "
+                                    "not supported")
+        extra = (f"{prefix}.{act}",) if f"{prefix}.{act}" in names else ()
+        return tuple(f"{prefix}.{p}" for p in parts) + extra
+    return None
 
 
-def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int]) -> IntWeights:
+def layout(members: tuple[str, ...]) -> str:
+    """Which layout a layer's `members` are in: "compressed-tensors" or "modelopt"."""
+    return "modelopt" if members[0].endswith(".weight") else "compressed-tensors"
+
+
+def input_scale_name(prefix: str, members: tuple[str, ...]) -> str:
+    """The checkpoint name of the layer's FP4 activations' scale (whether it has one or not)."""
+    return f"{prefix}.{_LAYOUTS[layout(members)][1]}"
+
+
+def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int], members: tuple[str, ...]) -> IntWeights:
     """The layer's codes [K, N] (unsigned 0..15), its groups' float32 scales [K / 16, N] and the
     E2M1 codebook."""
-    scale = ckpt.get(f"{prefix}.weight_scale")
-    glob = ckpt.get(f"{prefix}.weight_global_scale").to(torch.float32).reshape(())
-    return e2m1_weights(ckpt.get(f"{prefix}.weight_packed"), scale, scale.to(torch.float32) / glob, shape, GROUP,
-                        f"NVFP4 layer {prefix}")
+    packed, scale, tensor_scale = (ckpt.get(m) for m in members[:3])
+    per_tensor = tensor_scale.to(torch.float32).reshape(())
+    scales = scale.to(torch.float32) * per_tensor if layout(members) == "modelopt" else scale.to(torch.float32) / per_tensor
+    return e2m1_weights(packed, scale, scales, shape, GROUP, f"NVFP4 layer {prefix}")
 
 
 def e2m1_weights(packed: torch.Tensor, stored_scale: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int],
@@ -58,8 +83,8 @@ def e2m1_weights(packed: torch.Tensor, stored_scale: torch.Tensor, scales: torch
     n, k = shape
     groups = -(-k // group)
     if packed.dtype != torch.uint8 or tuple(packed.shape) != (n, k // 2) or tuple(stored_scale.shape) != (n, groups):
-        raise QuantizationError(f"{what}: weight_packed {packed.dtype} {list(packed.shape)} and weight_scale "
-                                f"{stored_scale.dtype} {list(stored_scale.shape)} are not a [{n}, {k}] weight's")
+        raise QuantizationError(f"{what}: its codes ({packed.dtype} {list(packed.shape)}) and group scales "
+                                f"({stored_scale.dtype} {list(stored_scale.shape)}) are not a [{n}, {k}] weight's")
     codes = torch.stack([packed & 15, packed >> 4], dim=2).reshape(n, k)  # the low nibble first
     zeros = torch.zeros(groups, n, dtype=torch.int32)
     return IntWeights(codes.t().contiguous().to(torch.int32), zeros, scales.t().contiguous(),

@@ -30,6 +30,7 @@ from batonlm.kernels.quant import pack_int4
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.parallel_layers import RowParallelLinear
+from batonlm.model_runner.quantization import nvfp4
 from batonlm.model_runner.quantization.bnb import int8_weight
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
@@ -115,7 +116,7 @@ def make_resident(
                 kept.add(module_name)
                 continue
             bits, _, num_groups = int_layout(ckpt, sources[0][0], quant)
-            fp4_input = quant.act_quant == "fp4"
+            fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
             if fp4_input:
                 _check_fp4_input_scales(ckpt, module_name, sources)
             with torch.device("meta"):
@@ -135,15 +136,15 @@ def make_resident(
 
 def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]]) -> None:
     """A fused NVFP4 W4A4 projection quantizes its one input once: its layers' calibrated input
-    global scales must agree (llm-compressor shares them, as q/k/v and gate/up see one input)."""
+    scales must agree (llm-compressor and ModelOpt calibrate q/k/v and gate/up on their one input)."""
     scales = []
     for lin, _ in sources:
-        name = f"{lin.prefix}.input_global_scale"
+        name = nvfp4.input_scale_name(lin.prefix, lin.members)
         if name not in lin.members:
-            raise QuantizationError(f"{lin.prefix} lacks input_global_scale (NVFP4 with FP4 activations)")
+            raise QuantizationError(f"{lin.prefix} lacks {name.rpartition('.')[2]} (NVFP4 with FP4 activations)")
         scales.append(ckpt.get(name).to(torch.float32).reshape(1))
     if any(not torch.equal(s, scales[0]) for s in scales):
-        raise QuantizationError(f"{module_name}: its NVFP4 layers' input_global_scale differ "
+        raise QuantizationError(f"{module_name}: its NVFP4 layers' {name.rpartition('.')[2]} differ "
                                 f"({', '.join(str(float(s)) for s in scales)}); fused layers quantize one input "
                                 "with one scale")
 
@@ -346,8 +347,8 @@ def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, 
     fill_int4(module.qweight, module.zeros, module.scales, module.group_size, iw, t)
     if module.codebook is not None and iw.codebook is not None:  # (make_resident checked they are all one)
         module.codebook.copy_(iw.codebook)
-    if module.input_global_scale is not None:  # (one for the fused layers: make_resident checked)
-        module.input_global_scale.copy_(ckpt.get(f"{lin.prefix}.input_global_scale").to(torch.float32).reshape(1))
+    if module.fp4_input_scale is not None:  # (one for the fused layers: make_resident checked)
+        module.fp4_input_scale.copy_(ckpt.get(nvfp4.input_scale_name(lin.prefix, lin.members)).to(torch.float32).reshape(1))
     if module.g_idx is not None:  # activation order: this rank's rows' groups (the fused layers share them)
         module.g_idx.copy_(_narrow(iw.groups, t, dim=0) if t.dim == 1 else iw.groups)
 

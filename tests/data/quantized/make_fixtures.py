@@ -4,6 +4,7 @@
     V/bin/python tests/data/quantized/make_fixtures.py llmcompressor # fp8-dynamic, fp8-block, w4a16, ... (llm-compressor venv)
     V/bin/python tests/data/quantized/make_fixtures.py gptqmodel     # gptqmodel-* (GPTQModel venv)
     V/bin/python tests/data/quantized/make_fixtures.py helper        # gptq-w4g64, awq-w4g64 (tests/quant_formats.py)
+    V/bin/python tests/data/quantized/make_fixtures.py modelopt      # modelopt-* (NVIDIA ModelOpt venv)
 
 Each step runs in its own venv (they pin different transformers), so there is no "all". Every
 fixture is made from fp32-source: a tiny random Llama (seed 0) whose shapes allow 128x128
@@ -212,6 +213,41 @@ def make_bitsandbytes(names: list[str]) -> None:
         print(name, "->", out)
 
 
+# NVIDIA ModelOpt fixtures: name -> its quantize config preset
+MODELOPT_FIXTURES = {
+    "modelopt-nvfp4": "NVFP4_DEFAULT_CFG",  # NVFP4 weights and FP4 activations (W4A4), calibrated
+    "modelopt-w4a16-nvfp4": "W4A16_NVFP4_CFG",  # NVFP4 weights only
+}
+
+
+def make_modelopt(names: list[str]) -> None:
+    """`mtq.quantize` with the preset, calibrated on the GPTQ fixture's 16 sequences (ModelOpt
+    calibrates on the CPU; its fake-quantized forward needs CUDA, so the script does not run the
+    quantized model), then `export_hf_checkpoint`: config.json's quantization_config and
+    hf_quant_config.json, as nvidia's *-FP4 repositories have them."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    ids = calibration_ids()
+    for name in names:
+        torch.manual_seed(SEED)
+        model = AutoModelForCausalLM.from_pretrained(SOURCE, dtype=torch.bfloat16)
+
+        def calibrate(m: torch.nn.Module) -> None:
+            with torch.no_grad():
+                for row in ids:
+                    m(row[None])
+
+        model = mtq.quantize(model, getattr(mtq, MODELOPT_FIXTURES[name]), calibrate)
+        out = HERE / name
+        if out.exists():
+            shutil.rmtree(out)
+        export_hf_checkpoint(model, export_dir=out)
+        copy_tokenizer(out)
+        print(name, "->", out)
+
+
 def make_helper() -> None:
     sys.path.insert(0, str(TESTS))
     from quant_formats import write_awq_checkpoint, write_gptq_checkpoint
@@ -229,7 +265,7 @@ def make_helper() -> None:
 
 if __name__ == "__main__":
     steps = {"source": make_source, "llmcompressor": make_llmcompressor, "gptqmodel": make_gptqmodel, "helper": make_helper,
-             "bitsandbytes": make_bitsandbytes}
+             "bitsandbytes": make_bitsandbytes, "modelopt": make_modelopt}
     if len(sys.argv) < 2 or sys.argv[1] not in steps:
         sys.exit(__doc__)
     what, names = sys.argv[1], sys.argv[2:]
@@ -239,5 +275,7 @@ if __name__ == "__main__":
         make_gptqmodel(names or list(GPTQMODEL_FIXTURES))
     elif what == "bitsandbytes":
         make_bitsandbytes(names or list(BNB_FIXTURES))
+    elif what == "modelopt":
+        make_modelopt(names or list(MODELOPT_FIXTURES))
     else:
         steps[what]()

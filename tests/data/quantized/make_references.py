@@ -105,6 +105,45 @@ def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Ten
     return out
 
 
+def dequantize_modelopt(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """ModelOpt NVFP4 (`weight` uint8 two E2M1 codes a byte, float8 `weight_scale` per 16 inputs,
+    float32 `weight_scale_2`): read by ModelOpt's `NVFP4QTensor.dequantize`, W = value * (scale *
+    scale_2)."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    deq = {}
+    for k in t:
+        if k.endswith(".weight_scale_2"):
+            p = k.removesuffix("_scale_2")
+            packed = t[p]
+            shape = torch.Size([packed.shape[0], 2 * packed.shape[1]])
+            q = NVFP4QTensor(shape, torch.float32, packed)
+            deq[p] = q.dequantize(dtype=torch.float32, scale=t[p + "_scale"], double_scale=t[k].float(),
+                                  block_sizes={-1: 16}).float()
+    return deq
+
+
+def add_modelopt_fp4_activation_quant(model, tensors: dict[str, torch.Tensor]) -> None:
+    """ModelOpt's NVFP4 activations (W4A4): every decoder Linear's input quantized to NVFP4 per 16
+    inputs with the layer's `input_scale` as the per-tensor scale and dequantized, by ModelOpt's own
+    `NVFP4QTensor.quantize` / `dequantize` (the functions its export quantizes the weights with),
+    in float32. (Its fake-quant kernel needs CUDA, and Triton's interpreter mis-rounds float8
+    conversions that carry into the next power of two, so that kernel cannot be the reference here.)"""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
+            scale = tensors[name + ".input_scale"].float()
+
+            def hook(mod, inputs, scale=scale):
+                x = inputs[0].float()
+                q, block_scale, tensor_scale = NVFP4QTensor.quantize(x, 16, weights_scaling_factor_2=scale)
+                y = q.dequantize(dtype=torch.float32, scale=block_scale, double_scale=tensor_scale, block_sizes={-1: 16})
+                return (y.reshape(x.shape),)
+
+            mod.register_forward_pre_hook(hook)
+
+
 def dequantized_state(d: Path) -> dict[str, torch.Tensor]:
     cfg = json.loads((d / "config.json").read_text())
     qcfg = cfg.get("quantization_config")
@@ -133,6 +172,8 @@ def dequantized_state(d: Path) -> dict[str, torch.Tensor]:
             elif k.endswith(".SCB"):  # 8-bit (LLM.int8): int8 rows and their scales
                 w = k.removesuffix(".SCB") + ".weight"
                 deq[w] = bnbf.int8_vectorwise_dequant(t[w], t[k]).float()
+    elif method == "modelopt":  # ModelOpt's own reader (the script runs in its venv)
+        deq = dequantize_modelopt(t)
     elif method == "awq":
         deq = {}
         for k in t:
@@ -303,7 +344,7 @@ def versions() -> str:
     import importlib.metadata as md
 
     out = [f"torch {torch.__version__}"]
-    for pkg in ("transformers", "compressed-tensors", "gptqmodel", "optimum"):
+    for pkg in ("transformers", "compressed-tensors", "gptqmodel", "optimum", "nvidia-modelopt"):
         try:
             out.append(f"{pkg} {md.version(pkg)}")
         except md.PackageNotFoundError:
@@ -328,6 +369,9 @@ def main() -> None:
     print("versions:", versions())
     for name in names:
         d = HERE / name
+        if (json.loads((d / "config.json").read_text()).get("quantization_config") or {}).get("quant_method") == "modelopt":
+            modelopt_reference(d, name, ids, write)
+            continue
         qc = loading_config(d)
         kw = {"quantization_config": qc} if qc is not None else {}
         # compressed-tensors decompresses NVFP4 / MXFP4 weights to bfloat16 (a float32 model fails
@@ -373,6 +417,25 @@ def main() -> None:
                 # NVFP4: transformers' are bfloat16 ones; keep the float32 dequantized model's.
                 tensors["dequantized_logits"] = ref_logits.contiguous()
             save_file(tensors, str(d / "reference.safetensors"), metadata=meta)
+
+
+def modelopt_reference(d: Path, name: str, ids: torch.Tensor, write: bool) -> None:
+    """transformers has no ModelOpt integration: the reference is ModelOpt's own arithmetic, the
+    float32 model of the weights its reader dequantizes, with its FP4 activation quantization
+    where the checkpoint has `input_scale`s (W4A4)."""
+    model = dequantized_model(d)
+    tensors = load_tensors(d)
+    w4a4 = any(k.endswith(".input_scale") for k in tensors)
+    meaning = "ModelOpt's dequantized fp32 weights" + (" + its NVFP4 activation fake quantization" if w4a4 else "")
+    if w4a4:
+        add_modelopt_fp4_activation_quant(model, tensors)
+    logits, greedy = run(model, ids)
+    print(f"{name}: {meaning}: logit scale {logits.abs().max():.3g}, greedy {greedy.tolist()}")
+    if write:
+        meta = {"producer": f"ModelOpt's reading, float32, CPU: {versions()}", "prompt": PROMPT,
+                "compared_with": meaning}
+        save_file({"input_ids": ids.clone(), "logits": logits.contiguous(), "greedy_ids": greedy.clone(),
+                   "dequantized_logits": logits.clone()}, str(d / "reference.safetensors"), metadata=meta)
 
 
 if __name__ == "__main__":
