@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from quant_bnb import _write
-from quant_formats import LINEARS
+from quant_formats import LINEARS, is_quantized_linear, load_float_checkpoint
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -106,3 +106,49 @@ def write_mxfp4_checkpoint(src_dir: str | Path, out_dir: str | Path,
                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
                                              "format": "mxfp4-pack-quantized"}}, "ignore": ["lm_head"]}
     return _write(src_dir, out_dir, linears, qconfig, quantize)
+
+
+# ModelOpt shares one per-tensor scale among the layers of one input (the max of their amax).
+_FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up",
+          "w1": "gate_up", "w3": "gate_up"}
+
+
+def write_modelopt_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path,
+                                    linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
+    """The W4A16_NVFP4 checkpoint in NVIDIA ModelOpt's layout (what `export_hf_checkpoint` writes
+    for `mtq.W4A16_NVFP4_CFG`; byte for byte the `modelopt-w4a16-nvfp4` fixture's weights) of
+    `src_dir`'s float weights: every listed linear's `weight_scale_2` = amax / (6 * 448), amax the
+    largest |w| of the layer and of those sharing its input (q/k/v, gate/up: ModelOpt's export
+    gives them one); `weight_scale` per 16 inputs = fp8(group amax / (6 * scale_2)) clamped to
+    [2^-9, 448]; `weight` the codes of w / (scale * scale_2) (nearest, ties to even), packed as
+    NVFP4's. Returns the dequantized float32 weights, value * (scale * scale_2)."""
+    _, tensors = load_float_checkpoint(src_dir)
+    amax: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        if is_quantized_linear(name, linears):
+            key = _fused_key(name)
+            amax[key] = torch.maximum(amax.get(key, torch.tensor(0.0)), w.float().abs().amax())
+
+    def quantize(name: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        n, k = w.shape
+        scale_2 = amax[_fused_key(name)] / (6.0 * 448.0)
+        groups = w.float().view(n, k // 16, 16)
+        scale = (groups.abs().amax(dim=2) / (6.0 * scale_2))
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale).clamp(2.0**-9, 448.0).to(torch.float8_e4m3fn)
+        step = (scale.float() * scale_2)[:, :, None]
+        packed, value = _e2m1(groups / step)
+        prefix = name.removesuffix(".weight")
+        return ({name: packed, prefix + ".weight_scale": scale, prefix + ".weight_scale_2": scale_2.clone()},
+                (value * step).reshape(n, k))
+
+    qconfig = {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4", "group_size": 16,
+               "config_groups": {"group_0": {"weights": {"dynamic": False, "num_bits": 4, "type": "float",
+                                                         "group_size": 16}, "targets": ["Linear"]}},
+               "ignore": ["lm_head"], "producer": {"name": "modelopt"}}
+    return _write(src_dir, out_dir, linears, qconfig, quantize)
+
+
+def _fused_key(name: str) -> str:
+    """`name` with its projection replaced by the fused one it shares an input with (itself else)."""
+    module, proj, leaf = name.rsplit(".", 2)
+    return f"{module}.{_FUSED.get(proj, proj)}.{leaf}"

@@ -281,3 +281,31 @@ def test_the_fp4_writers_round_trip(tmp_path, fmt):
             err = (w - src[name].float()).view(n, k // group, group).abs()
             step = amax / 6 * (1 + 2.0**-4) if fmt == "nvfp4" else amax / 3  # MXFP4: 2^e < amax / 3 at most
             assert bool((err <= step + 1e-12).all()), name
+
+
+def test_the_modelopt_nvfp4_writer_is_modelopts_export(tmp_path):
+    """tests/quant_nvfp4.py's ModelOpt layout against ModelOpt 0.47's own export of the same weights
+    (the `modelopt-w4a16-nvfp4` fixture): every quantized tensor byte for byte, the float ones the
+    same values (the fixture keeps them in bfloat16), the same config; batonlm reads back the
+    dequantized weights it returns bit for bit."""
+    from quant_nvfp4 import write_modelopt_nvfp4_checkpoint
+
+    from batonlm.model_runner.model_config import ModelConfig
+    from batonlm.model_runner.quantization.dequantized import DequantizedCheckpoint
+    from batonlm.model_runner.weight_loader import checkpoint_files
+
+    out = tmp_path / "modelopt"
+    deq = write_modelopt_nvfp4_checkpoint(FIXTURES / "fp32-source", out)
+    ours = load_file(str(out / "model.safetensors"))
+    theirs = load_file(str(FIXTURES / "modelopt-w4a16-nvfp4" / "model.safetensors"))
+    assert ours.keys() == theirs.keys() and len(deq) == 14
+    for name, t in theirs.items():
+        if t.dtype == torch.bfloat16:
+            assert torch.equal(ours[name], t.float()), name
+        else:
+            same = torch.equal(ours[name].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8))
+            assert ours[name].dtype == t.dtype and ours[name].shape == t.shape and same, name
+    quant = ModelConfig.from_hf(out).quantization
+    assert quant is not None and quant == ModelConfig.from_hf(FIXTURES / "modelopt-w4a16-nvfp4").quantization
+    with DequantizedCheckpoint(checkpoint_files(out), quant) as ckpt:
+        assert all(torch.equal(ckpt.read(name), w) for name, w in deq.items())

@@ -349,19 +349,20 @@ def test_bitsandbytes_4_bit_experts_are_the_dequantized_experts(family: str, tin
         assert _within_float32(got, moe.experts(x, ids, weights, moe.act), floats64, x, ids, weights)
 
 
-@pytest.mark.parametrize("fmt, group", [("nvfp4", 16), ("mxfp4", 32)])
+@pytest.mark.parametrize("fmt, group", [("nvfp4", 16), ("modelopt-nvfp4", 16), ("mxfp4", 32)])
 def test_fp4_experts_are_the_dequantized_experts(tiny_models, tmp_path, fmt, group) -> None:
-    """NVFP4A16 experts (FP4 codes, FP8 scales per 16 inputs, a global scale) and MXFP4A16 ones
-    (E8M0 exponents per 32) stay packed with the E2M1 table in their groups: the dequantized
-    experts' outputs bit for bit eager, traced to float32's bound."""
+    """NVFP4A16 experts (FP4 codes, FP8 scales per 16 inputs, a global scale; compressed-tensors'
+    layout or ModelOpt's) and MXFP4A16 ones (E8M0 exponents per 32) stay packed with the E2M1 table
+    in their groups: the dequantized experts' outputs bit for bit eager, traced to float32's bound."""
     from helpers import build_tiny_model
-    from quant_nvfp4 import write_mxfp4_checkpoint, write_nvfp4_checkpoint
+    from quant_nvfp4 import write_modelopt_nvfp4_checkpoint, write_mxfp4_checkpoint, write_nvfp4_checkpoint
 
     from batonlm.model_runner.moe import Int4Experts
 
     build_tiny_model("qwen3_moe", tmp_path / "qwen3_moe", moe_intermediate_size=64, intermediate_size=128)
     path = tmp_path / f"qwen3_moe-{fmt}"
-    write = write_nvfp4_checkpoint if fmt == "nvfp4" else write_mxfp4_checkpoint
+    write = {"nvfp4": write_nvfp4_checkpoint, "modelopt-nvfp4": write_modelopt_nvfp4_checkpoint,
+             "mxfp4": write_mxfp4_checkpoint}[fmt]
     write(tmp_path / "qwen3_moe", path, linears=LINEARS + FAMILIES["qwen3_moe"])
     cfg = ModelConfig.from_hf(path)
     model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
