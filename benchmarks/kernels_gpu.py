@@ -110,6 +110,7 @@ def bench_shape(b: int, v: int, iters: int, dev: str = "cuda") -> list[dict]:
 
 def bench_quant(m: int, iters: int, n: int = QUANT_N, k: int = QUANT_K, dev: str = "cuda") -> list[dict]:
     """The quantized linear kernels at M rows of an N x K layer (FP8 rows need compute capability 8.9)."""
+    from batonlm.kernels import int4 as i4
     from batonlm.kernels import int8 as i8
     from batonlm.kernels import quant as q
 
@@ -117,13 +118,13 @@ def bench_quant(m: int, iters: int, n: int = QUANT_N, k: int = QUANT_K, dev: str
     x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) / 64
     groups = k // QUANT_GROUP
-    qweight = q.pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=g))
+    qweight = i4.pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=g))
     scales = torch.rand(groups, n, device=dev, generator=g, dtype=torch.bfloat16) / 100
     zeros = torch.full((groups, n), 8, dtype=torch.int32, device=dev)
     cases = [
         ("bf16 matmul", "torch", lambda: x @ w.T),
-        ("int4 gemm", "triton", lambda: q.int4_dequant_matmul(x, qweight, scales, zeros, QUANT_GROUP)),
-        ("int4 gemm", "torch reference", lambda: q.int4_dequant_matmul_reference(x, qweight, scales, zeros, QUANT_GROUP)),
+        ("int4 gemm", "triton", lambda: i4.int4_dequant_matmul(x, qweight, scales, zeros, QUANT_GROUP)),
+        ("int4 gemm", "torch reference", lambda: i4.int4_dequant_matmul_reference(x, qweight, scales, zeros, QUANT_GROUP)),
     ]
     xi_q, xi_s = i8.per_token_quant_int8(x)
     w_i8 = torch.randint(-128, 128, (n, k), device=dev, generator=g, dtype=torch.int8)

@@ -51,6 +51,7 @@ from quant_nvfp4 import write_nvfp4_checkpoint  # noqa: E402
 from quant_w8a8 import write_static_checkpoint, write_w8a8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
 
+from batonlm.kernels.int4 import int4_dequant_matmul, pack_int4  # noqa: E402
 from batonlm.kernels.int8 import (  # noqa: E402
     int8_scaled_matmul,
     per_token_quant_int8,
@@ -58,12 +59,7 @@ from batonlm.kernels.int8 import (  # noqa: E402
     weight_sums,
 )
 from batonlm.kernels.llm_int8 import llm_int8_matmul, llm_int8_quant  # noqa: E402
-from batonlm.kernels.quant import (  # noqa: E402
-    fp8_block_matmul,
-    int4_dequant_matmul,
-    pack_int4,
-    per_token_group_quant_fp8,
-)
+from batonlm.kernels.quant import fp8_block_matmul, per_token_group_quant_fp8  # noqa: E402
 
 SHAPES = {
     "32m": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,

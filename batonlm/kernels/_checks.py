@@ -1,5 +1,6 @@
-"""Argument checks the quantized kernels' entry points share (quant.py, int8.py): each bad
-argument is one ValueError naming it, what was expected and what came."""
+"""Argument checks the quantized kernels' entry points share (quant.py, int4.py, int8.py): each
+bad argument is one ValueError naming it, what was expected and what came; and their small
+shape helpers."""
 
 from __future__ import annotations
 
@@ -23,3 +24,16 @@ def check_scale(t: torch.Tensor, name: str, shapes: list[tuple[int, ...]], dtype
         raise fail(name, str(dtype).removeprefix("torch."), t.dtype)
     if tuple(t.shape) not in shapes:
         raise fail(name, " or ".join(str(list(s)) for s in shapes), f"shape {tuple(t.shape)}")
+
+
+def shape_of(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a dequantization computes in for a result in `dtype`: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -4,7 +4,7 @@ MoE checkpoints: Qwen3-MoE, Mixtral, DeepSeek in 4 bits): each expert's gated ML
 in float32) and rounded once to the activation dtype, then multiplied in that dtype
 (`int4_dequant_matmul`); the routed outputs are summed as `batonlm.kernels.moe` sums them.
 
-Weights, one `batonlm.kernels.quant` int4 layout per expert (W^T packed along its input rows;
+Weights, one `batonlm.kernels.int4` layout per expert (W^T packed along its input rows;
 or its 8-bit twin, `bits` 8: GPTQ 8-bit and W8A16 experts, 4 codes per word instead of 8):
 `w13_qweight` int32 [E, ceil(H / 8), 2I] (gate columns then up columns), `w13_scales` float32
 and `w13_zeros` uint8 [E, ceil(H / G), 2I]; `w2_qweight` [E, ceil(I / 8), H], `w2_scales` /
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from batonlm.kernels.int4 import dequantize_int4, int4_dequant_matmul_reference
 from batonlm.kernels.moe import (
     Activation,
     aligned_by_expert,
@@ -40,7 +41,6 @@ from batonlm.kernels.moe import (
     gathered_by_expert,
     grouped_by_expert,
 )
-from batonlm.kernels.quant import dequantize_int4, int4_dequant_matmul_reference
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Quantized linear layers' kernels: FP8 (activations quantized at run time, weights per block,
-per channel or per tensor) and int4 weight-only, each a plain-torch reference beside a Triton
-twin (`_triton_quant.py`). The entry points take `use_triton`: None picks Triton for CUDA tensors
+per channel or per tensor; int4 / int8 weight-only: `int4.py`), each a plain-torch reference
+beside a Triton twin (`_triton_quant.py`). The entry points take `use_triton`: None picks Triton for CUDA tensors
 (FP8: on a GPU with FP8 support, compute capability 8.9 or more) and torch otherwise.
 
 FP8 scales are float32 and mean "dequantized = stored value * scale" (a checkpoint's
@@ -18,38 +18,18 @@ FP8 scales are float32 and mean "dequantized = stored value * scale" (a checkpoi
   takes x quantized with group = bk and applies both scales per K block.
 - Weights per channel ([N] or [N, 1]) or per tensor ([] or [1]), activations per token
   ([M, 1]) or per tensor ([] or [1]): `fp8_scaled_matmul` applies both once, then a bias.
-
-int4 (and int8) weight-only: the one layout GPTQ, AWQ and compressed-tensors checkpoints are
-repacked into, `bits` 4 or 8 (p = 32 / bits codes per word: 8 or 4).
-- `qweight` int32 [ceil(K / p), N]: row j packs input rows pj .. pj + p - 1 of column n, code i
-  (bits i*bits .. i*bits + bits - 1, i = 0 the least significant) holding row pj + i, unsigned
-  0..2^bits - 1 (rows past K are 0). `pack_int4` / `unpack_int4` convert from / to a [K, N]
-  tensor of values.
-- `scales` [ceil(K / G), N], float32 or the activation dtype; `zeros` [ceil(K / G), N], any
-  integer dtype, unpacked values 0..2^bits - 1 (2^(bits-1) everywhere for a symmetric
-  checkpoint). G is the group size; -1 means one group of all K rows.
-- W[n, k] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n] (or with `g_idx` [K], GPTQ's
-  activation order, group g_idx[k] of any number of groups); with a `codebook` (float32
-  [2^bits], bitsandbytes' NF4 / FP4 tables) W[n, k] = codebook[q[k, n]] * scales[k // G, n]
-  and no zeros: `dequantize_int4` gives W [N, K]
-  (nn.Linear's layout); `int4_dequant_matmul` computes x @ W^T in x's dtype, W rounded to it
-  (the Triton kernel dequantizes each tile exactly in float32, rounds it once to x's dtype and
-  multiplies with float32 accumulation; the reference rounds the same W the same way).
 """
 
 from __future__ import annotations
 
 import torch
 
-from batonlm.kernels._checks import check_2d, check_scale, fail
+from batonlm.kernels._checks import cdiv, check_2d, check_scale, compute_dtype, fail, shape_of
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # The least scale: float32's smallest normal (a zero group divides by it, not by 0).
 MIN_SCALE = torch.finfo(torch.float32).tiny
 
-
-def _shape(t: torch.Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
 
 
 def _check_fp8(t: torch.Tensor, name: str) -> None:
@@ -57,9 +37,6 @@ def _check_fp8(t: torch.Tensor, name: str) -> None:
     if t.dtype not in FP8_DTYPES:
         raise fail(name, "float8_e4m3fn or float8_e5m2", t.dtype)
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _fp8_on_triton(t: torch.Tensor, use_triton: bool | None) -> bool:
@@ -72,9 +49,6 @@ def _expand(scale: torch.Tensor, rows_per: int, cols_per: int, rows: int, cols: 
     """A per-block scale [ceil(rows / rows_per), ceil(cols / cols_per)] -> one per element."""
     return scale.repeat_interleave(rows_per, 0)[:rows].repeat_interleave(cols_per, 1)[:, :cols]
 
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # --- FP8 activations -------------------------------------------------------------------------
@@ -96,7 +70,7 @@ def per_token_group_quant_fp8_reference(
     _check_quant_args(x, group, dtype)
     m, k = x.shape
     fp8_max = torch.finfo(dtype).max
-    groups = _cdiv(k, group)
+    groups = cdiv(k, group)
     xf = torch.nn.functional.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
     amax = xf.abs().amax(dim=2)
     # A tensor divisor: CUDA divides by a Python scalar as a multiply by its reciprocal.
@@ -166,8 +140,8 @@ def dequantize_fp8_block(w_q: torch.Tensor, w_scale: torch.Tensor, block: tuple[
     _check_fp8(w_q, "w_q")
     bn, bk = _check_block(block)
     n, k = w_q.shape
-    check_scale(w_scale, "w_scale", [(_cdiv(n, bn), _cdiv(k, bk))])
-    c = _compute_dtype(dtype)
+    check_scale(w_scale, "w_scale", [(cdiv(n, bn), cdiv(k, bk))])
+    c = compute_dtype(dtype)
     return (w_q.to(c) * _expand(w_scale.to(c), bn, bk, n, k)).to(dtype)
 
 
@@ -179,7 +153,7 @@ def _channel_scale(w_scale: torch.Tensor, n: int) -> torch.Tensor:
 def dequantize_fp8(w_q: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """W [N, K] in `dtype` = w_q * its per-tensor ([] / [1]) or per-channel ([N] / [N, 1]) scale."""
     _check_fp8(w_q, "w_q")
-    c = _compute_dtype(dtype)
+    c = compute_dtype(dtype)
     return (w_q.to(c) * _channel_scale(w_scale, w_q.shape[0]).to(c)).to(dtype)
 
 
@@ -189,11 +163,11 @@ def _check_block_matmul(x_q, x_scale, w_q, w_scale, block) -> tuple[int, int]:
     if x_q.dtype != w_q.dtype:
         raise fail("w_q", f"x_q's dtype {x_q.dtype}", w_q.dtype)
     if x_q.shape[1] != w_q.shape[1]:
-        raise fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {_shape(w_q)}")
+        raise fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {shape_of(w_q)}")
     bn, bk = _check_block(block)
     (m, k), n = x_q.shape, w_q.shape[0]
-    check_scale(x_scale, "x_scale", [(m, _cdiv(k, bk))])
-    check_scale(w_scale, "w_scale", [(_cdiv(n, bn), _cdiv(k, bk))])
+    check_scale(x_scale, "x_scale", [(m, cdiv(k, bk))])
+    check_scale(w_scale, "w_scale", [(cdiv(n, bn), cdiv(k, bk))])
     return bn, bk
 
 
@@ -234,11 +208,11 @@ def _check_scaled_matmul(x_q, x_scale, w_q, w_scale, bias) -> tuple[torch.Tensor
     if x_q.dtype != w_q.dtype:
         raise fail("w_q", f"x_q's dtype {x_q.dtype}", w_q.dtype)
     if x_q.shape[1] != w_q.shape[1]:
-        raise fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {_shape(w_q)}")
+        raise fail("w_q", f"[N, {x_q.shape[1]}] (x_q's K)", f"shape {shape_of(w_q)}")
     m, n = x_q.shape[0], w_q.shape[0]
     check_scale(x_scale, "x_scale", [(), (1,), (m, 1)])
-    if bias is not None and _shape(bias) != (n,):
-        raise fail("bias", f"shape [{n}]", f"shape {_shape(bias)}")
+    if bias is not None and shape_of(bias) != (n,):
+        raise fail("bias", f"shape [{n}]", f"shape {shape_of(bias)}")
     return x_scale.reshape(-1, 1), _channel_scale(w_scale, n)
 
 
@@ -273,127 +247,3 @@ def fp8_scaled_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tenso
     x_strides = (int(xs.shape[0] > 1), 0)  # a stride of 0 broadcasts a per-tensor scale
     w_strides = (int(ws.shape[0] > 1), 0)
     return _triton_quant.fp8_matmul(x_q, w_q, xs, x_strides, ws, w_strides, 1, None, out_dtype, bias)
-
-
-# --- int4 weight-only --------------------------------------------------------------------------
-
-
-INT_BITS = (4, 8)
-
-
-def _per_word(bits: int) -> int:
-    if bits not in INT_BITS:
-        raise fail("bits", "4 or 8", bits)
-    return 32 // bits
-
-
-def pack_int4(q: torch.Tensor, bits: int = 4) -> torch.Tensor:
-    """q [K, N] integers 0..2^bits - 1 -> qweight int32 [ceil(K / p), N] (the layout above)."""
-    check_2d(q, "q")
-    per = _per_word(bits)
-    if q.is_floating_point() or q.is_complex():
-        raise fail("q", "an integer tensor", q.dtype)
-    if q.numel() and (int(q.min()) < 0 or int(q.max()) >= 1 << bits):
-        raise fail("q", f"values in 0..{(1 << bits) - 1}", f"{int(q.min())}..{int(q.max())}")
-    k, n = q.shape
-    rows = torch.nn.functional.pad(q.to(torch.int64), (0, 0, 0, _cdiv(k, per) * per - k)).view(-1, per, n)
-    shifts = bits * torch.arange(per, device=q.device).view(1, per, 1)
-    packed = (rows << shifts).sum(dim=1)  # 0 .. 2^32 - 1, as int32's two's complement below
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-
-
-def unpack_int4(qweight: torch.Tensor, k: int, bits: int = 4) -> torch.Tensor:
-    """qweight int32 [ceil(K / p), N] -> uint8 [K, N] values 0..2^bits - 1."""
-    check_2d(qweight, "qweight")
-    per = _per_word(bits)
-    if qweight.dtype != torch.int32:
-        raise fail("qweight", "int32", qweight.dtype)
-    if qweight.shape[0] != _cdiv(k, per):
-        raise fail("qweight", f"{_cdiv(k, per)} rows (ceil(K / {per}) for K = {k})", f"shape {_shape(qweight)}")
-    shifts = bits * torch.arange(per, dtype=torch.int32, device=qweight.device).view(1, per, 1)
-    q = (qweight.unsqueeze(1) >> shifts) & ((1 << bits) - 1)  # the arithmetic shift's sign bits are masked off
-    return q.reshape(-1, qweight.shape[1])[:k].to(torch.uint8)
-
-
-def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Tensor | None = None,
-                bits: int = 4, codebook: torch.Tensor | None = None) -> int:
-    """The group size in rows (-1 -> K; with `g_idx`, each row's own group: 0)."""
-    check_2d(qweight, "qweight")
-    n, per = qweight.shape[1], _per_word(bits)
-    if qweight.dtype != torch.int32 or qweight.shape[0] != _cdiv(k, per):
-        raise fail("qweight", f"int32 [{_cdiv(k, per)}, N] (ceil(K / {per}) rows, K = {k}, {bits} bits)",
-                    f"{qweight.dtype} {_shape(qweight)}")
-    if g_idx is not None:
-        if g_idx.is_floating_point() or _shape(g_idx) != (k,):
-            raise fail("g_idx", f"an integer [{k}] tensor (each input row's group)", f"{g_idx.dtype} {_shape(g_idx)}")
-        groups, g = scales.shape[0] if scales.dim() == 2 else -1, 0
-    else:
-        if group_size != -1 and group_size < 1:
-            raise fail("group_size", "a positive number of rows or -1 (one group)", group_size)
-        g = max(k if group_size == -1 else group_size, 1)
-        groups = _cdiv(k, g)
-    if not scales.is_floating_point() or _shape(scales) != (groups, n):
-        raise fail("scales", f"a floating-point [{groups}, {n}] tensor", f"{scales.dtype} {_shape(scales)}")
-    if codebook is not None:
-        if codebook.dtype != torch.float32 or _shape(codebook) != (1 << bits,):
-            raise fail("codebook", f"float32 [{1 << bits}] (each code's value)", f"{codebook.dtype} {_shape(codebook)}")
-    elif zeros is None or zeros.is_floating_point() or _shape(zeros) != (groups, n):
-        got = "None" if zeros is None else f"{zeros.dtype} {_shape(zeros)}"
-        raise fail("zeros", f"an integer [{groups}, {n}] tensor (unpacked)", got)
-    return g
-
-
-def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int, k: int,
-                    dtype: torch.dtype = torch.bfloat16, g_idx: torch.Tensor | None = None,
-                    bits: int = 4, codebook: torch.Tensor | None = None) -> torch.Tensor:
-    """W [N, K] in `dtype` (nn.Linear's layout): computed in float32 (exact: a 4- or 8-bit
-    integer times a scale of at most 16 bits, but float32 scales, which round once) or float64.
-    `g_idx` [K]: each input row's group (GPTQ's activation order), instead of row // group_size.
-    `codebook`: each code's value (float32 [2^bits]), times the scale (no zeros; one float32
-    rounding, as bitsandbytes dequantizes)."""
-    g = _check_int4(qweight, scales, zeros, group_size, k, g_idx, bits, codebook)
-    c = _compute_dtype(dtype)
-    groups = g_idx.long() if g_idx is not None else torch.arange(k, device=qweight.device) // g
-    q = unpack_int4(qweight, k, bits)
-    if codebook is not None:
-        w = codebook.to(c)[q.long()] * scales[groups].to(c)  # [K, N]
-    else:
-        assert zeros is not None
-        w = (q.to(c) - zeros[groups].to(c)) * scales[groups].to(c)  # [K, N]
-    return w.T.contiguous().to(dtype)
-
-
-def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=None, bits: int = 4,
-                       codebook=None) -> int:
-    """The group size in rows (-1 -> K; 0 with `g_idx`)."""
-    check_2d(x, "x")
-    if not x.is_floating_point():
-        raise fail("x", "a floating-point tensor", x.dtype)
-    g = _check_int4(qweight, scales, zeros, group_size, x.shape[1], g_idx, bits, codebook)
-    if bias is not None and _shape(bias) != (qweight.shape[1],):
-        raise fail("bias", f"shape [{qweight.shape[1]}]", f"shape {_shape(bias)}")
-    return g
-
-
-def int4_dequant_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                                  zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None = None,
-                                  g_idx: torch.Tensor | None = None, bits: int = 4,
-                                  codebook: torch.Tensor | None = None) -> torch.Tensor:
-    _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook)
-    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype, g_idx, bits, codebook)
-    return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
-
-
-def int4_dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                        group_size: int, bias: torch.Tensor | None = None, g_idx: torch.Tensor | None = None,
-                        bits: int = 4, codebook: torch.Tensor | None = None, *,
-                        use_triton: bool | None = None) -> torch.Tensor:
-    """y [M, N] in x's dtype = x [M, K] @ W^T (+ bias), W from `qweight`, `scales`, `zeros`
-    (the layout above, of `bits` 4 or 8; group_size 32, 64, 128, ... or -1; or `g_idx` [K],
-    each row's group), or from `qweight`, `scales` and a `codebook` (zeros None)."""
-    if not (x.is_cuda if use_triton is None else use_triton):
-        return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook)
-    g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook)
-    from batonlm.kernels import _triton_quant
-
-    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias, g_idx, bits, codebook)

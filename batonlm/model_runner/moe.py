@@ -163,7 +163,7 @@ class Int8Experts(_ScaledExperts):
 
 class Int4Experts(nn.Module):
     """Every expert's gated MLP kept in int4 (GPTQ, AWQ, compressed-tensors W4A16 experts, all
-    repacked into `kernels/quant.py`'s int4 layout; `bits` 8: its 8-bit twin, GPTQ 8-bit and
+    repacked into `kernels/int4.py`'s layout; `bits` 8: its 8-bit twin, GPTQ 8-bit and
     W8A16 experts; GPTQ's activation order with each expert's
     `g_idx`, `group` 0, of `order_groups` groups for w13 and w2; bitsandbytes 4-bit experts with
     their `codebook` and no zeros), weight-only, this rank's slice of their

@@ -1,5 +1,5 @@
 """The packed 4-bit layout with a codebook (bitsandbytes' NF4 / FP4 kept packed): W[n, k] =
-codebook[q[k, n]] * scales[k // G, n], no zeros (batonlm/kernels/quant.py), the torch reference
+codebook[q[k, n]] * scales[k // G, n], no zeros (batonlm/kernels/int4.py), the torch reference
 and the Triton kernel (interpreted here; compiled in the `gpu` test) against float64.
 
 Bounds (u = 2^-24, eps = 2u): each weight is one float32 product of two float32 values, so
@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 from kernel_helpers import IMPLS, compiled_only  # noqa: E402
 
-from batonlm.kernels import quant as Q  # noqa: E402
+from batonlm.kernels import int4 as Q  # noqa: E402
 
 EPS32 = torch.finfo(torch.float32).eps
 

@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 
 from kernel_helpers import compiled_only, interpreted_only  # noqa: E402
 
+from batonlm.kernels.int4 import pack_int4  # noqa: E402
 from batonlm.kernels.moe import fused_moe_reference  # noqa: E402
 from batonlm.kernels.moe_int4 import (  # noqa: E402
     Int4Weights,
@@ -25,7 +26,6 @@ from batonlm.kernels.moe_int4 import (  # noqa: E402
     fused_moe_int4_grouped,
     fused_moe_int4_triton,
 )
-from batonlm.kernels.quant import pack_int4  # noqa: E402
 
 FORMULATIONS = [pytest.param(fused_moe_int4_grouped, id="grouped"), pytest.param(fused_moe_int4_dense, id="dense"),
                 pytest.param(fused_moe_int4_gathered, id="gathered"),

@@ -21,6 +21,7 @@ pytest.importorskip("triton")
 
 from kernel_helpers import IMPLS, compiled_only, interpreted_only  # noqa: E402
 
+from batonlm.kernels import int4 as I4  # noqa: E402
 from batonlm.kernels import quant as Q  # noqa: E402
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -230,31 +231,31 @@ def test_fp8_scaled_matmul_equals_float64(use_triton, scaling, m, bias):
 
 def test_the_packed_layout_nibble_by_nibble():
     q = torch.tensor([[1], [2], [3], [4], [5], [6], [7], [15], [9], [10]])  # K = 10: 2 packed rows
-    packed = Q.pack_int4(q)
+    packed = I4.pack_int4(q)
     assert packed.dtype == torch.int32 and packed.shape == (2, 1)
     assert int(packed[0, 0]) == 0xF7654321 - 2**32  # row 8j + i in bits 4i..4i+3
     assert int(packed[1, 0]) == 0xA9  # rows past K are zeros
-    assert torch.equal(Q.unpack_int4(packed, 10), q.to(torch.uint8))
+    assert torch.equal(I4.unpack_int4(packed, 10), q.to(torch.uint8))
 
 
 def test_the_8_bit_layout_byte_by_byte():
     q = torch.tensor([[1], [0x23], [0x45], [0xF7], [0x89], [0xAB]])  # K = 6: 2 packed rows of 4
-    packed = Q.pack_int4(q, bits=8)
+    packed = I4.pack_int4(q, bits=8)
     assert packed.dtype == torch.int32 and packed.shape == (2, 1)
     assert int(packed[0, 0]) == 0xF7452301 - 2**32  # row 4j + i in bits 8i..8i+7
     assert int(packed[1, 0]) == 0xAB89  # rows past K are zeros
-    assert torch.equal(Q.unpack_int4(packed, 6, bits=8), q.to(torch.uint8))
+    assert torch.equal(I4.unpack_int4(packed, 6, bits=8), q.to(torch.uint8))
     with pytest.raises(ValueError, match="^q:"):
-        Q.pack_int4(q, bits=4)
+        I4.pack_int4(q, bits=4)
     with pytest.raises(ValueError, match="^bits:"):
-        Q.pack_int4(q, bits=6)
+        I4.pack_int4(q, bits=6)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("k,n", [(200, 48), (203, 5), (8, 1)])
 def test_pack_unpack_round_trip(k, n, bits):
     q = torch.randint(0, 1 << bits, (k, n), generator=torch.Generator().manual_seed(k))
-    assert torch.equal(Q.unpack_int4(Q.pack_int4(q, bits), k, bits), q.to(torch.uint8))
+    assert torch.equal(I4.unpack_int4(I4.pack_int4(q, bits), k, bits), q.to(torch.uint8))
 
 
 def _int4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, seed: int, bits: int = 4):
@@ -269,13 +270,13 @@ def _int4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric
     x = torch.randn(m, k, generator=g).to(dtype)
     idx = torch.arange(k) // rows
     w = (q.double() - zeros.double()[idx]) * scales.double()[idx]  # [K, N], the layout's meaning
-    return x, Q.pack_int4(q, bits), scales, zeros, w
+    return x, I4.pack_int4(q, bits), scales, zeros, w
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_dequantize_int4_is_the_layouts_meaning(bits):
     x, qweight, scales, zeros, w = _int4_case(1, 48, 200, 64, torch.float64, False, 1, bits)
-    assert torch.equal(Q.dequantize_int4(qweight, scales, zeros, 64, 200, torch.float64, bits=bits), w.T)
+    assert torch.equal(I4.dequantize_int4(qweight, scales, zeros, 64, 200, torch.float64, bits=bits), w.T)
 
 
 @pytest.mark.parametrize("use_triton", IMPLS)
@@ -289,7 +290,7 @@ def test_int4_matmul_equals_float64(use_triton, dtype, m, n, k, group, symmetric
     codes per word; 4 and 8 bits."""
     x, qweight, scales, zeros, w = _int4_case(m, n, k, group, dtype, symmetric, seed=m + k, bits=bits)
     bias = torch.randn(n).to(dtype) if m == 3 else None
-    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, group, bias, bits=bits, use_triton=use_triton)
+    got = I4.int4_dequant_matmul(x, qweight, scales, zeros, group, bias, bits=bits, use_triton=use_triton)
     assert got.dtype == dtype and got.shape == (m, n)
     want = x.double() @ w + (bias.double() if bias is not None else 0.0)
     mag = x.double().abs() @ w.abs() + (bias.double().abs() if bias is not None else 0.0)
@@ -307,10 +308,10 @@ def test_int4_matmul_in_activation_order_equals_float64(use_triton, dtype, m, n,
     x, qweight, scales, zeros, _ = _int4_case(m, n, k, group, dtype, False, seed=m + k, bits=bits)
     g = torch.Generator().manual_seed(k)
     g_idx = (torch.randperm(k, generator=g) // group).to(torch.int32)  # GPTQ's: invperm // group
-    q = Q.unpack_int4(qweight, k, bits).double()
+    q = I4.unpack_int4(qweight, k, bits).double()
     w = (q - zeros.double()[g_idx.long()]) * scales.double()[g_idx.long()]
-    assert torch.equal(Q.dequantize_int4(qweight, scales, zeros, 0, k, torch.float64, g_idx, bits), w.T)
-    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, 0, None, g_idx, bits, use_triton=use_triton)
+    assert torch.equal(I4.dequantize_int4(qweight, scales, zeros, 0, k, torch.float64, g_idx, bits), w.T)
+    got = I4.int4_dequant_matmul(x, qweight, scales, zeros, 0, None, g_idx, bits, use_triton=use_triton)
     rel = (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0)
     _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), rel)
 
@@ -331,11 +332,11 @@ def _bad_calls():
         "w_q": lambda t: Q.fp8_scaled_matmul(xq, xs, wq.to(E5M2), ws[0, 0], torch.float32, use_triton=t),
         "group": lambda t: Q.per_token_group_quant_fp8(x, 0, use_triton=t),
         "dtype": lambda t: Q.per_token_group_quant_fp8(x, 128, torch.bfloat16, use_triton=t),
-        "qweight": lambda t: Q.int4_dequant_matmul(x, qw[:7], sc, z, -1, use_triton=t),
-        "zeros": lambda t: Q.int4_dequant_matmul(x, qw, sc, z.float(), -1, use_triton=t),
-        "scales": lambda t: Q.int4_dequant_matmul(x, qw, sc, z, 32, use_triton=t),
-        "group_size": lambda t: Q.int4_dequant_matmul(x, qw, sc, z, 0, use_triton=t),
-        "bias": lambda t: Q.int4_dequant_matmul(x, qw, sc, z, -1, torch.zeros(5), use_triton=t),
+        "qweight": lambda t: I4.int4_dequant_matmul(x, qw[:7], sc, z, -1, use_triton=t),
+        "zeros": lambda t: I4.int4_dequant_matmul(x, qw, sc, z.float(), -1, use_triton=t),
+        "scales": lambda t: I4.int4_dequant_matmul(x, qw, sc, z, 32, use_triton=t),
+        "group_size": lambda t: I4.int4_dequant_matmul(x, qw, sc, z, 0, use_triton=t),
+        "bias": lambda t: I4.int4_dequant_matmul(x, qw, sc, z, -1, torch.zeros(5), use_triton=t),
     }
 
 
@@ -396,7 +397,7 @@ def test_gpu_fp8_kernels(m, n, k):
 def test_gpu_int4_kernel(m, n, k, group, bits):
     x, qweight, scales, zeros, w = _int4_case(m, n, k, group, torch.bfloat16, False, seed=m, bits=bits)
     x, qweight, scales, zeros, w = (t.cuda() for t in (x, qweight, scales, zeros, w))
-    got = Q.int4_dequant_matmul(x, qweight, scales, zeros, group, bits=bits)
+    got = I4.int4_dequant_matmul(x, qweight, scales, zeros, group, bits=bits)
     _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
 
 
@@ -406,6 +407,6 @@ def test_gpu_int4_kernel(m, n, k, group, bits):
 def test_gpu_int4_kernel_in_activation_order(m, n, k):
     x, qweight, scales, zeros, _ = _int4_case(m, n, k, 128, torch.bfloat16, False, seed=m)
     g_idx = (torch.randperm(k, generator=torch.Generator().manual_seed(k)) // 128).to(torch.int32)
-    w = (Q.unpack_int4(qweight, k).double() - zeros.double()[g_idx.long()]) * scales.double()[g_idx.long()]
-    got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), scales.cuda(), zeros.cuda(), 0, None, g_idx.cuda())
+    w = (I4.unpack_int4(qweight, k).double() - zeros.double()[g_idx.long()]) * scales.double()[g_idx.long()]
+    got = I4.int4_dequant_matmul(x.cuda(), qweight.cuda(), scales.cuda(), zeros.cuda(), 0, None, g_idx.cuda())
     _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)

@@ -124,7 +124,8 @@ def _dense_weight(mod, k: int) -> torch.Tensor:
     if isinstance(inner, LlmInt8Linear):
         return inner.weight_q.double() * inner.weight_scale.double()[:, None] / 127
     if isinstance(inner, (Fp8Linear, PackedIntLinear)):
-        from batonlm.kernels.quant import dequantize_fp8, dequantize_fp8_block, dequantize_int4
+        from batonlm.kernels.int4 import dequantize_int4
+        from batonlm.kernels.quant import dequantize_fp8, dequantize_fp8_block
 
         if isinstance(inner, PackedIntLinear):
             return dequantize_int4(inner.qweight, inner.scales, inner.zeros, inner.group_size, k, torch.float64,

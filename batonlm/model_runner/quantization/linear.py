@@ -1,6 +1,6 @@
 """Linear layers whose weights stay quantized on the device: FP8 (block-wise, or per channel),
 int8 with int8 activations (W8A8-int8, and bitsandbytes' LLM.int8) and int4 (grouped), each a
-matmul of batonlm/kernels/quant.py, int8.py or llm_int8.py (Triton on CUDA, the torch references elsewhere). `resident.py` puts them in a model in place of its float projections
+matmul of batonlm/kernels/quant.py, int4.py, int8.py or llm_int8.py (Triton on CUDA, the torch references elsewhere). `resident.py` puts them in a model in place of its float projections
 and fills them from the checkpoint."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from batonlm.kernels.fp4 import modelopt_nvfp4_fake_quant, nvfp4_fake_quant
+from batonlm.kernels.int4 import int4_dequant_matmul
 from batonlm.kernels.int8 import (
     int8_scaled_matmul,
     per_token_quant_int8,
@@ -23,7 +24,6 @@ from batonlm.kernels.quant import (
     fp8_block_product,
     fp8_scaled_matmul,
     fp8_scaled_product,
-    int4_dequant_matmul,
     per_token_group_quant_fp8,
     per_token_quant_fp8,
     static_quant_fp8,

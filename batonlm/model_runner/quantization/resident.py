@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from batonlm.kernels.int4 import pack_int4
 from batonlm.kernels.int8 import QMAX, QMIN, per_token_quant_int8_asym_reference
-from batonlm.kernels.quant import pack_int4
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.parallel_layers import RowParallelLinear
