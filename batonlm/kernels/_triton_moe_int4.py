@@ -45,8 +45,8 @@ def _grouped_gemm_int4_kernel(
         k_valid = offs_k < K
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_valid[None, :], other=0.0)
-        w = int4_tile(qw, s, z, gidx, cb_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
-                      stride_zg, False, G_IDX, BITS, CODEBOOK).to(a.dtype)  # exact in float32, then rounded once
+        w = int4_tile(qw, s, z, gidx, cb_ptr, s, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
+                      stride_zg, False, G_IDX, BITS, CODEBOOK, False).to(a.dtype)  # exact in float32, rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:

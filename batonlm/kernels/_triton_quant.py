@@ -165,13 +165,14 @@ def fp8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, x_sc
 
 
 @device_fn
-def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk,
+def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, s2_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk,
               stride_sg, stride_zg, ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr, BITS: tl.constexpr,
-              CODEBOOK: tl.constexpr):
+              CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr):
     """[BLOCK_K, BLOCK_N] float32: rows `offs_k` and columns `offs_n` of W^T from `BITS`-bit
     codes (32 / BITS per int32 along K), (q - zero) * scale of each row's group (exact), or with
     `CODEBOOK` codebook[q] * scale (one float32 rounding; no zeros): the tile's one group
-    (`ROW_SCALES`), row // group, or in activation order the row's `g_idx` entry (`G_IDX`)."""
+    (`ROW_SCALES`), row // group, or in activation order the row's `g_idx` entry (`G_IDX`); with
+    `SCALE_2` each scale (float8) times its column's float32 factor first, rounded once."""
     per: tl.constexpr = 32 // BITS
     kn = k_valid[:, None] & n_valid[None, :]
     packed = tl.load(qw_ptr + (offs_k // per)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
@@ -185,6 +186,8 @@ def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, offs_k, offs_n, k_valid, n
         else:
             g = (offs_k // group)[:, None]
         s = tl.load(s_ptr + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
+    if SCALE_2:
+        s = s * tl.load(s2_ptr + offs_n, mask=n_valid, other=0.0)[None, :]
     if CODEBOOK:  # a gather from the 2^BITS values (cached: the same few bytes for every tile)
         w = tl.load(cb_ptr + q, mask=kn, other=0.0) * s
     else:
@@ -198,10 +201,11 @@ def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, offs_k, offs_n, k_valid, n
 
 @triton.jit
 def _int4_matmul_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, cb_ptr, bias_ptr, y_ptr, gidx_ptr, M, N, K, group,
+    x_ptr, qw_ptr, s_ptr, z_ptr, cb_ptr, s2_ptr, bias_ptr, y_ptr, gidx_ptr, M, N, K, group,
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    BITS: tl.constexpr, CODEBOOK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr, CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -212,8 +216,9 @@ def _int4_matmul_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_valid = offs_k < K
         a = tl.load(x_rows + offs_k[None, :], mask=m_valid[:, None] & k_valid[None, :], other=0.0)
-        w = int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk,
-                      stride_sg, stride_zg, ROW_SCALES, G_IDX, BITS, CODEBOOK).to(a.dtype)  # float32, rounded once
+        w = int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, s2_ptr, offs_k, offs_n, k_valid, n_valid, k0, group,
+                      stride_qk, stride_sg, stride_zg, ROW_SCALES, G_IDX, BITS, CODEBOOK,
+                      SCALE_2).to(a.dtype)  # float32, rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -226,10 +231,10 @@ def _int4_matmul_kernel(
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group: int,
                 bias: torch.Tensor | None, g_idx: torch.Tensor | None = None, bits: int = 4,
-                codebook: torch.Tensor | None = None) -> torch.Tensor:
-    """y [M, N] in x's dtype = x [M, K] @ W^T, W dequantized tile by tile (quant.py's layout;
+                codebook: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] in x's dtype = x [M, K] @ W^T, W dequantized tile by tile (int4.py's layout;
     with `g_idx` each row's scale and zero are its group's, read row by row; with `codebook`
-    each code's value times its scale, no zeros)."""
+    each code's value times its scale, no zeros; with `scale_2` each scale times its column's)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     qweight, scales = qweight.contiguous(), scales.contiguous()
     zeros = zeros.contiguous() if zeros is not None else qweight  # (unread with a codebook)
@@ -241,11 +246,11 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _int4_matmul_kernel[grid](
         x, qweight, scales, zeros, codebook.contiguous() if codebook is not None else scales,
-        bias.contiguous() if bias is not None else y, y,
+        scale_2.contiguous() if scale_2 is not None else scales, bias.contiguous() if bias is not None else y, y,
         g_idx.to(torch.int32).contiguous() if g_idx is not None else y, m, n, k, max(group, 1),
         x.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), y.stride(0),
         ROW_SCALES=g_idx is None and (group % block_k == 0 or group >= k), G_IDX=g_idx is not None,
         HAS_BIAS=bias is not None, UPCAST=INTERPRET, IEEE=x.dtype == torch.float32, BITS=bits,
-        CODEBOOK=codebook is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
+        CODEBOOK=codebook is not None, SCALE_2=scale_2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
     )
     return y

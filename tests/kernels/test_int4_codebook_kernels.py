@@ -6,6 +6,11 @@ Bounds (u = 2^-24, eps = 2u): each weight is one float32 product of two float32 
 |fl(c s) - c s| <= u |c s|; the float32 sum of K products errs by at most K u sum |x||w|, so
 (K + 4) eps sum |x||w| holds with the bias and output rounding, as for the integer layout; with
 bfloat16 activations W is rounded to bfloat16 (2^-8 |w| more) and the output too (eps |y|).
+
+NVFP4 kept packed stores its group scales as float8 e4m3 (1 byte per 16 weights) with a float32
+factor per output column (`scale_2`): a group's scale is then the float32 product of the two,
+rounded once, and the weight one more float32 product; the same bounds hold with the scale's
+rounding (u more per weight).
 """
 
 from __future__ import annotations
@@ -40,6 +45,17 @@ def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int):
     return x, Q.pack_int4(q), scales, codebook, w
 
 
+def _fp8_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int):
+    """As `_case`, with float8 e4m3 group scales and a float32 factor per column."""
+    x, qweight, scales, codebook, _ = _case(m, n, k, group, dtype, seed)
+    fp8 = (scales * 448).to(torch.float8_e4m3fn)
+    scale_2 = (torch.rand(n, generator=torch.Generator().manual_seed(seed + 1)) + 0.5) / 448
+    idx = torch.arange(k) // group
+    q = Q.unpack_int4(qweight, k).long()
+    w = codebook.double()[q] * (fp8.float() * scale_2).double()[idx]  # the scale rounded once to float32
+    return x, qweight, fp8, scale_2, codebook, w
+
+
 def _assert_within(got: torch.Tensor, want: torch.Tensor, mag: torch.Tensor, rel: float) -> None:
     bound = rel * mag + torch.finfo(got.dtype).eps * want.abs() + 1e-30
     err = (got.double() - want).abs()
@@ -72,6 +88,32 @@ def test_codebook_matmul_equals_float64(use_triton, dtype, m, n, k, group):
     _assert_within(got, want, mag, (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0))
 
 
+def test_dequantize_with_float8_scales_and_a_column_factor():
+    """NVFP4's layout: codebook[q] * float32(fp8 scale * column factor), each product rounded
+    once to float32; a float64 result the same (the scale's float32 product is the format's)."""
+    _, qweight, fp8, scale_2, codebook, w = _fp8_case(1, 40, 200, 16, torch.float32, seed=3)
+    assert torch.equal(Q.dequantize_int4(qweight, fp8, None, 16, 200, torch.float32, codebook=codebook,
+                                         scale_2=scale_2), w.T.float())
+    assert torch.equal(Q.dequantize_int4(qweight, fp8, None, 16, 200, torch.float64, codebook=codebook,
+                                         scale_2=scale_2), w.T)
+
+
+@pytest.mark.parametrize("use_triton", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,group", [(1, 48, 256, 16), (3, 33, 200, 16), (5, 40, 256, 64)])
+def test_float8_scales_matmul_equals_float64(use_triton, dtype, m, n, k, group):
+    """Groups of 16 (several in a K tile, the last partial with K = 200; odd N) and of 64 (a
+    tile's one row of scales)."""
+    x, qweight, fp8, scale_2, codebook, w = _fp8_case(m, n, k, group, dtype, seed=m + k)
+    got = Q.int4_dequant_matmul(x, qweight, fp8, None, group, codebook=codebook, scale_2=scale_2,
+                                use_triton=use_triton)
+    assert got.dtype == dtype and got.shape == (m, n)
+    _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(),
+                   (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0))
+    without = Q.int4_dequant_matmul(x, qweight, fp8.float(), None, group, codebook=codebook, use_triton=use_triton)
+    assert (without.double() - x.double() @ w).abs().max() > 100 * (x.double() @ w).abs().max()  # factor applied
+
+
 @pytest.mark.parametrize("use_triton", IMPLS)
 def test_the_codebook_is_read_code_by_code(use_triton):
     """A permuted codebook gives other weights: the kernel reads each code's own entry (the
@@ -97,11 +139,23 @@ def test_a_bad_codebook_or_missing_zeros_is_named(use_triton, codebook, zeros, m
         Q.int4_dequant_matmul(x, qw, sc, zeros, -1, codebook=codebook, use_triton=use_triton)
 
 
+@pytest.mark.parametrize("use_triton", IMPLS)
+@pytest.mark.parametrize("scale_2", [torch.ones(4, dtype=torch.float64), torch.ones(5), torch.ones(1, 4)])
+def test_a_bad_column_factor_is_named(use_triton, scale_2):
+    x, qw, sc = torch.zeros(3, 64), torch.zeros(8, 4, dtype=torch.int32), torch.ones(1, 4)
+    with pytest.raises(ValueError, match=r"^scale_2: .*float32 \[4\]"):
+        Q.int4_dequant_matmul(x, qw, sc, None, -1, codebook=torch.zeros(16), scale_2=scale_2, use_triton=use_triton)
+
+
 @pytest.mark.gpu
 @compiled_only
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (64, 4096, 4096), (17, 1000, 1000)])
-@pytest.mark.parametrize("group", [64, 32])
+@pytest.mark.parametrize("group", [64, 32, 16])
 def test_gpu_codebook_kernel(m, n, k, group):
     x, qweight, scales, codebook, w = _case(m, n, k, group, torch.bfloat16, seed=m)
     got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), scales.cuda(), None, group, codebook=codebook.cuda())
+    _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
+    x, qweight, fp8, scale_2, codebook, w = _fp8_case(m, n, k, group, torch.bfloat16, seed=m)  # NVFP4's scales
+    got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), fp8.cuda(), None, group, codebook=codebook.cuda(),
+                                scale_2=scale_2.cuda())
     _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)

@@ -334,6 +334,15 @@ def test_bitsandbytes_4_bit_checkpoints_give_the_weights_bitsandbytes_dequantize
         assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * RELATIVE * want.abs().max()
 
 
+def _assert_nvfp4_bytes(packed: list[PackedIntLinear]) -> None:
+    """NVFP4 kept packed holds its float8 group scales as they are: half a byte per code, one
+    byte per 16 weights, and one float32 factor per output column (0.5625 bytes a weight)."""
+    for m in packed:
+        assert m.scales.dtype == torch.float8_e4m3fn and m.scale_2 is not None
+        held = sum(t.numel() * t.element_size() for t in (m.qweight, m.scales, m.scale_2))
+        assert held == m.n * m.k // 2 + m.n * m.k // 16 + 4 * m.n
+
+
 @pytest.mark.parametrize("resident", [False, True])
 def test_nvfp4_weights_give_the_dequantized_models_logits(resident: bool) -> None:
     """llm-compressor's NVFP4A16 (FP4 E2M1 codes, an FP8 scale per 16 inputs, a global scale),
@@ -348,6 +357,7 @@ def test_nvfp4_weights_give_the_dequantized_models_logits(resident: bool) -> Non
     packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
     assert len(packed) == (8 if resident else 0)
     assert all(m.codebook is not None and m.group_size == 16 and m.zeros is None for m in packed)
+    _assert_nvfp4_bytes(packed)
     ours = _prompt_logits(runner, ids)
     want = ref["dequantized_logits"]
     assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
@@ -411,6 +421,7 @@ def test_modelopt_w4a16_nvfp4_gives_modelopts_dequantized_weights_logits(residen
     runner = _runner(DATA / "modelopt-w4a16-nvfp4", resident=resident)
     packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
     assert len(packed) == (8 if resident else 0) and all(m.group_size == 16 and m.codebook is not None for m in packed)
+    _assert_nvfp4_bytes(packed)
     ours = _prompt_logits(runner, ids)
     want = ref["logits"]
     assert (ours - want).abs().max() <= RELATIVE * want.abs().max()

@@ -14,7 +14,10 @@ class IntWeights:
     """An integer format's layer unpacked: values q [K, N] and zeros [G, N] (unsigned, on the
     same offset), scales [G, N] float32, each input row's group [K]. W^T = (q - zero) * scale;
     with a `codebook` (bitsandbytes 4-bit, float32 [2^bits]; zeros unused, 0)
-    W^T = codebook[q] * scale."""
+    W^T = codebook[q] * scale. NVFP4 also keeps its stored form of the scales, `fp8_scales`
+    [G, N] (float8 e4m3) and `scale_2` [N] (each column's float32 factor): a packed layer holds
+    those, 1 byte a group, and computes fp8 * scale_2 (compressed-tensors' scale / global within
+    one float32 rounding, ModelOpt's scale * scale_2 exactly)."""
 
     q: torch.Tensor
     zeros: torch.Tensor
@@ -22,6 +25,8 @@ class IntWeights:
     groups: torch.Tensor
     bits: int
     codebook: torch.Tensor | None = None
+    fp8_scales: torch.Tensor | None = None
+    scale_2: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
         """W [N, K] float32 (exact: a small integer times a half-precision scale; with a codebook

@@ -166,7 +166,8 @@ class PackedIntLinear(nn.Module):
     weight is codebook[q] * its group's scale, and there are no zeros. With `fp4_input` (NVFP4
     W4A4: the format whose arithmetic its activations follow, a key of FP4_INPUTS) the input is
     first quantized to FP4 and back with `fp4_input_scale`, the layer's calibrated scale as that
-    format stores it (kernels/fp4.py)."""
+    format stores it (kernels/fp4.py). With `fp8_scales` (NVFP4) the scales are float8 e4m3, each
+    times its column's float32 `scale_2` (1 byte per 16 weights instead of 4)."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -174,16 +175,18 @@ class PackedIntLinear(nn.Module):
     g_idx: torch.Tensor | None
     codebook: torch.Tensor | None
     fp4_input_scale: torch.Tensor | None
+    scale_2: torch.Tensor | None
 
     def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
-                 bits: int = 4, codebook: bool = False, fp4_input: str = "") -> None:
+                 bits: int = 4, codebook: bool = False, fp4_input: str = "", fp8_scales: bool = False) -> None:
         super().__init__()
         self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
         if group_size != 0:
             groups = 1 if group_size == -1 else _cdiv(k, group_size)
         self.register_buffer("qweight", torch.empty(_cdiv(k, 32 // bits), n, dtype=torch.int32))
         # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
-        self.register_buffer("scales", torch.empty(groups, n, dtype=torch.float32))
+        self.register_buffer("scales", torch.empty(groups, n, dtype=torch.float8_e4m3fn if fp8_scales else torch.float32))
+        self.register_buffer("scale_2", torch.empty(n, dtype=torch.float32) if fp8_scales else None)
         self.register_buffer("zeros", None if codebook else torch.empty(groups, n, dtype=torch.uint8))
         self.register_buffer("g_idx", torch.empty(k, dtype=torch.int32) if group_size == 0 else None)
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
@@ -196,5 +199,5 @@ class PackedIntLinear(nn.Module):
         if self.fp4_input_scale is not None and self.fp4_quant is not None:
             flat = self.fp4_quant(flat, self.fp4_input_scale)
         y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias, self.g_idx,
-                                self.bits, self.codebook)
+                                self.bits, self.codebook, self.scale_2)
         return y.reshape(*x.shape[:-1], self.n)

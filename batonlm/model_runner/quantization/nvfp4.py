@@ -24,6 +24,8 @@ group of 16: kept packed where the integer formats are (CUDA), dequantized on lo
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
@@ -70,8 +72,13 @@ def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int], members: 
     E2M1 codebook."""
     packed, scale, tensor_scale = (ckpt.get(m) for m in members[:3])
     per_tensor = tensor_scale.to(torch.float32).reshape(())
-    scales = scale.to(torch.float32) * per_tensor if layout(members) == "modelopt" else scale.to(torch.float32) / per_tensor
-    return e2m1_weights(packed, scale, scales, shape, GROUP, f"NVFP4 layer {prefix}")
+    modelopt = layout(members) == "modelopt"
+    scales = scale.to(torch.float32) * per_tensor if modelopt else scale.to(torch.float32) / per_tensor
+    iw = e2m1_weights(packed, scale, scales, shape, GROUP, f"NVFP4 layer {prefix}")
+    if scale.dtype != torch.float8_e4m3fn:
+        return iw
+    factor = per_tensor if modelopt else 1 / per_tensor
+    return dataclasses.replace(iw, fp8_scales=scale.t().contiguous(), scale_2=factor.expand(shape[0]).contiguous())
 
 
 def e2m1_weights(packed: torch.Tensor, stored_scale: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int],

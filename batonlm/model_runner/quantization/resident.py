@@ -119,9 +119,12 @@ def make_resident(
             fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
             if fp4_input:
                 _check_fp4_input_scales(ckpt, module_name, sources)
+            # NVFP4's float8 group scales kept as such (1 byte per 16 weights, not float32's 4)
+            fp8_scales = all(lin.storage == "nvfp4" and ckpt.dtype(lin.members[1]) == "F8_E4M3" for lin, _ in sources)
             with torch.device("meta"):
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
-                                        bits=bits, codebook=books[0] is not None, fp4_input=fp4_input)
+                                        bits=bits, codebook=books[0] is not None, fp4_input=fp4_input,
+                                        fp8_scales=fp8_scales)
         else:
             kept.add(module_name)
             continue
@@ -344,7 +347,7 @@ def _load_input_range(module: Int8Linear, ckpt: Checkpoint, lin: QuantizedLinear
 
 def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, quant: QuantConfig) -> None:
     iw = int_weights(ckpt, lin, quant)
-    fill_int4(module.qweight, module.zeros, module.scales, module.group_size, iw, t)
+    fill_int4(module.qweight, module.zeros, module.scales, module.group_size, iw, t, module.scale_2)
     if module.codebook is not None and iw.codebook is not None:  # (make_resident checked they are all one)
         module.codebook.copy_(iw.codebook)
     if module.fp4_input_scale is not None:  # (one for the fused layers: make_resident checked)
@@ -354,11 +357,16 @@ def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, 
 
 
 def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor | None, scales_out: torch.Tensor, group_size: int,
-              iw: IntWeights, t: Target) -> None:
+              iw: IntWeights, t: Target, scale_2_out: torch.Tensor | None = None) -> None:
     """One packed int layout (qweight [K / (32 / bits), N], zeros and scales [G, N]; no zeros with
-    a codebook) filled with this rank's part of a checkpoint layer: its output columns at the
+    a codebook; with `scale_2_out` [N] the scales as NVFP4 stores them, float8 times a factor per
+    column) filled with this rank's part of a checkpoint layer: its output columns at the
     target's offset, or its input rows in whole groups."""
-    q, zeros, scales = iw.q, iw.zeros, iw.scales  # [K, N], [G, N], [G, N]
+    scales = iw.scales
+    if scale_2_out is not None:
+        assert iw.fp8_scales is not None and iw.scale_2 is not None
+        scales = iw.fp8_scales
+    q, zeros = iw.q, iw.zeros  # [K, N], [G, N]; scales [G, N]
     if t.dim == 0:  # this rank's output columns of W^T, at its offset in the fused layer
         cols = slice(t.offset, t.offset + t.count)
         q, zeros, scales = (_narrow(x, t, dim=1) for x in (q, zeros, scales))
@@ -373,3 +381,6 @@ def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor | None, scales_out:
     if zeros_out is not None:
         zeros_out[:, cols] = zeros.to(device=device, dtype=zeros_out.dtype)
     scales_out[:, cols] = scales.to(device=device, dtype=scales_out.dtype)
+    if scale_2_out is not None and iw.scale_2 is not None:
+        factor = _narrow(iw.scale_2[None], t, dim=1)[0] if t.dim == 0 else iw.scale_2
+        scale_2_out[cols] = factor.to(device)
