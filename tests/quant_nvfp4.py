@@ -113,15 +113,17 @@ _FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_
           "w1": "gate_up", "w3": "gate_up"}
 
 
-def write_modelopt_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path,
-                                    linears: tuple[str, ...] = LINEARS) -> dict[str, torch.Tensor]:
+def write_modelopt_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path, linears: tuple[str, ...] = LINEARS,
+                                    input_scale: float | None = None) -> dict[str, torch.Tensor]:
     """The W4A16_NVFP4 checkpoint in NVIDIA ModelOpt's layout (what `export_hf_checkpoint` writes
     for `mtq.W4A16_NVFP4_CFG`; byte for byte the `modelopt-w4a16-nvfp4` fixture's weights) of
     `src_dir`'s float weights: every listed linear's `weight_scale_2` = amax / (6 * 448), amax the
     largest |w| of the layer and of those sharing its input (q/k/v, gate/up: ModelOpt's export
     gives them one); `weight_scale` per 16 inputs = fp8(group amax / (6 * scale_2)) clamped to
     [2^-9, 448]; `weight` the codes of w / (scale * scale_2) (nearest, ties to even), packed as
-    NVFP4's. Returns the dequantized float32 weights, value * (scale * scale_2)."""
+    NVFP4's. With `input_scale`, ModelOpt's NVFP4 (W4A4): every layer that FP4 activation scale
+    (ModelOpt calibrates it: amax / (6 * 448)). Returns the dequantized float32 weights, value *
+    (scale * scale_2)."""
     _, tensors = load_float_checkpoint(src_dir)
     amax: dict[str, torch.Tensor] = {}
     for name, w in tensors.items():
@@ -138,10 +140,13 @@ def write_modelopt_nvfp4_checkpoint(src_dir: str | Path, out_dir: str | Path,
         step = (scale.float() * scale_2)[:, :, None]
         packed, value = _e2m1(groups / step)
         prefix = name.removesuffix(".weight")
-        return ({name: packed, prefix + ".weight_scale": scale, prefix + ".weight_scale_2": scale_2.clone()},
-                (value * step).reshape(n, k))
+        stored = {name: packed, prefix + ".weight_scale": scale, prefix + ".weight_scale_2": scale_2.clone()}
+        if input_scale is not None:
+            stored[prefix + ".input_scale"] = torch.tensor(input_scale)
+        return stored, (value * step).reshape(n, k)
 
-    qconfig = {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4", "group_size": 16,
+    algo = "W4A16_NVFP4" if input_scale is None else "NVFP4"
+    qconfig = {"quant_method": "modelopt", "quant_algo": algo, "group_size": 16,
                "config_groups": {"group_0": {"weights": {"dynamic": False, "num_bits": 4, "type": "float",
                                                          "group_size": 16}, "targets": ["Linear"]}},
                "ignore": ["lm_head"], "producer": {"name": "modelopt"}}

@@ -46,21 +46,23 @@ def round_e2m1(v: torch.Tensor) -> torch.Tensor:
 
 
 def _groups(x: torch.Tensor, scale: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] checked, in float32 as [M, K / 16, 16]; each group's largest |x|; the scale []."""
+    """x [M, K] checked, in float32 as [M, K / 16, 16]; each group's largest |x|; the scale, []
+    or each row's [M, 1, 1]."""
     check_2d(x, "x")
     if not x.is_floating_point():
         raise fail("x", "a floating-point tensor", x.dtype)
     m, k = x.shape
     if k % GROUP:
         raise fail("x", f"a multiple of {GROUP} columns (NVFP4's groups)", k)
-    check_scale(scale, name, [(), (1,)])
+    check_scale(scale, name, [(), (1,), (m,)])
     xf = x.float().view(m, k // GROUP, GROUP)
-    return xf, xf.abs().amax(dim=2, keepdim=True), scale.reshape(())
+    return xf, xf.abs().amax(dim=2, keepdim=True), scale.reshape(()) if scale.numel() == 1 else scale.view(m, 1, 1)
 
 
 def nvfp4_fake_quant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     """x [M, K] quantized to NVFP4 per token and group of 16 with `global_scale` (float32 [1] or
-    []) and back, in x's dtype (computed in float32): compressed-tensors' arithmetic."""
+    [], or [M]: each row's own, a MoE's routed rows each by its expert's) and back, in x's dtype
+    (computed in float32): compressed-tensors' arithmetic."""
     xf, amax, g = _groups(x, global_scale, "global_scale")
     scale = (g * (amax / torch.full_like(amax, E2M1_MAX))).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
     scale = torch.where(scale == 0, torch.full_like(scale, ZERO_SCALE), scale)
@@ -70,8 +72,13 @@ def nvfp4_fake_quant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tenso
 
 def modelopt_nvfp4_fake_quant(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
     """x [M, K] quantized to NVFP4 per token and group of 16 with ModelOpt's `input_scale`
-    (float32 [1] or [], amax / (6 * 448)) and back, in x's dtype: ModelOpt's arithmetic."""
+    (float32 [1] or [], or [M] per row; amax / (6 * 448)) and back, in x's dtype: ModelOpt's
+    arithmetic."""
     xf, amax, t = _groups(x, input_scale, "input_scale")
     scale = (amax / (t * E2M1_MAX)).clamp(MODELOPT_MIN_SCALE, FP8_MAX).to(torch.float8_e4m3fn).float()
     step = scale * t
     return (round_e2m1(xf / step) * step).view(x.shape).to(x.dtype)
+
+
+# A layer's FP4 activation quantization by the format whose arithmetic it follows.
+FP4_INPUTS = {"compressed-tensors": nvfp4_fake_quant, "modelopt": modelopt_nvfp4_fake_quant}

@@ -11,7 +11,10 @@ and `w13_zeros` uint8 [E, ceil(H / G), 2I]; `w2_qweight` [E, ceil(I / 8), H], `w
 `w2_zeros` [E, ceil(I / G), H]. One group size G for both (-1: one group of all rows); or GPTQ's
 activation order (G = 0): each expert's `g_idx` [E, K], its rows' groups of any number. With a
 `codebook` (bitsandbytes 4-bit experts: NF4 / FP4, float32 [16], one for every expert) a weight
-is codebook[q] * scale, and there are no zeros.
+is codebook[q] * scale, and there are no zeros. NVFP4 W4A4 experts also quantize each expert's
+input to FP4 with that expert's own scale (`input_scale` [E], `fp4_input`: the format whose
+arithmetic, kernels/fp4.py): every formulation quantizes each routed row by its expert's before
+the gate/up product, and the gated product before the down product.
 
 Four formulations, as for float experts:
 - `fused_moe_int4_grouped`: one expert at a time over its rows, through the torch reference (the
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from batonlm.kernels.fp4 import FP4_INPUTS
 from batonlm.kernels.int4 import dequantize_int4, int4_dequant_matmul_reference
 from batonlm.kernels.moe import (
     Activation,
@@ -47,7 +51,8 @@ from batonlm.kernels.moe import (
 class Int4Weights:
     """One projection of every expert: qweight [E, ceil(K / (32 / bits)), N], scales and zeros
     [E, G, N]; in GPTQ's activation order (group 0) `g_idx` [E, K], each expert's rows' groups;
-    or no zeros and a `codebook` [2^bits], each code's value."""
+    or no zeros and a `codebook` [2^bits], each code's value; with `input_scale` [E] (float32)
+    each expert's input quantized to FP4 first, in the arithmetic `fp4_input` names."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -56,11 +61,22 @@ class Int4Weights:
     g_idx: torch.Tensor | None = None
     bits: int = 4
     codebook: torch.Tensor | None = None
+    input_scale: torch.Tensor | None = None
+    fp4_input: str = ""
 
     def expert(self, e: int | torch.Tensor) -> Int4Weights:
         """Expert e's weights (a tensor of experts: those experts', gathered)."""
         return Int4Weights(self.qweight[e], self.scales[e], None if self.zeros is None else self.zeros[e], self.k,
-                           None if self.g_idx is None else self.g_idx[e], self.bits, self.codebook)
+                           None if self.g_idx is None else self.g_idx[e], self.bits, self.codebook,
+                           None if self.input_scale is None else self.input_scale[e], self.fp4_input)
+
+    def quantized_input(self, rows: torch.Tensor, experts: torch.Tensor | None = None) -> torch.Tensor:
+        """rows [M, K] as this projection takes them: unchanged, or quantized to FP4 by the
+        scale of each row's expert (`experts` [M]; None: one expert's, this one's scalar)."""
+        if self.input_scale is None:
+            return rows
+        scale = self.input_scale if experts is None else self.input_scale[experts]
+        return FP4_INPUTS[self.fp4_input](rows, scale)
 
     def check(self, name: str, group: int) -> None:
         e, packed, n = self.qweight.shape
@@ -83,6 +99,11 @@ class Int4Weights:
         for what, t in (("scales", self.scales), ("zeros", self.zeros)):
             if t is not None and tuple(t.shape) != (e, groups, n):
                 raise ValueError(f"{name}_{what}: expected [{e}, {groups}, {n}], got {list(t.shape)}")
+        if self.input_scale is not None and (self.fp4_input not in FP4_INPUTS or self.input_scale.dtype != torch.float32
+                                             or tuple(self.input_scale.shape) != (e,)):
+            raise ValueError(f"{name}_input_scale: expected float32 [{e}] with fp4_input one of "
+                             f"{', '.join(FP4_INPUTS)}, got {self.input_scale.dtype} {list(self.input_scale.shape)} "
+                             f"with {self.fp4_input!r}")
 
 
 def fused_moe_int4_grouped(
@@ -92,8 +113,9 @@ def fused_moe_int4_grouped(
     w13.check("w13", group)
     w2.check("w2", group)
 
-    def linear(x: torch.Tensor, w: Int4Weights) -> torch.Tensor:
-        return int4_dequant_matmul_reference(x, w.qweight, w.scales, w.zeros, group, None, w.g_idx, w.bits, w.codebook)
+    def linear(x: torch.Tensor, w: Int4Weights) -> torch.Tensor:  # (one expert's: its scalar input scale)
+        return int4_dequant_matmul_reference(w.quantized_input(x), w.qweight, w.scales, w.zeros, group, None, w.g_idx,
+                                             w.bits, w.codebook)
 
     def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
         return linear(gated(linear(seg, w13.expert(e)), act), w2.expert(e))
@@ -115,9 +137,19 @@ def fused_moe_int4_dense(
     w13.check("w13", group)
     w2.check("w2", group)
 
+    experts = w13.qweight.shape[0]
+
+    def per_expert(rows: torch.Tensor, w: Int4Weights) -> torch.Tensor:
+        """rows [E, T, K] (every expert's copy of every token) each quantized by its expert's scale."""
+        if w.input_scale is None:
+            return rows
+        flat_experts = torch.arange(experts, device=rows.device).repeat_interleave(rows.shape[1])
+        return w.quantized_input(rows.reshape(-1, rows.shape[2]), flat_experts).view(rows.shape)
+
     def mlp(x: torch.Tensor) -> torch.Tensor:
-        h = gated(torch.matmul(x.unsqueeze(0), _dense_weights(w13, group, x.dtype).transpose(1, 2)), act)  # [E, T, I]
-        return torch.matmul(h, _dense_weights(w2, group, x.dtype).transpose(1, 2))  # [E, T, H]
+        xs = per_expert(x.unsqueeze(0).expand(experts, *x.shape), w13)
+        h = gated(torch.matmul(xs, _dense_weights(w13, group, x.dtype).transpose(1, 2)), act)  # [E, T, I]
+        return torch.matmul(per_expert(h, w2), _dense_weights(w2, group, x.dtype).transpose(1, 2))  # [E, T, H]
 
     return dense_by_expert(x, topk_ids, topk_weights, w13.qweight.shape[0], mlp)
 
@@ -131,7 +163,9 @@ def fused_moe_int4_gathered(
     w2.check("w2", group)
 
     def mlp(rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        rows = w13.quantized_input(rows.squeeze(1), e).unsqueeze(1)
         h = gated(torch.matmul(rows, _dense_weights(w13.expert(e), group, x.dtype).transpose(1, 2)), act)
+        h = w2.quantized_input(h.squeeze(1), e).unsqueeze(1)
         return torch.matmul(h, _dense_weights(w2.expert(e), group, x.dtype).transpose(1, 2))  # [T * K, 1, H]
 
     return gathered_by_expert(x, topk_ids, topk_weights, mlp)
@@ -147,8 +181,13 @@ def fused_moe_int4_triton(
     w2.check("w2", group)
     pairs, k = topk_ids.numel(), topk_ids.shape[1]
 
-    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
-        h = _triton_moe_int4.grouped_gemm_int4(x, w13, group, sorted_ids, block_expert, pairs, k)
-        return _triton_moe_int4.grouped_gemm_int4(gated(h, act), w2, group, sorted_ids, block_expert, pairs, 1)
+    def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor, pair_expert: torch.Tensor) -> torch.Tensor:
+        if w13.input_scale is None:
+            h = _triton_moe_int4.grouped_gemm_int4(x, w13, group, sorted_ids, block_expert, pairs, k)
+        else:  # each pair's row quantized by its expert's scale
+            rows = w13.quantized_input(x.repeat_interleave(k, dim=0), pair_expert)
+            h = _triton_moe_int4.grouped_gemm_int4(rows, w13, group, sorted_ids, block_expert, pairs, 1)
+        h = w2.quantized_input(gated(h, act), None if w2.input_scale is None else pair_expert)
+        return _triton_moe_int4.grouped_gemm_int4(h, w2, group, sorted_ids, block_expert, pairs, 1)
 
     return aligned_by_expert(x, topk_ids, topk_weights, w13.qweight.shape[0], mlp)

@@ -183,3 +183,68 @@ def test_gpu_int4_moe(t, bits):
     want = fused_moe_reference(x.bfloat16().double(), w13_64, w2_64, ids, weights.bfloat16().double())
     scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())
     assert ((got.double().cpu() - want).abs() <= 6 * 2.0**-8 * scale + 1e-30).all()
+
+
+# --- NVFP4 W4A4 experts: each expert's input quantized to FP4 by its own scale ---------------------
+
+E2M1_TABLE = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def _fp4_case(t: int, k: int, experts: int, hidden: int, inter: int, seed: int, fp4_input: str):
+    """E2M1 experts in groups of 16 with power-of-two scales, and power-of-two input scales, each
+    expert's its own (one power of two or another gives the same steps, unless a group's scale
+    clamps at 448: two experts' do, so their inputs saturate). Every product is then exact in float32 and so is every sum of them: an FP4
+    input (an E2M1 value, 2 significant bits, times a float8 step of 4 bits times a power of two)
+    times a weight (2 bits times a power of two) has at most 8 significant bits, over a range of
+    exponents of about 8 more within a 16-input group and two groups (x's group scales differ by
+    at most the float8 spacing of their amax range); with 5 bits of carry for <= 32 terms that is
+    < 24 bits. So every formulation quantizes the same gate/up products, relu(gate) * up (one
+    correctly rounded product) the same, and the down products' inputs are the same FP4 values."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, hidden, generator=g)
+
+    def weights(k: int, n: int) -> tuple[Int4Weights, torch.Tensor]:
+        q = torch.randint(0, 16, (experts, k, n), generator=g)
+        scales = torch.full((experts, k // 16, n), 2.0**-3)
+        # each expert's t: powers of two, two so small that most of x's groups clamp at float8's 448
+        scale = torch.tensor([2.0 ** -(3, 12, 5, 10)[(e + seed) % 4] for e in range(experts)])
+        stored = scale if fp4_input == "modelopt" else 1 / scale  # compressed-tensors' global scale: 1 / t
+        w = (E2M1_TABLE.double()[q] * 2.0**-3).transpose(1, 2)
+        packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
+        return Int4Weights(packed, scales, None, k, None, 4, E2M1_TABLE.clone(), stored, fp4_input), w
+
+    w13, w13_64 = weights(hidden, 2 * inter)
+    w2, w2_64 = weights(inter, hidden)
+    ids = (torch.rand(t, experts, generator=g) + torch.linspace(1.0, 0.0, experts)).topk(k, dim=1).indices
+    return x, w13, w2, w13_64, w2_64, ids, torch.rand(t, k, generator=g) + 0.1
+
+
+@pytest.mark.parametrize("fp4_input", ["compressed-tensors", "modelopt"])
+@pytest.mark.parametrize("t", [1, 9])
+@pytest.mark.parametrize("moe", FORMULATIONS)
+def test_fp4_activations_are_quantized_by_each_experts_scale(moe, t, fp4_input):
+    """Each routed row through its expert: FP4(x, its gate/up scale) @ W13^T, relu(gate) * up,
+    FP4(that, its down scale) @ W2^T, weighted and summed; the float64 loop over pairs computes the
+    same FP4 values (the sums are exact, `_fp4_case`), so only the routing sum rounds."""
+    from batonlm.kernels.fp4 import FP4_INPUTS
+
+    x, w13, w2, w13_64, w2_64, ids, weights = _fp4_case(t, 2, 4, 32, 16, seed=t, fp4_input=fp4_input)
+    got = moe(x, w13, w2, 16, ids, weights, act=torch.relu)
+    quantize = FP4_INPUTS[fp4_input]
+    assert w13.input_scale is not None and w2.input_scale is not None
+    want, magnitude = torch.zeros(t, x.shape[1], dtype=torch.float64), torch.zeros(t, x.shape[1], dtype=torch.float64)
+    for i in range(t):
+        for j in range(ids.shape[1]):
+            e = int(ids[i, j])
+            h = quantize(x[i : i + 1], w13.input_scale[e]).double() @ w13_64[e].T
+            gate, up = h.chunk(2, dim=-1)
+            a = (gate.relu() * up).float()  # the formulations' float32 product: correctly rounded
+            y = float(weights[i, j]) * (quantize(a, w2.input_scale[e]).double() @ w2_64[e].T)[0]
+            want[i] += y
+            magnitude[i] += y.abs()
+    # the pair outputs are exact (few-bit operands); each weighted one and the running sum round
+    assert ((got.double() - want).abs() <= 2 * ids.shape[1] * EPS32 * magnitude + 1e-30).all()
+    # each expert's own scale: the first expert's for every row gives other outputs
+    one = Int4Weights(w13.qweight, w13.scales, None, w13.k, None, 4, w13.codebook, w13.input_scale[:1].expand(4).clone(),
+                      fp4_input)
+    assert not torch.equal(moe(x, one, w2, 16, ids, weights, act=torch.relu), got)

@@ -460,29 +460,65 @@ def test_experts_with_asymmetric_int8_activations_run_dequantized_with_a_warning
     assert record.levelname == "WARNING" and "unquantized activations" in record.getMessage()
 
 
-def test_nvfp4_w4a4_experts_run_dequantized_with_a_warning(tiny_models, tmp_path, caplog) -> None:
-    """NVFP4 with FP4 activations: the projections quantize their inputs (`PackedIntLinear` with
-    the input global scale), the experts (no expert kernel quantizes FP4 activations) run
-    dequantized, and start-up says in a warning that their activations are not quantized."""
-    from quant_nvfp4 import write_nvfp4_checkpoint
+@pytest.mark.parametrize("layout", ["compressed-tensors", "modelopt"])
+def test_nvfp4_w4a4_experts_stay_packed_and_quantize_each_experts_input(layout, tiny_models, tmp_path) -> None:
+    """NVFP4 with FP4 activations (llm-compressor's layout or ModelOpt's): the projections and the
+    experts stay packed, every expert's input quantized to FP4 by its own calibrated scale (here
+    a different one per expert and projection) in its format's arithmetic: eager, the float
+    experts of the dequantized weights with exactly that quantization before each product, bit for
+    bit. One expert's gate and up with different scales are named at start-up."""
+    from quant_nvfp4 import write_modelopt_nvfp4_checkpoint, write_nvfp4_checkpoint
+    from safetensors.torch import load_file, save_file
 
+    from batonlm.kernels.fp4 import FP4_INPUTS
+    from batonlm.kernels.moe import gated, grouped_by_expert
+    from batonlm.model_runner.moe import Int4Experts
     from batonlm.model_runner.quantization.linear import PackedIntLinear
 
     path = tmp_path / "w4a4"
-    deq = write_nvfp4_checkpoint(tiny_models["qwen3_moe"], path, LINEARS + FAMILIES["qwen3_moe"], input_global_scale=300.0)
-    caplog.clear()
-    with caplog.at_level("INFO"):
-        model = load_model(ModelConfig.from_hf(path), torch.float32, "cpu")[0]
-    projections = [m for m in model.modules() if isinstance(m, PackedIntLinear)]
-    assert projections and all(m.fp4_input_scale is not None and float(m.fp4_input_scale) == 300.0
-                               for m in projections)
+    linears = LINEARS + FAMILIES["qwen3_moe"]
+    if layout == "modelopt":
+        deq = write_modelopt_nvfp4_checkpoint(tiny_models["qwen3_moe"], path, linears, input_scale=1 / 300)
+        name_of, value = "input_scale", lambda g: 1 / g
+    else:
+        deq = write_nvfp4_checkpoint(tiny_models["qwen3_moe"], path, linears, input_global_scale=300.0)
+        name_of, value = "input_global_scale", lambda g: g
+    tensors = load_file(str(path / "model.safetensors"))
+    for key in list(tensors):  # each expert its own scales: gate and up one, down another
+        match = re.search(r"\.experts\.(\d+)\.(gate|up|down)_proj\." + name_of + "$", key)
+        if match:
+            e = int(match.group(1))
+            glob = 40.0 + 13 * e if match.group(2) != "down" else 3.0 + 2 * e
+            tensors[key] = torch.tensor(value(glob)).reshape(tensors[key].shape).to(torch.float32)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = ModelConfig.from_hf(path)
+    model = load_model(cfg, torch.float32, "cpu")[0]
+    assert all(m.fp4_input_scale is not None for m in model.modules() if isinstance(m, PackedIntLinear))
     layers = _moe_layers(model)
-    assert layers and all(type(m.experts) is FusedExperts for _, m in layers)
-    name, moe = layers[0]
-    gate = deq[f"{checkpoint_name(model, name + '.experts')}.0.gate_proj.weight"]
-    assert torch.equal(moe.experts.w13[0, : gate.shape[0]], gate)
-    (record,) = [r for r in caplog.records if "MoE layer" in r.getMessage()]
-    assert record.levelname == "WARNING" and "unquantized activations" in record.getMessage()
+    assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.fp4_input == layout for _, m in layers)
+    quantize = FP4_INPUTS[layout]
+    x = torch.randn(11, cfg.hidden_size, generator=torch.Generator().manual_seed(6))
+    for name, moe in layers:
+        experts = moe.experts
+        assert experts.w13_input_scale is not None and experts.w2_input_scale is not None
+        assert len(set(experts.w13_input_scale.tolist())) == experts.w13_input_scale.numel()
+        prefix = checkpoint_name(model, name + ".experts")
+        w13 = [torch.cat([deq[f"{prefix}.{e}.gate_proj.weight"], deq[f"{prefix}.{e}.up_proj.weight"]])
+               for e in range(experts.w13_qweight.shape[0])]
+        w2 = [deq[f"{prefix}.{e}.down_proj.weight"] for e in range(len(w13))]
+
+        def mlp(e: int, rows: torch.Tensor, experts=experts, w13=w13, w2=w2, moe=moe) -> torch.Tensor:
+            h = gated(torch.nn.functional.linear(quantize(rows, experts.w13_input_scale[e]), w13[e]), moe.act)
+            return torch.nn.functional.linear(quantize(h, experts.w2_input_scale[e]), w2[e])
+
+        ids, weights = moe.route(x)
+        want = grouped_by_expert(x, ids, weights, len(w13), x.shape[1], mlp)
+        assert torch.equal(moe.experts(x, ids, weights, moe.act), want)
+    key = next(k for k in tensors if k.endswith(f"experts.1.up_proj.{name_of}"))
+    tensors[key] = tensors[key] * 2
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(QuantizationError, match=r"experts\.1\.up_proj: its " + name_of + " .* differs from its gate's"):
+        load_model(ModelConfig.from_hf(path), torch.float32, "cpu")
 
 
 def _shared_order(name: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batonlm.kernels.fp4 import modelopt_nvfp4_fake_quant, nvfp4_fake_quant
+from batonlm.kernels.fp4 import FP4_INPUTS
 from batonlm.kernels.int4 import int4_dequant_matmul
 from batonlm.kernels.int8 import (
     int8_scaled_matmul,
@@ -151,10 +151,6 @@ class LlmInt8Linear(nn.Module):
         x_q, rs, cols = llm_int8_quant(flat, self.threshold)
         y = llm_int8_matmul(flat, x_q, rs, cols, self.weight_q, self.weight_scale, self.bias)
         return y.reshape(*x.shape[:-1], self.n)
-
-
-# NVFP4 activations' quantization, by the format whose arithmetic they follow (kernels/fp4.py).
-FP4_INPUTS = {"compressed-tensors": nvfp4_fake_quant, "modelopt": modelopt_nvfp4_fake_quant}
 
 
 class PackedIntLinear(nn.Module):

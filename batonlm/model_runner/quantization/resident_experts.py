@@ -18,6 +18,7 @@ import torch
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.moe import Fp8Experts, FusedExperts, Int4Experts, Int8Experts
+from batonlm.model_runner.quantization import nvfp4
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import QuantizedLinear, codebook_of, int_layout, int_weights
@@ -129,8 +130,6 @@ def _int4_experts(
     in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
     if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4"} | weight_only_int8(quant):
         return None
-    if quant.act_quant == "fp4":  # NVFP4 W4A4 experts: no expert kernel quantizes FP4 activations
-        return None
     books = [codebook_of(ckpt, lin) for lin, _ in sources]
     if not same_codebook(books):
         return None
@@ -148,8 +147,9 @@ def _int4_experts(
         down = next(lin for lin, t in sources if t.dim == 1)
         order_groups = (int_layout(ckpt, gate, quant)[2], int_layout(ckpt, down, quant)[2])
     bits = int_layout(ckpt, sources[0][0], quant)[0]
+    fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
     with torch.device("meta"):
-        layer = Int4Experts(module, group, order_groups, bits, codebook=books[0] is not None)
+        layer = Int4Experts(module, group, order_groups, bits, codebook=books[0] is not None, fp4_input=fp4_input)
     return ResidentLayer(module_name, layer, sources, _fill_int4)
 
 
@@ -226,3 +226,19 @@ def _fill_int4(module: Int4Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: T
     g_idx = getattr(module, f"{name}_g_idx")
     if g_idx is not None:  # activation order: this rank's rows' groups (gate and up share them)
         g_idx[e] = iw.groups[t.start : t.start + t.count] if t.dim == 1 else iw.groups
+    input_scale = getattr(module, f"{name}_input_scale")
+    if input_scale is not None:  # NVFP4 W4A4: the expert's own, every rank the whole layer's
+        _fill_fp4_input_scale(input_scale, ckpt, lin, t, e)
+
+
+def _fill_fp4_input_scale(input_scale: torch.Tensor, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, e: int) -> None:
+    """Expert e's FP4 activation scale: its down projection's, or its gate's and up's, which
+    quantize one input and so must agree (calibrated on it, they do), else a start-up error."""
+    name = nvfp4.input_scale_name(lin.prefix, lin.members)
+    if name not in lin.members:
+        raise QuantizationError(f"{lin.prefix} lacks {name.rpartition('.')[2]} (NVFP4 with FP4 activations)")
+    given = ckpt.get(name).to(torch.float32).reshape(())
+    if t.dim == 0 and t.offset != 0 and not torch.equal(input_scale[e].cpu(), given):  # (the gate fills first)
+        raise QuantizationError(f"{lin.prefix}: its {name.rpartition('.')[2]} {float(given)} differs from its gate's "
+                                f"{float(input_scale[e])}; one expert's gate and up quantize one input with one scale")
+    input_scale[e] = given
