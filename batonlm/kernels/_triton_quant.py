@@ -172,7 +172,8 @@ def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, s2_ptr, offs_k, offs_n, k_
     codes (32 / BITS per int32 along K), (q - zero) * scale of each row's group (exact), or with
     `CODEBOOK` codebook[q] * scale (one float32 rounding; no zeros): the tile's one group
     (`ROW_SCALES`), row // group, or in activation order the row's `g_idx` entry (`G_IDX`); with
-    `SCALE_2` each scale (float8) times its column's float32 factor first, rounded once."""
+    `SCALE_2` 1 each scale (float8) times its column's float32 factor first, with 2 divided by it
+    (correctly rounded, as torch divides), rounded once."""
     per: tl.constexpr = 32 // BITS
     kn = k_valid[:, None] & n_valid[None, :]
     packed = tl.load(qw_ptr + (offs_k // per)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
@@ -186,8 +187,10 @@ def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, s2_ptr, offs_k, offs_n, k_
         else:
             g = (offs_k // group)[:, None]
         s = tl.load(s_ptr + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
-    if SCALE_2:
+    if SCALE_2 == 1:
         s = s * tl.load(s2_ptr + offs_n, mask=n_valid, other=0.0)[None, :]
+    elif SCALE_2 == 2:
+        s = tl.math.div_rn(s, tl.load(s2_ptr + offs_n, mask=n_valid, other=1.0)[None, :])
     if CODEBOOK:  # a gather from the 2^BITS values (cached: the same few bytes for every tile)
         w = tl.load(cb_ptr + q, mask=kn, other=0.0) * s
     else:
@@ -231,10 +234,12 @@ def _int4_matmul_kernel(
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group: int,
                 bias: torch.Tensor | None, g_idx: torch.Tensor | None = None, bits: int = 4,
-                codebook: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
+                codebook: torch.Tensor | None = None, scale_2: torch.Tensor | None = None,
+                scale_2_divides: bool = False) -> torch.Tensor:
     """y [M, N] in x's dtype = x [M, K] @ W^T, W dequantized tile by tile (int4.py's layout;
     with `g_idx` each row's scale and zero are its group's, read row by row; with `codebook`
-    each code's value times its scale, no zeros; with `scale_2` each scale times its column's)."""
+    each code's value times its scale, no zeros; with `scale_2` each scale times its column's, or
+    divided by it)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     qweight, scales = qweight.contiguous(), scales.contiguous()
     zeros = zeros.contiguous() if zeros is not None else qweight  # (unread with a codebook)
@@ -251,6 +256,6 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         x.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), y.stride(0),
         ROW_SCALES=g_idx is None and (group % block_k == 0 or group >= k), G_IDX=g_idx is not None,
         HAS_BIAS=bias is not None, UPCAST=INTERPRET, IEEE=x.dtype == torch.float32, BITS=bits,
-        CODEBOOK=codebook is not None, SCALE_2=scale_2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
+        CODEBOOK=codebook is not None, SCALE_2=0 if scale_2 is None else 2 if scale_2_divides else 1, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
     )
     return y

@@ -15,7 +15,9 @@ repacked into, `bits` 4 or 8 (p = 32 / bits codes per word: 8 or 4).
   [2^bits], bitsandbytes' NF4 / FP4 tables) W[n, k] = codebook[q[k, n]] * scales[k // G, n]
   and no zeros. With `scale_2` (float32 [N], one per output column: NVFP4's per-tensor scale,
   `scales` then float8 e4m3 group scales, 1 byte each) a group's scale is the float32 product
-  scales[k // G, n] * scale_2[n], rounded once, before it multiplies the code's value:
+  scales[k // G, n] * scale_2[n] (ModelOpt's `weight_scale_2`), or with `scale_2_divides` the
+  quotient scales[k // G, n] / scale_2[n] (compressed-tensors' global scale), rounded once,
+  before it multiplies the code's value:
   `dequantize_int4` gives W [N, K]
   (nn.Linear's layout); `int4_dequant_matmul` computes x @ W^T in x's dtype, W rounded to it
   (the Triton kernel dequantizes each tile exactly in float32, rounds it once to x's dtype and
@@ -98,17 +100,17 @@ def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Te
 def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int, k: int,
                     dtype: torch.dtype = torch.bfloat16, g_idx: torch.Tensor | None = None,
                     bits: int = 4, codebook: torch.Tensor | None = None,
-                    scale_2: torch.Tensor | None = None) -> torch.Tensor:
+                    scale_2: torch.Tensor | None = None, scale_2_divides: bool = False) -> torch.Tensor:
     """W [N, K] in `dtype` (nn.Linear's layout): computed in float32 (exact: a 4- or 8-bit
     integer times a scale of at most 16 bits, but float32 scales, which round once) or float64.
     `g_idx` [K]: each input row's group (GPTQ's activation order), instead of row // group_size.
     `codebook`: each code's value (float32 [2^bits]), times the scale (no zeros; one float32
     rounding, as bitsandbytes dequantizes). `scale_2`: each column's factor of its group scales
-    (their float32 products, rounded once, are the scales)."""
+    (their float32 products, or with `scale_2_divides` quotients, rounded once, are the scales)."""
     g = _check_int4(qweight, scales, zeros, group_size, k, g_idx, bits, codebook, scale_2)
     c = compute_dtype(dtype)
     if scale_2 is not None:
-        scales = scales.to(torch.float32) * scale_2
+        scales = scales.to(torch.float32) / scale_2 if scale_2_divides else scales.to(torch.float32) * scale_2
     groups = g_idx.long() if g_idx is not None else torch.arange(k, device=qweight.device) // g
     q = unpack_int4(qweight, k, bits)
     if codebook is not None:
@@ -135,24 +137,26 @@ def int4_dequant_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales
                                   zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None = None,
                                   g_idx: torch.Tensor | None = None, bits: int = 4,
                                   codebook: torch.Tensor | None = None,
-                                  scale_2: torch.Tensor | None = None) -> torch.Tensor:
+                                  scale_2: torch.Tensor | None = None, scale_2_divides: bool = False) -> torch.Tensor:
     _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook, scale_2)
-    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype, g_idx, bits, codebook, scale_2)
+    w = dequantize_int4(qweight, scales, zeros, group_size, x.shape[1], x.dtype, g_idx, bits, codebook, scale_2,
+                        scale_2_divides)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
 def int4_dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                         group_size: int, bias: torch.Tensor | None = None, g_idx: torch.Tensor | None = None,
                         bits: int = 4, codebook: torch.Tensor | None = None, scale_2: torch.Tensor | None = None,
-                        *, use_triton: bool | None = None) -> torch.Tensor:
+                        scale_2_divides: bool = False, *, use_triton: bool | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype = x [M, K] @ W^T (+ bias), W from `qweight`, `scales`, `zeros`
     (the layout above, of `bits` 4 or 8; group_size 32, 64, 128, ... or -1; or `g_idx` [K],
     each row's group), or from `qweight`, `scales` and a `codebook` (zeros None), the scales
-    times each column's `scale_2` where given."""
+    times (or divided by) each column's `scale_2` where given."""
     if not (x.is_cuda if use_triton is None else use_triton):
         return int4_dequant_matmul_reference(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook,
-                                             scale_2)
+                                             scale_2, scale_2_divides)
     g = _check_int4_matmul(x, qweight, scales, zeros, group_size, bias, g_idx, bits, codebook, scale_2)
     from batonlm.kernels import _triton_quant
 
-    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias, g_idx, bits, codebook, scale_2)
+    return _triton_quant.int4_matmul(x, qweight, scales, zeros, g, bias, g_idx, bits, codebook, scale_2,
+                                     scale_2_divides)

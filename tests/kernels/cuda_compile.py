@@ -62,12 +62,12 @@ KERNELS = [
             bias_ptr="*bf16", y_ptr="*bf16", gidx_ptr=I32, M="i32", N="i32", K="i32", group="i32", stride_xm="i32",
             stride_qk="i32", stride_sg="i32", stride_zg="i32", stride_ym="i32"),
        dict(ROW_SCALES=rows, G_IDX=g_idx, HAS_BIAS=True, UPCAST=False, IEEE=False, BITS=bits, CODEBOOK=codebook,
-            SCALE_2=scale_2, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            SCALE_2=int(scale_2), BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
        dict(num_warps=4, num_stages=3, **NO_FMA))
       for rows, g_idx, bits, codebook, scale_2 in (
           (False, False, 4, False, False), (False, True, 4, False, False), (False, False, 8, False, False),
           (False, True, 8, False, False), (True, False, 4, True, False), (False, False, 4, True, False),
-          (False, False, 4, True, True))),
+          (False, False, 4, True, 1), (True, False, 4, True, 2))),
     *((_triton_int8._quant_int8_kernel,
        dict(x_ptr="*bf16", q_ptr="*i8", s_ptr=F32, z_ptr=I32, K="i32", stride_xm="i32", stride_qm="i32",
             stride_s="i32", half_range="fp32", min_scale="fp32"),

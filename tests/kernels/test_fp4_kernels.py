@@ -65,6 +65,18 @@ def test_modelopts_values_are_its_groups_nearest_e2m1_multiples(m, k, t):
     _check_nearest(got, xg, scale * scale_t)
 
 
+@pytest.mark.parametrize("fn", [nvfp4_fake_quant, modelopt_nvfp4_fake_quant])
+def test_a_scale_per_row_is_each_rows_own(fn):
+    """A MoE's routed rows, each quantized by its expert's scale: row i as if alone with scale i."""
+    x = torch.randn(5, 48, generator=torch.Generator().manual_seed(4)) * 3
+    scales = torch.tensor([1e-3, 4e-3, 2e-4, 1e-3, 7e-3]) if fn is modelopt_nvfp4_fake_quant else \
+        torch.tensor([300.0, 90.0, 2000.0, 300.0, 40.0])
+    got = fn(x, scales)
+    for i in range(5):
+        assert torch.equal(got[i : i + 1], fn(x[i : i + 1], scales[i]))
+    assert not torch.equal(got, fn(x, scales[:1]))
+
+
 def test_compressed_tensors_order_of_the_same_operations_gives_other_values():
     """Why ModelOpt's layers run their own arithmetic: with the global scale 1 / t, steps a float32
     ulp apart (exact IEEE operations: the same on every machine)."""
@@ -91,7 +103,7 @@ def test_a_compiled_graph_gives_the_eager_values(fn, scale):
 
 
 @pytest.mark.parametrize("args,name", [((torch.zeros(2, 24), torch.ones(1)), "x"),
-                                       ((torch.zeros(2, 32), torch.ones(2)), "global_scale"),
+                                       ((torch.zeros(2, 32), torch.ones(3)), "global_scale"),
                                        ((torch.zeros(2, 32, dtype=torch.int32), torch.ones(1)), "x")])
 def test_a_bad_argument_is_named(args, name):
     with pytest.raises(ValueError, match=f"^{name}:"):

@@ -45,15 +45,18 @@ def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int):
     return x, Q.pack_int4(q), scales, codebook, w
 
 
-def _fp8_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int):
-    """As `_case`, with float8 e4m3 group scales and a float32 factor per column."""
+def _fp8_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int, divides: bool = False):
+    """As `_case`, with float8 e4m3 group scales and a float32 per-tensor scale per column, which
+    multiplies them (ModelOpt's) or divides them (compressed-tensors' global scale)."""
     x, qweight, scales, codebook, _ = _case(m, n, k, group, dtype, seed)
     fp8 = (scales * 448).to(torch.float8_e4m3fn)
     scale_2 = (torch.rand(n, generator=torch.Generator().manual_seed(seed + 1)) + 0.5) / 448
+    if divides:
+        scale_2 = 1 / scale_2
     idx = torch.arange(k) // group
     q = Q.unpack_int4(qweight, k).long()
-    w = codebook.double()[q] * (fp8.float() * scale_2).double()[idx]  # the scale rounded once to float32
-    return x, qweight, fp8, scale_2, codebook, w
+    scale = fp8.float() / scale_2 if divides else fp8.float() * scale_2  # rounded once to float32
+    return x, qweight, fp8, scale_2, codebook, codebook.double()[q] * scale.double()[idx]
 
 
 def _assert_within(got: torch.Tensor, want: torch.Tensor, mag: torch.Tensor, rel: float) -> None:
@@ -88,25 +91,26 @@ def test_codebook_matmul_equals_float64(use_triton, dtype, m, n, k, group):
     _assert_within(got, want, mag, (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0))
 
 
-def test_dequantize_with_float8_scales_and_a_column_factor():
-    """NVFP4's layout: codebook[q] * float32(fp8 scale * column factor), each product rounded
-    once to float32; a float64 result the same (the scale's float32 product is the format's)."""
-    _, qweight, fp8, scale_2, codebook, w = _fp8_case(1, 40, 200, 16, torch.float32, seed=3)
-    assert torch.equal(Q.dequantize_int4(qweight, fp8, None, 16, 200, torch.float32, codebook=codebook,
-                                         scale_2=scale_2), w.T.float())
-    assert torch.equal(Q.dequantize_int4(qweight, fp8, None, 16, 200, torch.float64, codebook=codebook,
-                                         scale_2=scale_2), w.T)
+@pytest.mark.parametrize("divides", [False, True])
+def test_dequantize_with_float8_scales_and_a_column_factor(divides):
+    """NVFP4's layout: codebook[q] * float32(fp8 scale * or / the column's per-tensor scale), each
+    rounded once to float32; a float64 result the same (the scale's float32 value is the format's)."""
+    _, qweight, fp8, scale_2, codebook, w = _fp8_case(1, 40, 200, 16, torch.float32, seed=3, divides=divides)
+    for dtype, want in ((torch.float32, w.T.float()), (torch.float64, w.T)):
+        assert torch.equal(Q.dequantize_int4(qweight, fp8, None, 16, 200, dtype, codebook=codebook, scale_2=scale_2,
+                                             scale_2_divides=divides), want)
 
 
 @pytest.mark.parametrize("use_triton", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,group", [(1, 48, 256, 16), (3, 33, 200, 16), (5, 40, 256, 64)])
-def test_float8_scales_matmul_equals_float64(use_triton, dtype, m, n, k, group):
+@pytest.mark.parametrize("m,n,k,group,divides", [(1, 48, 256, 16, False), (3, 33, 200, 16, True),
+                                                (5, 40, 256, 64, False), (2, 40, 256, 64, True)])
+def test_float8_scales_matmul_equals_float64(use_triton, dtype, m, n, k, group, divides):
     """Groups of 16 (several in a K tile, the last partial with K = 200; odd N) and of 64 (a
-    tile's one row of scales)."""
-    x, qweight, fp8, scale_2, codebook, w = _fp8_case(m, n, k, group, dtype, seed=m + k)
+    tile's one row of scales); the per-tensor scale multiplying or dividing."""
+    x, qweight, fp8, scale_2, codebook, w = _fp8_case(m, n, k, group, dtype, seed=m + k, divides=divides)
     got = Q.int4_dequant_matmul(x, qweight, fp8, None, group, codebook=codebook, scale_2=scale_2,
-                                use_triton=use_triton)
+                                scale_2_divides=divides, use_triton=use_triton)
     assert got.dtype == dtype and got.shape == (m, n)
     _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(),
                    (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0))
@@ -155,7 +159,8 @@ def test_gpu_codebook_kernel(m, n, k, group):
     x, qweight, scales, codebook, w = _case(m, n, k, group, torch.bfloat16, seed=m)
     got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), scales.cuda(), None, group, codebook=codebook.cuda())
     _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
-    x, qweight, fp8, scale_2, codebook, w = _fp8_case(m, n, k, group, torch.bfloat16, seed=m)  # NVFP4's scales
-    got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), fp8.cuda(), None, group, codebook=codebook.cuda(),
-                                scale_2=scale_2.cuda())
-    _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
+    for divides in (False, True):  # NVFP4's scales, ModelOpt's and compressed-tensors'
+        x, qweight, fp8, scale_2, codebook, w = _fp8_case(m, n, k, group, torch.bfloat16, seed=m, divides=divides)
+        got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), fp8.cuda(), None, group, codebook=codebook.cuda(),
+                                    scale_2=scale_2.cuda(), scale_2_divides=divides)
+        _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)

@@ -15,9 +15,9 @@ class IntWeights:
     same offset), scales [G, N] float32, each input row's group [K]. W^T = (q - zero) * scale;
     with a `codebook` (bitsandbytes 4-bit, float32 [2^bits]; zeros unused, 0)
     W^T = codebook[q] * scale. NVFP4 also keeps its stored form of the scales, `fp8_scales`
-    [G, N] (float8 e4m3) and `scale_2` [N] (each column's float32 factor): a packed layer holds
-    those, 1 byte a group, and computes fp8 * scale_2 (compressed-tensors' scale / global within
-    one float32 rounding, ModelOpt's scale * scale_2 exactly)."""
+    [G, N] (float8 e4m3) and `scale_2` [N] (each column's float32 per-tensor scale): a packed
+    layer holds those, 1 byte a group, and computes ModelOpt's fp8 * scale_2 or, with
+    `scale_2_divides`, compressed-tensors' fp8 / global, exactly as `scales` holds them."""
 
     q: torch.Tensor
     zeros: torch.Tensor
@@ -27,6 +27,7 @@ class IntWeights:
     codebook: torch.Tensor | None = None
     fp8_scales: torch.Tensor | None = None
     scale_2: torch.Tensor | None = None
+    scale_2_divides: bool = False
 
     def dense(self) -> torch.Tensor:
         """W [N, K] float32 (exact: a small integer times a half-precision scale; with a codebook

@@ -163,7 +163,8 @@ class PackedIntLinear(nn.Module):
     W4A4: the format whose arithmetic its activations follow, a key of FP4_INPUTS) the input is
     first quantized to FP4 and back with `fp4_input_scale`, the layer's calibrated scale as that
     format stores it (kernels/fp4.py). With `fp8_scales` (NVFP4) the scales are float8 e4m3, each
-    times its column's float32 `scale_2` (1 byte per 16 weights instead of 4)."""
+    times its column's float32 `scale_2` (ModelOpt's) or, `scale_2_divides`, divided by it
+    (compressed-tensors' global scale): 1 byte per 16 weights instead of 4."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -174,7 +175,8 @@ class PackedIntLinear(nn.Module):
     scale_2: torch.Tensor | None
 
     def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
-                 bits: int = 4, codebook: bool = False, fp4_input: str = "", fp8_scales: bool = False) -> None:
+                 bits: int = 4, codebook: bool = False, fp4_input: str = "", fp8_scales: bool = False,
+                 scale_2_divides: bool = False) -> None:
         super().__init__()
         self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
         if group_size != 0:
@@ -188,6 +190,7 @@ class PackedIntLinear(nn.Module):
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
         self.register_buffer("fp4_input_scale", torch.empty(1, dtype=torch.float32) if fp4_input else None)
         self.fp4_quant = FP4_INPUTS[fp4_input] if fp4_input else None
+        self.scale_2_divides = scale_2_divides
         self.bias = nn.Parameter(torch.empty(n, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -195,5 +198,5 @@ class PackedIntLinear(nn.Module):
         if self.fp4_input_scale is not None and self.fp4_quant is not None:
             flat = self.fp4_quant(flat, self.fp4_input_scale)
         y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias, self.g_idx,
-                                self.bits, self.codebook, self.scale_2)
+                                self.bits, self.codebook, self.scale_2, self.scale_2_divides)
         return y.reshape(*x.shape[:-1], self.n)

@@ -120,11 +120,11 @@ def make_resident(
             if fp4_input:
                 _check_fp4_input_scales(ckpt, module_name, sources)
             # NVFP4's float8 group scales kept as such (1 byte per 16 weights, not float32's 4)
-            fp8_scales = all(lin.storage == "nvfp4" and ckpt.dtype(lin.members[1]) == "F8_E4M3" for lin, _ in sources)
+            fp8_scales, divides = nvfp4_scales(ckpt, sources)
             with torch.device("meta"):
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
                                         bits=bits, codebook=books[0] is not None, fp4_input=fp4_input,
-                                        fp8_scales=fp8_scales)
+                                        fp8_scales=fp8_scales, scale_2_divides=divides)
         else:
             kept.add(module_name)
             continue
@@ -135,6 +135,15 @@ def make_resident(
                     "activation orders, widths or codebooks, bitsandbytes blocks across rows, mixed formats), e.g. %s",
                     len(kept), sorted(kept)[0])
     return out
+
+
+def nvfp4_scales(ckpt: Checkpoint, sources: list[tuple[QuantizedLinear, Target]]) -> tuple[bool, bool]:
+    """Whether a packed layer of these checkpoint layers keeps NVFP4's float8 group scales as
+    they are (all NVFP4 in one layout, float8 scales), and whether its per-tensor scale divides
+    them (compressed-tensors' global scale) rather than multiplies (ModelOpt's scale_2)."""
+    layouts = {nvfp4.layout(lin.members) if lin.storage == "nvfp4" else "" for lin, _ in sources}
+    fp8 = len(layouts) == 1 and "" not in layouts and all(ckpt.dtype(lin.members[1]) == "F8_E4M3" for lin, _ in sources)
+    return fp8, fp8 and layouts == {"compressed-tensors"}
 
 
 def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]]) -> None:
