@@ -25,11 +25,11 @@ from batonlm.kernels.moe_int4 import Int4Weights
 
 @triton.jit
 def _grouped_gemm_int4_kernel(
-    a_ptr, qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
+    a_ptr, qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, s2_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr,
     rows, N, K, group, a_row_div, num_experts,
-    stride_am, stride_qe, stride_qk, stride_se, stride_sg, stride_ze, stride_zg, stride_ge, stride_cm,
+    stride_am, stride_qe, stride_qk, stride_se, stride_sg, stride_ze, stride_zg, stride_ge, stride_s2e, stride_cm,
     G_IDX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr, BITS: tl.constexpr, CODEBOOK: tl.constexpr,
+    IEEE: tl.constexpr, BITS: tl.constexpr, CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -39,14 +39,15 @@ def _grouped_gemm_int4_kernel(
     e = expert.to(tl.int64)
     qw, s, z = qw_ptr + e * stride_qe, s_ptr + e * stride_se, z_ptr + e * stride_ze
     gidx = gidx_ptr + e * stride_ge  # (activation order: the expert's own row groups)
+    s2 = s2_ptr + e * stride_s2e  # (NVFP4: the expert's per-tensor scale, per column)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_valid = offs_k < K
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_valid[None, :], other=0.0)
-        w = int4_tile(qw, s, z, gidx, cb_ptr, s, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
-                      stride_zg, False, G_IDX, BITS, CODEBOOK, False).to(a.dtype)  # exact in float32, rounded once
+        w = int4_tile(qw, s, z, gidx, cb_ptr, s2, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
+                      stride_zg, False, G_IDX, BITS, CODEBOOK, SCALE_2).to(a.dtype)  # exact in float32, rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -65,6 +66,7 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
     zeros = w.zeros.contiguous() if w.zeros is not None else scales  # (unread with a codebook)
     codebook = w.codebook.contiguous() if w.codebook is not None else scales
     g_idx = w.g_idx.to(torch.int32).contiguous() if w.g_idx is not None else None
+    scale_2 = w.scale_2.contiguous() if w.scale_2 is not None else None
     n, k = qweight.shape[2], w.k
     c = torch.empty((rows, n), dtype=torch.float32 if INTERPRET else a.dtype, device=a.device)
     if rows == 0:
@@ -72,11 +74,14 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
     block_n = tile(n, 64)
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     _grouped_gemm_int4_kernel[grid](
-        a, qweight, scales, zeros, g_idx if g_idx is not None else qweight, codebook, c, sorted_ids, block_expert,
+        a, qweight, scales, zeros, g_idx if g_idx is not None else qweight, codebook,
+        scale_2 if scale_2 is not None else codebook, c, sorted_ids, block_expert,
         rows, n, k, k if group == -1 else max(group, 1), a_row_div, qweight.shape[0],
         a.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        zeros.stride(0), zeros.stride(1), g_idx.stride(0) if g_idx is not None else 0, c.stride(0),
+        zeros.stride(0), zeros.stride(1), g_idx.stride(0) if g_idx is not None else 0,
+        scale_2.stride(0) if scale_2 is not None else 0, c.stride(0),
         G_IDX=g_idx is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, UPCAST=INTERPRET,
-        IEEE=a.dtype == torch.float32, BITS=w.bits, CODEBOOK=w.codebook is not None, **NO_FMA,
+        IEEE=a.dtype == torch.float32, BITS=w.bits, CODEBOOK=w.codebook is not None,
+        SCALE_2=0 if scale_2 is None else 2 if w.scale_2_divides else 1, **NO_FMA,
     )
     return c.to(a.dtype)

@@ -11,7 +11,9 @@ and `w13_zeros` uint8 [E, ceil(H / G), 2I]; `w2_qweight` [E, ceil(I / 8), H], `w
 `w2_zeros` [E, ceil(I / G), H]. One group size G for both (-1: one group of all rows); or GPTQ's
 activation order (G = 0): each expert's `g_idx` [E, K], its rows' groups of any number. With a
 `codebook` (bitsandbytes 4-bit experts: NF4 / FP4, float32 [16], one for every expert) a weight
-is codebook[q] * scale, and there are no zeros. NVFP4 W4A4 experts also quantize each expert's
+is codebook[q] * scale, and there are no zeros; NVFP4's float8 scales with `scale_2` [E, N], each
+expert's per-tensor scale per column, multiplying them or (`scale_2_divides`) dividing them
+(`kernels/int4.py`). NVFP4 W4A4 experts also quantize each expert's
 input to FP4 with that expert's own scale (`input_scale` [E], `fp4_input`: the format whose
 arithmetic, kernels/fp4.py): every formulation quantizes each routed row by its expert's before
 the gate/up product, and the gated product before the down product.
@@ -63,12 +65,15 @@ class Int4Weights:
     codebook: torch.Tensor | None = None
     input_scale: torch.Tensor | None = None
     fp4_input: str = ""
+    scale_2: torch.Tensor | None = None
+    scale_2_divides: bool = False
 
     def expert(self, e: int | torch.Tensor) -> Int4Weights:
         """Expert e's weights (a tensor of experts: those experts', gathered)."""
         return Int4Weights(self.qweight[e], self.scales[e], None if self.zeros is None else self.zeros[e], self.k,
                            None if self.g_idx is None else self.g_idx[e], self.bits, self.codebook,
-                           None if self.input_scale is None else self.input_scale[e], self.fp4_input)
+                           None if self.input_scale is None else self.input_scale[e], self.fp4_input,
+                           None if self.scale_2 is None else self.scale_2[e], self.scale_2_divides)
 
     def quantized_input(self, rows: torch.Tensor, experts: torch.Tensor | None = None) -> torch.Tensor:
         """rows [M, K] as this projection takes them: unchanged, or quantized to FP4 by the
@@ -99,6 +104,9 @@ class Int4Weights:
         for what, t in (("scales", self.scales), ("zeros", self.zeros)):
             if t is not None and tuple(t.shape) != (e, groups, n):
                 raise ValueError(f"{name}_{what}: expected [{e}, {groups}, {n}], got {list(t.shape)}")
+        if self.scale_2 is not None and (self.scale_2.dtype != torch.float32 or tuple(self.scale_2.shape) != (e, n)):
+            raise ValueError(f"{name}_scale_2: expected float32 [{e}, {n}], got {self.scale_2.dtype} "
+                             f"{list(self.scale_2.shape)}")
         if self.input_scale is not None and (self.fp4_input not in FP4_INPUTS or self.input_scale.dtype != torch.float32
                                              or tuple(self.input_scale.shape) != (e,)):
             raise ValueError(f"{name}_input_scale: expected float32 [{e}] with fp4_input one of "
@@ -115,7 +123,7 @@ def fused_moe_int4_grouped(
 
     def linear(x: torch.Tensor, w: Int4Weights) -> torch.Tensor:  # (one expert's: its scalar input scale)
         return int4_dequant_matmul_reference(w.quantized_input(x), w.qweight, w.scales, w.zeros, group, None, w.g_idx,
-                                             w.bits, w.codebook)
+                                             w.bits, w.codebook, w.scale_2, w.scale_2_divides)
 
     def mlp(e: int, seg: torch.Tensor) -> torch.Tensor:
         return linear(gated(linear(seg, w13.expert(e)), act), w2.expert(e))
@@ -126,8 +134,8 @@ def fused_moe_int4_grouped(
 def _dense_weights(w: Int4Weights, group: int, dtype: torch.dtype) -> torch.Tensor:
     """[E, N, K] in `dtype`: each expert's weight as the reference rounds it."""
     experts = [w.expert(e) for e in range(w.qweight.shape[0])]
-    return torch.stack([dequantize_int4(x.qweight, x.scales, x.zeros, group, w.k, dtype, x.g_idx, w.bits, w.codebook)
-                        for x in experts])
+    return torch.stack([dequantize_int4(x.qweight, x.scales, x.zeros, group, w.k, dtype, x.g_idx, w.bits, w.codebook,
+                                        x.scale_2, w.scale_2_divides) for x in experts])
 
 
 def fused_moe_int4_dense(

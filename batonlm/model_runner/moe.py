@@ -167,7 +167,9 @@ class Int4Experts(nn.Module):
     W8A16 experts; GPTQ's activation order with each expert's
     `g_idx`, `group` 0, of `order_groups` groups for w13 and w2; bitsandbytes 4-bit experts with
     their `codebook` and no zeros), weight-only (NVFP4 W4A4: with `fp4_input`, each expert's
-    inputs quantized to FP4 by its own `w13_input_scale` / `w2_input_scale`), this rank's slice of
+    inputs quantized to FP4 by its own `w13_input_scale` / `w2_input_scale`; NVFP4's float8 group
+    scales kept as such with `fp8_scales`, each expert's per-tensor scale per column in
+    `w13_scale_2` / `w2_scale_2`), this rank's slice of
     their intermediate features, in place of `FusedExperts` (quantization/resident_experts.py).
     `kernels/moe_int4.py`, picked as for float experts."""
 
@@ -182,9 +184,12 @@ class Int4Experts(nn.Module):
     codebook: torch.Tensor | None
     w13_input_scale: torch.Tensor | None
     w2_input_scale: torch.Tensor | None
+    w13_scale_2: torch.Tensor | None
+    w2_scale_2: torch.Tensor | None
 
     def __init__(self, experts: FusedExperts, group: int, order_groups: tuple[int, int] = (0, 0),
-                 bits: int = 4, codebook: bool = False, fp4_input: str = "") -> None:
+                 bits: int = 4, codebook: bool = False, fp4_input: str = "", fp8_scales: bool = False,
+                 scale_2_divides: bool = False) -> None:
         super().__init__()
         self.intermediate, self.rows, self.group, self.bits = experts.intermediate, experts.rows, group, bits
         num, two_count, hidden = experts.w13.shape
@@ -193,21 +198,25 @@ class Int4Experts(nn.Module):
             groups = ordered if group == 0 else 1 if group == -1 else -(-k // group)
             self.register_buffer(f"{name}_qweight", torch.empty(num, -(-k // (32 // bits)), n, dtype=torch.int32))
             # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
-            self.register_buffer(f"{name}_scales", torch.empty(num, groups, n))
+            self.register_buffer(f"{name}_scales", torch.empty(num, groups, n,
+                                                               dtype=torch.float8_e4m3fn if fp8_scales else torch.float32))
+            self.register_buffer(f"{name}_scale_2", torch.empty(num, n) if fp8_scales else None)
             self.register_buffer(f"{name}_zeros", None if codebook else torch.empty(num, groups, n, dtype=torch.uint8))
             # GPTQ's activation order (group 0): each expert's rows' groups.
             self.register_buffer(f"{name}_g_idx", torch.empty(num, k, dtype=torch.int32) if group == 0 else None)
             # NVFP4 W4A4: each expert's FP4 activation scale, as its format stores it
             self.register_buffer(f"{name}_input_scale", torch.empty(num, dtype=torch.float32) if fp4_input else None)
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
-        self.hidden, self.count, self.fp4_input = hidden, count, fp4_input
+        self.hidden, self.count, self.fp4_input, self.scale_2_divides = hidden, count, fp4_input, scale_2_divides
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
         w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden, self.w13_g_idx,
-                                   self.bits, self.codebook, self.w13_input_scale, self.fp4_input)
+                                   self.bits, self.codebook, self.w13_input_scale, self.fp4_input, self.w13_scale_2,
+                                   self.scale_2_divides)
         w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count, self.w2_g_idx, self.bits,
-                                  self.codebook, self.w2_input_scale, self.fp4_input)
+                                  self.codebook, self.w2_input_scale, self.fp4_input, self.w2_scale_2,
+                                  self.scale_2_divides)
         run = _pick(x, ids.shape[1], self.w13_qweight.shape[0], moe_int4.fused_moe_int4_triton,
                     moe_int4.fused_moe_int4_gathered, moe_int4.fused_moe_int4_dense, moe_int4.fused_moe_int4_grouped)
         return run(x, w13, w2, self.group, ids, weights, act)

@@ -102,13 +102,16 @@ KERNELS = [
           stride_we="i32", stride_wn="i32", stride_wse="i32", stride_cm="i32"),
      dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64), dict(num_warps=4, **NO_FMA)),
     *((_triton_moe_int4._grouped_gemm_int4_kernel,
-       dict(a_ptr="*bf16", qw_ptr=I32, s_ptr=F32, z_ptr="*u8", gidx_ptr=I32, cb_ptr=F32, c_ptr="*bf16", sorted_ids_ptr=I64,
-            block_expert_ptr=I64, rows="i32", N="i32", K="i32", group="i32", a_row_div="i32", num_experts="i32",
-            stride_am="i32", stride_qe="i32", stride_qk="i32", stride_se="i32", stride_sg="i32", stride_ze="i32",
-            stride_zg="i32", stride_ge="i32", stride_cm="i32"),
-       dict(G_IDX=g_idx, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, UPCAST=False, IEEE=False, BITS=bits, CODEBOOK=codebook),
+       dict(a_ptr="*bf16", qw_ptr=I32, s_ptr="*fp8e4nv" if scale_2 else F32, z_ptr="*u8", gidx_ptr=I32, cb_ptr=F32,
+            s2_ptr=F32, c_ptr="*bf16", sorted_ids_ptr=I64, block_expert_ptr=I64, rows="i32", N="i32", K="i32",
+            group="i32", a_row_div="i32", num_experts="i32", stride_am="i32", stride_qe="i32", stride_qk="i32",
+            stride_se="i32", stride_sg="i32", stride_ze="i32", stride_zg="i32", stride_ge="i32", stride_s2e="i32",
+            stride_cm="i32"),
+       dict(G_IDX=g_idx, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, UPCAST=False, IEEE=False, BITS=bits, CODEBOOK=codebook,
+            SCALE_2=scale_2),
        dict(num_warps=4, **NO_FMA))
-      for g_idx, bits, codebook in ((False, 4, False), (True, 4, False), (False, 8, False), (False, 4, True))),
+      for g_idx, bits, codebook, scale_2 in ((False, 4, False, 0), (True, 4, False, 0), (False, 8, False, 0),
+                                             (False, 4, True, 0), (False, 4, True, 1), (False, 4, True, 2))),
 ]
 
 

@@ -10,6 +10,8 @@ to bfloat16 (2^-8) and every output of the first matmul (2^-8 again, through the
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -190,7 +192,8 @@ def test_gpu_int4_moe(t, bits):
 E2M1_TABLE = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
-def _fp4_case(t: int, k: int, experts: int, hidden: int, inter: int, seed: int, fp4_input: str):
+def _fp4_case(t: int, k: int, experts: int, hidden: int, inter: int, seed: int, fp4_input: str,
+              fp8_scales: bool = False):
     """E2M1 experts in groups of 16 with power-of-two scales, and power-of-two input scales, each
     expert's its own (one power of two or another gives the same steps, unless a group's scale
     clamps at 448: two experts' do, so their inputs saturate). Every product is then exact in float32 and so is every sum of them: an FP4
@@ -199,7 +202,9 @@ def _fp4_case(t: int, k: int, experts: int, hidden: int, inter: int, seed: int, 
     exponents of about 8 more within a 16-input group and two groups (x's group scales differ by
     at most the float8 spacing of their amax range); with 5 bits of carry for <= 32 terms that is
     < 24 bits. So every formulation quantizes the same gate/up products, relu(gate) * up (one
-    correctly rounded product) the same, and the down products' inputs are the same FP4 values."""
+    correctly rounded product) the same, and the down products' inputs are the same FP4 values.
+    `fp8_scales`: the group scales stored as NVFP4 keeps them, float8 (1) with each expert's
+    per-tensor scale (2^-3), multiplying (ModelOpt's) or dividing (compressed-tensors' 8)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, hidden, generator=g)
 
@@ -211,7 +216,12 @@ def _fp4_case(t: int, k: int, experts: int, hidden: int, inter: int, seed: int, 
         stored = scale if fp4_input == "modelopt" else 1 / scale  # compressed-tensors' global scale: 1 / t
         w = (E2M1_TABLE.double()[q] * 2.0**-3).transpose(1, 2)
         packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
-        return Int4Weights(packed, scales, None, k, None, 4, E2M1_TABLE.clone(), stored, fp4_input), w
+        if not fp8_scales:
+            return Int4Weights(packed, scales, None, k, None, 4, E2M1_TABLE.clone(), stored, fp4_input), w
+        divides = fp4_input == "compressed-tensors"
+        scale_2 = torch.full((experts, n), 8.0 if divides else 2.0**-3)
+        return Int4Weights(packed, torch.ones_like(scales).to(torch.float8_e4m3fn), None, k, None, 4,
+                           E2M1_TABLE.clone(), stored, fp4_input, scale_2, divides), w
 
     w13, w13_64 = weights(hidden, 2 * inter)
     w2, w2_64 = weights(inter, hidden)
@@ -220,15 +230,16 @@ def _fp4_case(t: int, k: int, experts: int, hidden: int, inter: int, seed: int, 
 
 
 @pytest.mark.parametrize("fp4_input", ["compressed-tensors", "modelopt"])
-@pytest.mark.parametrize("t", [1, 9])
+@pytest.mark.parametrize("t,fp8_scales", [(1, False), (9, False), (9, True)])
 @pytest.mark.parametrize("moe", FORMULATIONS)
-def test_fp4_activations_are_quantized_by_each_experts_scale(moe, t, fp4_input):
+def test_fp4_activations_are_quantized_by_each_experts_scale(moe, t, fp8_scales, fp4_input):
     """Each routed row through its expert: FP4(x, its gate/up scale) @ W13^T, relu(gate) * up,
     FP4(that, its down scale) @ W2^T, weighted and summed; the float64 loop over pairs computes the
     same FP4 values (the sums are exact, `_fp4_case`), so only the routing sum rounds."""
     from batonlm.kernels.fp4 import FP4_INPUTS
 
-    x, w13, w2, w13_64, w2_64, ids, weights = _fp4_case(t, 2, 4, 32, 16, seed=t, fp4_input=fp4_input)
+    x, w13, w2, w13_64, w2_64, ids, weights = _fp4_case(t, 2, 4, 32, 16, seed=t, fp4_input=fp4_input,
+                                                        fp8_scales=fp8_scales)
     got = moe(x, w13, w2, 16, ids, weights, act=torch.relu)
     quantize = FP4_INPUTS[fp4_input]
     assert w13.input_scale is not None and w2.input_scale is not None
@@ -245,6 +256,5 @@ def test_fp4_activations_are_quantized_by_each_experts_scale(moe, t, fp4_input):
     # the pair outputs are exact (few-bit operands); each weighted one and the running sum round
     assert ((got.double() - want).abs() <= 2 * ids.shape[1] * EPS32 * magnitude + 1e-30).all()
     # each expert's own scale: the first expert's for every row gives other outputs
-    one = Int4Weights(w13.qweight, w13.scales, None, w13.k, None, 4, w13.codebook, w13.input_scale[:1].expand(4).clone(),
-                      fp4_input)
+    one = dataclasses.replace(w13, input_scale=w13.input_scale[:1].expand(4).clone())
     assert not torch.equal(moe(x, one, w2, 16, ids, weights, act=torch.relu), got)

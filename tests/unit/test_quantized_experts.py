@@ -369,8 +369,20 @@ def test_fp4_experts_are_the_dequantized_experts(tiny_models, tmp_path, fmt, gro
     layers = _moe_layers(model)
     assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.codebook is not None
                           and m.experts.group == group for _, m in layers)
-    _packed_experts_are_the_dequantized_experts(cfg, model, torch.randn(8, cfg.hidden_size,
-                                                                        generator=torch.Generator().manual_seed(2)))
+    # NVFP4 keeps its float8 group scales as they are (1 byte per 16 weights), its per-tensor scale beside
+    fp8 = fmt != "mxfp4"
+    assert all((m.experts.w13_scales.dtype == torch.float8_e4m3fn) == fp8 and (m.experts.w2_scale_2 is not None) == fp8
+               for _, m in layers)
+    x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    _packed_experts_are_the_dequantized_experts(cfg, model, x)
+    # two ranks (each its gate/up columns with their per-tensor scales, its down rows' groups) sum to one
+    ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2), resident=True)[0]
+             for r in range(2)]
+    name, moe = layers[0]
+    ids, weights = moe.route(x)
+    got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
+    floats64 = load_model(cfg, torch.float64, "cpu", resident=False)[0].get_submodule(name).experts
+    assert _within_float32(got, moe.experts(x, ids, weights, moe.act), floats64, x, ids, weights)
 
 
 def test_two_ranks_int4_experts_sum_to_one_ranks(int4_moe) -> None:

@@ -29,6 +29,7 @@ from batonlm.model_runner.quantization.resident import (
     fill_int4,
     int4_group,
     int8_per_channel,
+    nvfp4_scales,
     per_channel_scale,
     same_codebook,
     static_scale,
@@ -148,8 +149,10 @@ def _int4_experts(
         order_groups = (int_layout(ckpt, gate, quant)[2], int_layout(ckpt, down, quant)[2])
     bits = int_layout(ckpt, sources[0][0], quant)[0]
     fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
+    fp8_scales, divides = nvfp4_scales(ckpt, sources)
     with torch.device("meta"):
-        layer = Int4Experts(module, group, order_groups, bits, codebook=books[0] is not None, fp4_input=fp4_input)
+        layer = Int4Experts(module, group, order_groups, bits, codebook=books[0] is not None, fp4_input=fp4_input,
+                            fp8_scales=fp8_scales, scale_2_divides=divides)
     return ResidentLayer(module_name, layer, sources, _fill_int4)
 
 
@@ -220,7 +223,9 @@ def _fill_int4(module: Int4Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: T
     zeros = getattr(module, f"{name}_zeros")
     qweight, scales = (getattr(module, f"{name}_{part}")[e] for part in ("qweight", "scales"))
     iw = int_weights(ckpt, lin, quant)
-    fill_int4(qweight, None if zeros is None else zeros[e], scales, module.group, iw, t)
+    scale_2 = getattr(module, f"{name}_scale_2")
+    fill_int4(qweight, None if zeros is None else zeros[e], scales, module.group, iw, t,
+              None if scale_2 is None else scale_2[e])
     if module.codebook is not None and iw.codebook is not None:  # (one for every expert: _int4_experts checked)
         module.codebook.copy_(iw.codebook)
     g_idx = getattr(module, f"{name}_g_idx")
