@@ -382,26 +382,33 @@ def test_mxfp4_weights_give_the_dequantized_models_logits(resident: bool) -> Non
     assert (_prompt_logits(runner, ids) - want).abs().max() <= RELATIVE * want.abs().max()
 
 
-def test_nvfp4_w4a4_quantizes_its_activations_as_compressed_tensors_does() -> None:
+@pytest.mark.parametrize("name, description, greedy", [
+    ("nvfp4", "compressed-tensors (NVFP4 weights and activations)", False),
+    ("modelopt-nvfp4", "modelopt (NVFP4 weights and activations)", True),
+])
+def test_nvfp4_w4a4_quantizes_its_activations_as_its_tool_does(name: str, description: str, greedy: bool) -> None:
     """llm-compressor's NVFP4 (W4A4: FP4 activations per token and 16 inputs, with each layer's
-    calibrated input global scale) runs packed on every device, its inputs quantized as
-    compressed-tensors' own functions quantize them (the fixture's `dequantized_logits`:
-    make_references.py runs the float32 model of its weights with compressed-tensors'
-    `fake_quantize` on every layer's input): to the float32 bound. Without the activations'
-    quantization the logits are >100x that bound off. (transformers runs NVFP4 in bfloat16 only;
-    FP4 activations magnify its rounding: its logits are 6.5 off and its greedy tokens differ.)"""
-    ref = _reference("nvfp4")
+    calibrated input global scale) and ModelOpt's NVFP4 export (as nvidia's *-FP4 repositories:
+    each layer's `input_scale`) run packed on every device, their inputs quantized as the tool's
+    own functions quantize them: compressed-tensors' `fake_quantize` (the `nvfp4` fixture's
+    `dequantized_logits`) and ModelOpt's `NVFP4QTensor` (the `modelopt-nvfp4` fixture's
+    reference, and its greedy token) on every layer's input of the float32 model of the weights,
+    to the float32 bound. Without the activations' quantization the logits are >100x that bound
+    off. (transformers runs compressed-tensors' NVFP4 in bfloat16 only; FP4 activations magnify its
+    rounding: its logits are 6.5 off and its greedy tokens differ. It has no ModelOpt loader.)"""
+    ref = _reference(name)
     ids = ref["input_ids"].reshape(-1)
-    quant = ModelConfig.from_hf(DATA / "nvfp4").quantization
-    assert quant is not None and quant.act_quant == "fp4"
-    assert quant.description == "compressed-tensors (NVFP4 weights and activations)"
-    runner = _runner(DATA / "nvfp4")  # kept quantized on the CPU too: its activations are quantized
+    quant = ModelConfig.from_hf(DATA / name).quantization
+    assert quant is not None and quant.act_quant == "fp4" and quant.description == description
+    runner = _runner(DATA / name)  # kept quantized on the CPU too: its activations are quantized
     packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
     assert len(packed) == 8 and all(m.fp4_input_scale is not None and m.group_size == 16 for m in packed)
     ours = _prompt_logits(runner, ids)
     want = ref["dequantized_logits"]
     bound = RELATIVE * want.abs().max()
     assert (ours - want).abs().max() <= bound
+    if greedy:
+        assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
     for m in packed:
         m.fp4_input_scale = None
     assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * bound
@@ -426,29 +433,6 @@ def test_modelopt_w4a16_nvfp4_gives_modelopts_dequantized_weights_logits(residen
     want = ref["logits"]
     assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
     assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
-
-
-def test_modelopt_nvfp4_quantizes_its_activations_as_modelopt_does() -> None:
-    """ModelOpt's NVFP4 export (W4A4, as nvidia's *-FP4 repositories: each layer's calibrated
-    `input_scale`) runs packed on every device, its inputs quantized as ModelOpt's own
-    `NVFP4QTensor` quantizes a tensor (the fixture's reference) to the float32 bound. Without the
-    activations' quantization the logits are >100x that bound off."""
-    ref = _reference("modelopt-nvfp4")
-    ids = ref["input_ids"].reshape(-1)
-    quant = ModelConfig.from_hf(DATA / "modelopt-nvfp4").quantization
-    assert quant is not None and quant.act_quant == "fp4"
-    assert quant.description == "modelopt (NVFP4 weights and activations)"
-    runner = _runner(DATA / "modelopt-nvfp4")
-    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
-    assert len(packed) == 8 and all(m.fp4_input_scale is not None and m.group_size == 16 for m in packed)
-    ours = _prompt_logits(runner, ids)
-    want = ref["logits"]
-    bound = RELATIVE * want.abs().max()
-    assert (ours - want).abs().max() <= bound
-    assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
-    for m in packed:
-        m.fp4_input_scale = None
-    assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * bound
 
 
 @pytest.mark.parametrize("change, words", [

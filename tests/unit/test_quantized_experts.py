@@ -340,13 +340,19 @@ def test_bitsandbytes_4_bit_experts_are_the_dequantized_experts(family: str, tin
     x = torch.randn(9, cfg.hidden_size, generator=torch.Generator().manual_seed(5))
     _packed_experts_are_the_dequantized_experts(cfg, model, x)
     if family == "qwen3_moe":
-        ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2), resident=True)[0]
-                 for r in range(2)]
-        name, moe = layers[0]
-        ids, weights = moe.route(x)
-        got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
-        floats64 = load_model(cfg, torch.float64, "cpu", resident=False)[0].get_submodule(name).experts
-        assert _within_float32(got, moe.experts(x, ids, weights, moe.act), floats64, x, ids, weights)
+        _two_ranks_sum_to_one(cfg, layers[0], x)
+
+
+def _two_ranks_sum_to_one(cfg: ModelConfig, layer: tuple[str, SparseMoE], x: torch.Tensor) -> None:
+    """The MoE layer's experts on two ranks (each its gate/up columns, its down rows in whole
+    groups) sum to the one-rank layer's outputs, float32 apart."""
+    ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2), resident=True)[0]
+             for r in range(2)]
+    name, moe = layer
+    ids, weights = moe.route(x)
+    got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
+    floats64 = load_model(cfg, torch.float64, "cpu", resident=False)[0].get_submodule(name).experts
+    assert _within_float32(got, moe.experts(x, ids, weights, moe.act), floats64, x, ids, weights)
 
 
 @pytest.mark.parametrize("fmt, group", [("nvfp4", 16), ("modelopt-nvfp4", 16), ("mxfp4", 32)])
@@ -375,14 +381,7 @@ def test_fp4_experts_are_the_dequantized_experts(tiny_models, tmp_path, fmt, gro
                for _, m in layers)
     x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
     _packed_experts_are_the_dequantized_experts(cfg, model, x)
-    # two ranks (each its gate/up columns with their per-tensor scales, its down rows' groups) sum to one
-    ranks = [load_model(cfg, torch.float32, "cpu", TPGroup(r, 2), tp_layout(cfg, r, 2), resident=True)[0]
-             for r in range(2)]
-    name, moe = layers[0]
-    ids, weights = moe.route(x)
-    got = sum(m.get_submodule(name).experts(x, ids, weights, moe.act) for m in ranks)
-    floats64 = load_model(cfg, torch.float64, "cpu", resident=False)[0].get_submodule(name).experts
-    assert _within_float32(got, moe.experts(x, ids, weights, moe.act), floats64, x, ids, weights)
+    _two_ranks_sum_to_one(cfg, layers[0], x)  # (gate and up columns each with their per-tensor scales)
 
 
 def test_two_ranks_int4_experts_sum_to_one_ranks(int4_moe) -> None:
