@@ -440,6 +440,8 @@ def test_modelopt_w4a16_nvfp4_gives_modelopts_dequantized_weights_logits(residen
      ["model.layers.0.self_attn.qkv_proj", "input_scale differ"]),  # one fused input, one scale
     ({"model.layers.1.mlp.down_proj.pre_quant_scale": torch.ones(384, dtype=torch.bfloat16)},
      ["model.layers.1.mlp.down_proj", "pre_quant_scale"]),  # ModelOpt's NVFP4_AWQ input scaling
+    ({"model.layers.0.mlp.up_proj.weight_scale_2": None},
+     ["model.layers.0.mlp.up_proj.weight", "no weight_scale_2"]),  # (else read as int8 codes)
 ])
 def test_a_modelopt_nvfp4_layer_batonlm_cannot_run_is_named(change: dict, words: list[str], tmp_path: Path) -> None:
     import shutil
@@ -451,7 +453,8 @@ def test_a_modelopt_nvfp4_layer_batonlm_cannot_run_is_named(change: dict, words:
     out = tmp_path / "bad"
     shutil.copytree(DATA / "modelopt-nvfp4", out)
     tensors = load_file(str(out / "model.safetensors"))
-    save_file({**tensors, **change}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    changed = {k: v for k, v in {**tensors, **change}.items() if v is not None}  # (None: the tensor left out)
+    save_file(changed, str(out / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(QuantizationError) as e:
         _runner(out)
     assert all(w in str(e.value) for w in words), str(e.value)

@@ -116,6 +116,9 @@ def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: Qu
     if leaf == "weight" and (p + "weight_scale" in names or p + "weight_scale_inv" in names):
         dtype = ckpt.dtype(name := p + "weight")
         storage = "fp8" if dtype in _FP8_DTYPES else "int" if dtype in ("I8", "U8") else None
+        if dtype == "U8" and ckpt.dtype(p + "weight_scale") in _FP8_DTYPES:  # FP4 codes, float8 scales: NVFP4's
+            raise QuantizationError(f"{name}: FP4 codes with float8 scales (NVFP4) but no weight_scale_2 or "
+                                    "weight_global_scale, the per-tensor scale")
         if storage is None:
             raise QuantizationError(f"{name} has scales but is stored as {dtype}, neither fp8 nor int8")
         scale = p + "weight_scale_inv" if p + "weight_scale_inv" in names else p + "weight_scale"
