@@ -36,9 +36,11 @@ def _greedy(path: str | Path, prompts: list[list[int]], max_new: list[int], grap
 # zero points, bitsandbytes 8-bit (LLM.int8) (all kept quantized on the CPU too), int4 asymmetric
 # (compressed-tensors, dequantized), GPTQ with activation order (a g_idx permutation,
 # dequantized), bitsandbytes NF4 (dequantized), NVFP4 weights (dequantized), ModelOpt's NVFP4 W4A4
-# (kept packed: its reference is ModelOpt's own arithmetic, transformers has no ModelOpt loader).
+# (kept packed: its reference is ModelOpt's own arithmetic, transformers has no ModelOpt loader) and
+# its MIXED_PRECISION (FP8 and NVFP4 layers).
 @pytest.mark.parametrize("name", ["fp8-block", "w8a8", "w8a8-asym", "w8a8-static-asym", "w4a16-asym", "bnb-nf4",
-                                  "bnb-int8", "nvfp4a16", "modelopt-nvfp4", "gptqmodel-w4g64-asym-descact"])
+                                  "bnb-int8", "nvfp4a16", "modelopt-nvfp4", "modelopt-mixed",
+                                  "gptqmodel-w4g64-asym-descact"])
 def test_served_greedy_tokens_are_transformers(name: str) -> None:
     ref = load_file(str(DATA / name / "reference.safetensors"))
     want = ref["greedy_ids"].tolist()  # 16 tokens, or fewer ending in the EOS (2)

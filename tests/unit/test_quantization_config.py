@@ -83,6 +83,9 @@ def test_the_checkpoints_method_is_read() -> None:
     modelopt = resolve_quantization({"quantization_config": {"quant_method": "modelopt", "quantization": {
         "quant_algo": "NVFP4", "group_size": 16}}})  # (hf_quant_config.json's layout)
     assert modelopt is not None and (modelopt.act_quant, modelopt.fp4, modelopt.group_size) == ("fp4", "NVFP4", 16)
+    fp8_only = resolve_quantization({"quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                                                             "quantized_layers": {"a.q_proj": {"quant_algo": "FP8"}}}})
+    assert fp8_only is not None and (fp8_only.act_quant, fp8_only.fp4, fp8_only.mixed) == ("fp8", "", ("FP8",))
     online = resolve_quantization({}, "fp8")
     assert online is not None and online.online and online.method == "fp8"
 
@@ -114,7 +117,12 @@ def test_the_checkpoints_method_is_read() -> None:
     ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}}, "auto",
      ["modelopt NVFP4", "group_size", "32", "16"]),
     ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4_AWQ"}}, "auto",
-     ["'NVFP4_AWQ'", "NVFP4, W4A16_NVFP4"]),
+     ["'NVFP4_AWQ'", "NVFP4, W4A16_NVFP4, MIXED_PRECISION"]),
+    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "model.layers.0.mlp.down_proj": {"quant_algo": "W4A8_AWQ"}}}}, "auto",
+     ["quantized_layers.model.layers.0.mlp.down_proj.quant_algo", "'W4A8_AWQ'", "FP8, NVFP4"]),
+    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}}, "auto",
+     ["MIXED_PRECISION quantized_layers is missing"]),
     ({"quantization_config": {**CT_W4A16, "config_groups": {"g": {"weights": {
         **FP4_WEIGHTS, "strategy": "group", "group_size": 64}}}}}, "auto", ["float 4-bit", "'group'", "64", "MXFP4"]),
 ])

@@ -264,7 +264,7 @@ def test_modelopt_fp8_is_the_static_fp8_it_stores(layout: str, tmp_path: Path) -
     else:
         (out / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A8_AWQ"}}))
     with pytest.raises(ValueError, match=r"modelopt quant_algo 'W4A8_AWQ' is not supported \(supported: FP8, "
-                                         r"FP8_PER_CHANNEL_PER_TOKEN, NVFP4, W4A16_NVFP4\)"):
+                                         r"FP8_PER_CHANNEL_PER_TOKEN, NVFP4, W4A16_NVFP4, MIXED_PRECISION\)"):
         ModelConfig.from_hf(out)
 
 
@@ -433,6 +433,33 @@ def test_modelopt_w4a16_nvfp4_gives_modelopts_dequantized_weights_logits(residen
     want = ref["logits"]
     assert (ours - want).abs().max() <= RELATIVE * want.abs().max()
     assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
+
+
+def test_modelopt_mixed_precision_runs_each_layer_as_its_algorithm_says() -> None:
+    """ModelOpt's MIXED_PRECISION export (what `mtq.auto_quantize` writes: here FP8 attention and
+    NVFP4 MLP layers, `quantized_layers` in hf_quant_config.json): each projection kept as its
+    tensors say, FP8 with its static activation scale and NVFP4 with its FP4 activations, gives
+    ModelOpt's own arithmetic's logits (the fixture's reference: its readers' weights, its
+    `fp8_eager` and `NVFP4QTensor` on the layers' inputs) to the float32 bound, and its greedy
+    token; without the FP4 activations' quantization >100x that bound off."""
+    ref = _reference("modelopt-mixed")
+    ids = ref["input_ids"].reshape(-1)
+    quant = ModelConfig.from_hf(DATA / "modelopt-mixed").quantization
+    assert quant is not None and quant.mixed == ("FP8", "NVFP4")
+    assert quant.description == "modelopt mixed precision (FP8 and NVFP4 layers, activations quantized)"
+    runner = _runner(DATA / "modelopt-mixed")
+    fp8 = [m for m in runner.model.modules() if isinstance(m, Fp8Linear)]
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(fp8) == 4 and all(m.input_scale is not None for m in fp8)  # q/k/v and o, per layer
+    assert len(packed) == 4 and all(m.fp4_input_scale is not None for m in packed)  # gate/up and down
+    ours = _prompt_logits(runner, ids)
+    want = ref["logits"]
+    bound = RELATIVE * want.abs().max()
+    assert (ours - want).abs().max() <= bound
+    assert ours.argmax(dim=-1)[-1] == ref["greedy_ids"][0]
+    for m in packed:
+        m.fp4_input_scale = None
+    assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * bound
 
 
 @pytest.mark.parametrize("change, words", [
@@ -675,7 +702,7 @@ def test_the_layers_kernels_cover_stay_quantized() -> None:
 
 @pytest.mark.parametrize("name", ["fp8-block", "w4a16", "w8a16", "gptqmodel-awq-w4g64", "gptqmodel-w4g64-asym-descact", "w8a8",
                                   "w8a8-static-asym", "bnb-nf4", "bnb-int8", "nvfp4a16", "nvfp4", "mxfp4a16",
-                                  "modelopt-nvfp4", "modelopt-w4a16-nvfp4"])
+                                  "modelopt-nvfp4", "modelopt-w4a16-nvfp4", "modelopt-mixed"])
 def test_gpu_memory_sizing_counts_the_quantized_layers_as_held(name: str) -> None:
     """The KV budget is what the weights leave: a checkpoint whose projections stay quantized
     (on CUDA; here with resident=True) is counted at the quantized layers' bytes (packed int4,

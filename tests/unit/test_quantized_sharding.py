@@ -66,6 +66,7 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("nvfp4", True, PackedIntLinear),  # W4A4: a group of 16 inputs quantized alike in a rank's whole groups
     ("modelopt-w4a16-nvfp4", True, PackedIntLinear),  # ModelOpt's layout of NVFP4: its scale_2 multiplies
     ("modelopt-nvfp4", True, PackedIntLinear),  # ModelOpt's W4A4: its input_scale, ModelOpt's arithmetic
+    ("modelopt-mixed", True, Fp8Linear),  # MIXED_PRECISION: static FP8 attention, NVFP4 W4A4 MLP
     ("mxfp4a16", True, PackedIntLinear),  # MXFP4: groups of 32 (two ranks' 192 down_proj inputs: 6 each)  # LLM.int8: a row-parallel rank's slice of a row its own statistic
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:

@@ -56,6 +56,7 @@ class QuantConfig:
     act_symmetric: bool = True
     llm_int8_threshold: float = 0.0
     fp4: str = ""  # the FP4 weight format, "NVFP4" or "MXFP4" (compressed-tensors'; ModelOpt's NVFP4)
+    mixed: tuple[str, ...] = ()  # ModelOpt's MIXED_PRECISION: its layers' algorithms (each layer's tensors say which)
 
     @property
     def description(self) -> str:
@@ -70,6 +71,8 @@ class QuantConfig:
             if self.bits == 8:
                 return f"bitsandbytes 8-bit (LLM.int8: int8 activations, outliers from {self.llm_int8_threshold:g} in float)"
             return "bitsandbytes 4-bit"
+        if self.mixed:
+            return f"modelopt mixed precision ({' and '.join(self.mixed)} layers, activations quantized)"
         if self.method == "modelopt" and not self.fp4:
             return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
                                       else "(per channel, dynamic activations)")
@@ -276,7 +279,8 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
     return (kinds.pop() if kinds else "none"), symmetric.pop() if symmetric else True
 
 
-_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_NVFP4")
+_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_NVFP4", "MIXED_PRECISION")
+_MODELOPT_MIXED = ("FP8", "NVFP4")  # the per-layer algorithms of MIXED_PRECISION batonlm runs
 
 
 def _modelopt_algo(qc: dict[str, Any]) -> str:
@@ -292,20 +296,48 @@ def _modelopt(qc: dict[str, Any]) -> QuantConfig:
     weight with one scale per tensor and a static activation scale per layer (`input_scale`), the
     tensors AutoFP8 writes too; FP8_PER_CHANNEL_PER_TOKEN: a scale per output channel and dynamic
     per-token activations. NVFP4: FP4 weights (`nvfp4.py`) and FP4 activations with each layer's
-    calibrated `input_scale` (W4A4, kernels/fp4.py); W4A16_NVFP4: the weights only. Layers it
-    excludes are stored in float."""
+    calibrated `input_scale` (W4A4, kernels/fp4.py); W4A16_NVFP4: the weights only;
+    MIXED_PRECISION (`mtq.auto_quantize`'s export): FP8 and NVFP4 layers as `quantized_layers`
+    lists them, each read as its tensors say. Layers it excludes are stored in float."""
     algo = _modelopt_algo(qc)
     if algo.upper() not in _MODELOPT_ALGOS:
         raise QuantizationError(f"modelopt quant_algo {algo!r} is not supported (supported: "
                                 f"{', '.join(_MODELOPT_ALGOS)})")
     algo = algo.upper()
+    nested = qc.get("quantization")
+    inner: dict[str, Any] = nested if isinstance(nested, dict) else qc
+    if algo == "MIXED_PRECISION":
+        return _modelopt_mixed(inner)
     if algo in ("NVFP4", "W4A16_NVFP4"):
-        nested = qc.get("quantization")
-        group = (nested if isinstance(nested, dict) else qc).get("group_size", 16)
-        if group != 16:
-            raise QuantizationError(f"modelopt {algo} group_size {group!r} is not supported (supported: 16)")
+        _check_nvfp4_group(algo, inner)
         return QuantConfig("modelopt", group_size=16, act_quant="fp4" if algo == "NVFP4" else "none", fp4="NVFP4")
     return QuantConfig("modelopt", activation_scheme="static" if algo == "FP8" else "dynamic", act_quant="fp8")
+
+
+def _check_nvfp4_group(what: str, qc: dict[str, Any]) -> None:
+    group = qc.get("group_size", 16)
+    if group != 16:
+        raise QuantizationError(f"modelopt {what} group_size {group!r} is not supported (supported: 16)")
+
+
+def _modelopt_mixed(qc: dict[str, Any]) -> QuantConfig:
+    """MIXED_PRECISION: each layer's algorithm in `quantized_layers`; FP8 (static activation
+    scales) and NVFP4 (FP4 activations) layers, their activations quantized as each says."""
+    layers = qc.get("quantized_layers")
+    if not isinstance(layers, dict) or not layers:
+        raise QuantizationError("modelopt MIXED_PRECISION quantized_layers is missing or empty")
+    algos = set()
+    for name, layer in layers.items():
+        algo = str(layer.get("quant_algo", "") if isinstance(layer, dict) else "").upper()
+        if algo not in _MODELOPT_MIXED:
+            raise QuantizationError(f"modelopt MIXED_PRECISION quantized_layers.{name}.quant_algo {algo!r} is not "
+                                    f"supported (supported: {', '.join(_MODELOPT_MIXED)})")
+        if algo == "NVFP4":
+            _check_nvfp4_group(f"MIXED_PRECISION quantized_layers.{name}", layer)
+        algos.add(algo)
+    fp4 = "NVFP4" in algos
+    return QuantConfig("modelopt", group_size=16 if fp4 else -1, activation_scheme="static",
+                       act_quant="fp4" if fp4 else "fp8", fp4="NVFP4" if fp4 else "", mixed=tuple(sorted(algos)))
 
 
 def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:

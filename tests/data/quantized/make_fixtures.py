@@ -217,7 +217,23 @@ def make_bitsandbytes(names: list[str]) -> None:
 MODELOPT_FIXTURES = {
     "modelopt-nvfp4": "NVFP4_DEFAULT_CFG",  # NVFP4 weights and FP4 activations (W4A4), calibrated
     "modelopt-w4a16-nvfp4": "W4A16_NVFP4_CFG",  # NVFP4 weights only
+    # MIXED_PRECISION (what mtq.auto_quantize exports when it picks per layer): NVFP4's preset with
+    # the attention projections in FP8 (per tensor, static activation scales)
+    "modelopt-mixed": "NVFP4_DEFAULT_CFG, self_attn in FP8_DEFAULT_CFG's format",
 }
+
+
+def modelopt_config(name: str) -> dict:
+    import copy
+
+    import modelopt.torch.quantization as mtq
+
+    cfg = copy.deepcopy(getattr(mtq, MODELOPT_FIXTURES[name].split(",")[0]))
+    if name == "modelopt-mixed":
+        fp8 = {"num_bits": (4, 3), "axis": None}
+        cfg["quant_cfg"] = list(cfg["quant_cfg"]) + [{"quantizer_name": "*self_attn*weight_quantizer", "cfg": fp8},
+                                                     {"quantizer_name": "*self_attn*input_quantizer", "cfg": fp8}]
+    return cfg
 
 
 def make_modelopt(names: list[str]) -> None:
@@ -239,7 +255,7 @@ def make_modelopt(names: list[str]) -> None:
                 for row in ids:
                     m(row[None])
 
-        model = mtq.quantize(model, getattr(mtq, MODELOPT_FIXTURES[name]), calibrate)
+        model = mtq.quantize(model, modelopt_config(name), calibrate)
         out = HERE / name
         if out.exists():
             shutil.rmtree(out)

@@ -108,11 +108,15 @@ def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Ten
 def dequantize_modelopt(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """ModelOpt NVFP4 (`weight` uint8 two E2M1 codes a byte, float8 `weight_scale` per 16 inputs,
     float32 `weight_scale_2`): read by ModelOpt's `NVFP4QTensor.dequantize`, W = value * (scale *
-    scale_2)."""
+    scale_2); FP8 (a float8 `weight`, its `weight_scale` per tensor) by `FP8QTensor.dequantize`."""
+    from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
     deq = {}
     for k in t:
+        if k.endswith(".weight") and t[k].dtype == torch.float8_e4m3fn:
+            deq[k] = FP8QTensor(t[k].shape, torch.float32, t[k]).dequantize(
+                dtype=torch.float32, scale=t[k + "_scale"].float()).float()
         if k.endswith(".weight_scale_2"):
             p = k.removesuffix("_scale_2")
             packed = t[p]
@@ -132,7 +136,7 @@ def add_modelopt_fp4_activation_quant(model, tensors: dict[str, torch.Tensor]) -
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
+        if isinstance(mod, torch.nn.Linear) and name + ".weight_scale_2" in tensors:
             scale = tensors[name + ".input_scale"].float()
 
             def hook(mod, inputs, scale=scale):
@@ -419,16 +423,36 @@ def main() -> None:
             save_file(tensors, str(d / "reference.safetensors"), metadata=meta)
 
 
+def add_modelopt_fp8_activation_quant(model, tensors: dict[str, torch.Tensor]) -> None:
+    """ModelOpt's FP8 layers' static activations: every such Linear's input quantized to float8
+    e4m3 and back by ModelOpt's own `fp8_eager` with the amax its `input_scale` stands for
+    (input_scale = amax / 448)."""
+    from modelopt.torch.quantization.tensor_quant import fp8_eager
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and tensors.get(name + ".weight", torch.empty(0)).dtype == torch.float8_e4m3fn:
+            amax = tensors[name + ".input_scale"].float() * 448.0
+
+            def hook(mod, inputs, amax=amax):
+                return (fp8_eager(inputs[0].float(), amax),)
+
+            mod.register_forward_pre_hook(hook)
+
+
 def modelopt_reference(d: Path, name: str, ids: torch.Tensor, write: bool) -> None:
     """transformers has no ModelOpt integration: the reference is ModelOpt's own arithmetic, the
-    float32 model of the weights its reader dequantizes, with its FP4 activation quantization
-    where the checkpoint has `input_scale`s (W4A4)."""
+    float32 model of the weights its readers dequantize, with its FP4 activation quantization
+    where an NVFP4 layer has an `input_scale` (W4A4) and its FP8 one where an FP8 layer has."""
     model = dequantized_model(d)
     tensors = load_tensors(d)
-    w4a4 = any(k.endswith(".input_scale") for k in tensors)
-    meaning = "ModelOpt's dequantized fp32 weights" + (" + its NVFP4 activation fake quantization" if w4a4 else "")
+    w4a4 = any(k.endswith(".input_scale") and k.replace("input_scale", "weight_scale_2") in tensors for k in tensors)
+    fp8 = any(v.dtype == torch.float8_e4m3fn and k.endswith(".weight") for k, v in tensors.items())
+    meaning = "ModelOpt's dequantized fp32 weights" + (" + its NVFP4 activation fake quantization" if w4a4 else "") + (
+        " + its FP8 activation fake quantization (static)" if fp8 else "")
     if w4a4:
         add_modelopt_fp4_activation_quant(model, tensors)
+    if fp8:
+        add_modelopt_fp8_activation_quant(model, tensors)
     logits, greedy = run(model, ids)
     print(f"{name}: {meaning}: logit scale {logits.abs().max():.3g}, greedy {greedy.tolist()}")
     if write:
