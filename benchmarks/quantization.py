@@ -3,7 +3,8 @@
 Part 1, one projection (K -> N) at M rows, median of `--rounds` (the ways alternating in each
 round): the float matmul (what a checkpoint dequantized on load runs: batonlm's CPU choice for
 weight-only formats), the int4 dequant-GEMM (and with bitsandbytes' NF4 codebook, blocks of
-64), the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`; the torch references on the CPU, which
+64; NVFP4's, float8 scales per 16 and a per-tensor scale, also after its FP4 activation
+quantization), the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`; the torch references on the CPU, which
 dequantize every call; Triton on CUDA), the W8A8 int8 GEMM with its per-token activation
 quantization (`batonlm/kernels/int8.py`: on the CPU oneDNN's int8 GEMM through `torch._int_mm`;
 Triton on CUDA) and bitsandbytes' LLM.int8 (`batonlm/kernels/llm_int8.py`: int8 rows, outlier
@@ -14,13 +15,14 @@ Part 2, a random model (`--shape`: Llamas, or `qwen3-moe`, a small Qwen3-MoE who
 quantized where its projections do) written as float, W8A8 FP8 in 128x128 blocks (transformers'
 FineGrainedFP8 format), W8A8 int8 (llm-compressor's format, tests/quant_w8a8.py), GPTQ int4
 (group 128), bitsandbytes NF4 (blocks of 64) and 8-bit LLM.int8 (tests/quant_bnb.py), NVFP4A16
-(tests/quant_nvfp4.py), served by
+and ModelOpt's NVFP4 W4A4 (tests/quant_nvfp4.py), served by
 `batonlm.Engine` (overlap loop; eager step unless `--compile on`), plus `--quantization fp8` on
 the float checkpoint, and AutoFP8's static FP8 (per-tensor weights and input scales,
 tests/quant_w8a8.py: Mixtral-8x7B-FP8's format): start-up seconds, checkpoint MB, and output
 tok/s of B streams of `--new-tokens` greedy tokens (EOS ignored, prefill included), median of
 `--rounds`. On CUDA the quantized variants run on the kernels (the weights stay quantized); on
-the CPU int4, NF4, NVFP4 and online FP8 run dequantized, W8A8 and LLM.int8 on the torch references.
+the CPU int4, NF4, NVFP4A16 and online FP8 run dequantized, W8A8, LLM.int8 and NVFP4 W4A4 on the
+torch references.
 
     python benchmarks/quantization.py [--batch 1 16 64] [--compile on] [--json out.json]
     python benchmarks/quantization.py --device cuda --dtype bfloat16 [--shape llama3-8b --layers 8]
@@ -47,10 +49,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests chec
 from models import stream_tok_s, table  # noqa: E402
 from quant_bnb import NF4, write_bnb4_checkpoint, write_int8_checkpoint  # noqa: E402
 from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
-from quant_nvfp4 import write_nvfp4_checkpoint  # noqa: E402
+from quant_nvfp4 import E2M1, write_modelopt_nvfp4_checkpoint, write_nvfp4_checkpoint  # noqa: E402
 from quant_w8a8 import write_static_checkpoint, write_w8a8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
 
+from batonlm.kernels.fp4 import modelopt_nvfp4_fake_quant  # noqa: E402
 from batonlm.kernels.int4 import int4_dequant_matmul, pack_int4  # noqa: E402
 from batonlm.kernels.int8 import (  # noqa: E402
     int8_scaled_matmul,
@@ -82,6 +85,10 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
     qweight, scales = pack_int4(q).to(device), (torch.rand(k // 128, n, generator=g) / 64).to(device)
     zeros = torch.full((k // 128, n), 8, dtype=torch.uint8, device=device)
     nf4, absmax = torch.tensor(NF4, device=device), (torch.rand(k // 64, n, generator=g) / 64).to(device)
+    e2m1 = torch.cat([E2M1, -E2M1]).to(device)  # NVFP4: float8 scales per 16 inputs, a per-tensor scale
+    fp4_scales = (torch.rand(k // 16, n, generator=g) * 400 + 40).to(torch.float8_e4m3fn).to(device)
+    fp4_scale_2 = torch.full((n,), 1e-4, device=device)
+    input_scale = torch.tensor([1 / 600], device=device)
     w_q = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
     w_scale = torch.rand(-(-n // 128), k // 128, generator=g).to(device) / 100
     w_i8 = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).to(device)
@@ -107,10 +114,16 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
         def llm_int8(x=x):  # bitsandbytes 8-bit: int8 rows with outlier columns (here none: |x| < 6 mostly)
             return llm_int8_matmul(x, *llm_int8_quant(x, 6.0), w_i8, w_i8_scale)
 
+        def nvfp4(x=x):
+            return int4_dequant_matmul(x, qweight, fp4_scales, None, 16, codebook=e2m1, scale_2=fp4_scale_2)
+
+        def nvfp4_w4a4(x=x):  # the FP4 activations first (ModelOpt's arithmetic)
+            return nvfp4(modelopt_nvfp4_fake_quant(x, input_scale))
+
         ways = {"float": lambda x=x: F.linear(x, w), "int4 dequant-GEMM": lambda x=x: int4_dequant_matmul(
             x, qweight, scales, zeros, 128), "nf4 codebook GEMM": lambda x=x: int4_dequant_matmul(
-            x, qweight, absmax, None, 64, codebook=nf4), "fp8 W8A8 block": fp8, "int8 W8A8": int8,
-            "int8 W8A8 asym": int8_asym, "LLM.int8": llm_int8}
+            x, qweight, absmax, None, 64, codebook=nf4), "nvfp4 GEMM": nvfp4, "nvfp4 W4A4": nvfp4_w4a4,
+            "fp8 W8A8 block": fp8, "int8 W8A8": int8, "int8 W8A8 asym": int8_asym, "LLM.int8": llm_int8}
         times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(rounds):
             for name, fn in ways.items():
@@ -142,6 +155,7 @@ def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
     write_bnb4_checkpoint(src, out / "bnb-nf4")
     write_int8_checkpoint(src, out / "bnb-int8")
     write_nvfp4_checkpoint(src, out / "nvfp4a16")
+    write_modelopt_nvfp4_checkpoint(src, out / "modelopt-nvfp4", input_scale=1 / 600)
     return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
             "int8 W8A8 asym": (str(out / "w8a8-int8-asym"), {}),
             "fp8 static (AutoFP8)": (str(static), {}),
@@ -149,6 +163,7 @@ def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
             "bnb nf4 (bitsandbytes)": (str(out / "bnb-nf4"), {}),
             "bnb int8 (LLM.int8)": (str(out / "bnb-int8"), {}),
             "nvfp4 (NVFP4A16)": (str(out / "nvfp4a16"), {}),
+            "nvfp4 W4A4 (ModelOpt)": (str(out / "modelopt-nvfp4"), {}),
             "fp8 online (per channel)": (src, {"quantization": "fp8"})}
 
 

@@ -34,14 +34,14 @@ _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:
-    """float32 v, clamped to [-6, 6], rounded to the nearest E2M1 value (ties to even). Each value
-    against the midpoints of its neighbours, scalars only (no table copied to the device: a CUDA
-    graph captures it): a midpoint belongs to the neighbour with the even mantissa (0, 1, 2, 4)."""
-    mag = v.abs()
-    value = torch.full_like(mag, _E2M1[-1])
-    for below, above, mid_to_lower in zip(reversed(_E2M1[:-1]), reversed(_E2M1[1:]), (True, False) * 4):
-        mid = (below + above) / 2
-        value = torch.where(mag <= mid if mid_to_lower else mag < mid, below, value)
+    """float32 v, clamped to [-6, 6], rounded to the nearest E2M1 value (ties to even). E2M1's
+    values are multiples of 0.5 below 2, of 1 from 2 to 4 and of 2 from 4 to 6: the magnitude
+    divided by its range's spacing (a power of two: exact), rounded half to even (an even multiple
+    is an even mantissa: 0, 1, 2, 4) and multiplied back. Scalars only (no table copied to the
+    device: a CUDA graph captures it)."""
+    mag = v.abs().clamp(max=_E2M1[-1])
+    step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0))
+    value = torch.round(mag / step) * step
     return torch.where(v < 0, -value, value)
 
 

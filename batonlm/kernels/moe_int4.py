@@ -67,13 +67,15 @@ class Int4Weights:
     fp4_input: str = ""
     scale_2: torch.Tensor | None = None
     scale_2_divides: bool = False
+    dense: torch.Tensor | None = None  # [E, N, K]: the weights the codes mean, kept (the CPU's operand)
 
     def expert(self, e: int | torch.Tensor) -> Int4Weights:
         """Expert e's weights (a tensor of experts: those experts', gathered)."""
         return Int4Weights(self.qweight[e], self.scales[e], None if self.zeros is None else self.zeros[e], self.k,
                            None if self.g_idx is None else self.g_idx[e], self.bits, self.codebook,
                            None if self.input_scale is None else self.input_scale[e], self.fp4_input,
-                           None if self.scale_2 is None else self.scale_2[e], self.scale_2_divides)
+                           None if self.scale_2 is None else self.scale_2[e], self.scale_2_divides,
+                           None if self.dense is None else self.dense[e])
 
     def quantized_input(self, rows: torch.Tensor, experts: torch.Tensor | None = None) -> torch.Tensor:
         """rows [M, K] as this projection takes them: unchanged, or quantized to FP4 by the
@@ -122,6 +124,8 @@ def fused_moe_int4_grouped(
     w2.check("w2", group)
 
     def linear(x: torch.Tensor, w: Int4Weights) -> torch.Tensor:  # (one expert's: its scalar input scale)
+        if w.dense is not None and w.dense.dtype == x.dtype:  # the reference's operand, kept
+            return F.linear(w.quantized_input(x), w.dense)
         return int4_dequant_matmul_reference(w.quantized_input(x), w.qweight, w.scales, w.zeros, group, None, w.g_idx,
                                              w.bits, w.codebook, w.scale_2, w.scale_2_divides)
 
@@ -132,7 +136,14 @@ def fused_moe_int4_grouped(
 
 
 def _dense_weights(w: Int4Weights, group: int, dtype: torch.dtype) -> torch.Tensor:
-    """[E, N, K] in `dtype`: each expert's weight as the reference rounds it."""
+    """[E, N, K] in `dtype`: each expert's weight as the reference rounds it (kept, or computed)."""
+    if w.dense is not None and w.dense.dtype == dtype:
+        return w.dense
+    return dense_weights(w, group, dtype)
+
+
+def dense_weights(w: Int4Weights, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """[E, N, K] in `dtype`: each expert's weight dequantized as the reference rounds it."""
     experts = [w.expert(e) for e in range(w.qweight.shape[0])]
     return torch.stack([dequantize_int4(x.qweight, x.scales, x.zeros, group, w.k, dtype, x.g_idx, w.bits, w.codebook,
                                         x.scale_2, w.scale_2_divides) for x in experts])

@@ -169,7 +169,8 @@ class Int4Experts(nn.Module):
     their `codebook` and no zeros), weight-only (NVFP4 W4A4: with `fp4_input`, each expert's
     inputs quantized to FP4 by its own `w13_input_scale` / `w2_input_scale`; NVFP4's float8 group
     scales kept as such with `fp8_scales`, each expert's per-tensor scale per column in
-    `w13_scale_2` / `w2_scale_2`), this rank's slice of
+    `w13_scale_2` / `w2_scale_2`; on the CPU, where NVFP4 W4A4 experts stay packed, `finish_load`
+    keeps the reference's weight operands `w13_f`, `w2_f`, as `Fp8Experts` does), this rank's slice of
     their intermediate features, in place of `FusedExperts` (quantization/resident_experts.py).
     `kernels/moe_int4.py`, picked as for float experts."""
 
@@ -186,6 +187,8 @@ class Int4Experts(nn.Module):
     w2_input_scale: torch.Tensor | None
     w13_scale_2: torch.Tensor | None
     w2_scale_2: torch.Tensor | None
+    w13_f: torch.Tensor | None
+    w2_f: torch.Tensor | None
 
     def __init__(self, experts: FusedExperts, group: int, order_groups: tuple[int, int] = (0, 0),
                  bits: int = 4, codebook: bool = False, fp4_input: str = "", fp8_scales: bool = False,
@@ -208,15 +211,29 @@ class Int4Experts(nn.Module):
             self.register_buffer(f"{name}_input_scale", torch.empty(num, dtype=torch.float32) if fp4_input else None)
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
         self.hidden, self.count, self.fp4_input, self.scale_2_divides = hidden, count, fp4_input, scale_2_divides
+        self.dtype = experts.w13.dtype
+        self.register_buffer("w13_f", None, persistent=False)
+        self.register_buffer("w2_f", None, persistent=False)
+
+    def _weights(self) -> tuple[moe_int4.Int4Weights, moe_int4.Int4Weights]:
+        w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden, self.w13_g_idx,
+                                   self.bits, self.codebook, self.w13_input_scale, self.fp4_input, self.w13_scale_2,
+                                   self.scale_2_divides, self.w13_f)
+        w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count, self.w2_g_idx, self.bits,
+                                  self.codebook, self.w2_input_scale, self.fp4_input, self.w2_scale_2,
+                                  self.scale_2_divides, self.w2_f)
+        return w13, w2
+
+    def finish_load(self) -> None:
+        """Once the checkpoint is in: on the CPU, the dequantized weight operands (see the class)."""
+        if self.w13_qweight.device.type == "cpu":
+            w13, w2 = self._weights()
+            self.w13_f = moe_int4.dense_weights(w13, self.group, self.dtype)
+            self.w2_f = moe_int4.dense_weights(w2, self.group, self.dtype)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, act: moe_kernels.Activation,
                 ) -> torch.Tensor:
-        w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden, self.w13_g_idx,
-                                   self.bits, self.codebook, self.w13_input_scale, self.fp4_input, self.w13_scale_2,
-                                   self.scale_2_divides)
-        w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count, self.w2_g_idx, self.bits,
-                                  self.codebook, self.w2_input_scale, self.fp4_input, self.w2_scale_2,
-                                  self.scale_2_divides)
+        w13, w2 = self._weights()
         run = _pick(x, ids.shape[1], self.w13_qweight.shape[0], moe_int4.fused_moe_int4_triton,
                     moe_int4.fused_moe_int4_gathered, moe_int4.fused_moe_int4_dense, moe_int4.fused_moe_int4_grouped)
         return run(x, w13, w2, self.group, ids, weights, act)

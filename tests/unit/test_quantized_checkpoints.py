@@ -331,6 +331,7 @@ def test_bitsandbytes_4_bit_checkpoints_give_the_weights_bitsandbytes_dequantize
         for m in packed:
             assert m.codebook is not None
             m.codebook.copy_(table["model.layers.0.mlp.down_proj.weight.quant_map"])
+            m.finish_load()  # (on the CPU the layer keeps the weight its table and codes mean)
         assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * RELATIVE * want.abs().max()
 
 
@@ -403,6 +404,7 @@ def test_nvfp4_w4a4_quantizes_its_activations_as_its_tool_does(name: str, descri
     runner = _runner(DATA / name)  # kept quantized on the CPU too: its activations are quantized
     packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
     assert len(packed) == 8 and all(m.fp4_input_scale is not None and m.group_size == 16 for m in packed)
+    assert all(m.weight_f is not None for m in packed)  # (the CPU keeps the dequantized operand: the same values)
     ours = _prompt_logits(runner, ids)
     want = ref["dequantized_logits"]
     bound = RELATIVE * want.abs().max()

@@ -507,6 +507,7 @@ def test_nvfp4_w4a4_experts_stay_packed_and_quantize_each_experts_input(layout, 
     assert all(m.fp4_input_scale is not None for m in model.modules() if isinstance(m, PackedIntLinear))
     layers = _moe_layers(model)
     assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.fp4_input == layout for _, m in layers)
+    assert all(m.experts.w13_f is not None for _, m in layers)  # (the CPU keeps the dequantized operands)
     quantize = FP4_INPUTS[layout]
     x = torch.randn(11, cfg.hidden_size, generator=torch.Generator().manual_seed(6))
     for name, moe in layers:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from batonlm.kernels.fp4 import FP4_INPUTS
-from batonlm.kernels.int4 import int4_dequant_matmul
+from batonlm.kernels.int4 import dequantize_int4, int4_dequant_matmul
 from batonlm.kernels.int8 import (
     int8_scaled_matmul,
     per_token_quant_int8,
@@ -164,7 +164,13 @@ class PackedIntLinear(nn.Module):
     first quantized to FP4 and back with `fp4_input_scale`, the layer's calibrated scale as that
     format stores it (kernels/fp4.py). With `fp8_scales` (NVFP4) the scales are float8 e4m3, each
     times its column's float32 `scale_2` (ModelOpt's) or, `scale_2_divides`, divided by it
-    (compressed-tensors' global scale): 1 byte per 16 weights instead of 4."""
+    (compressed-tensors' global scale): 1 byte per 16 weights instead of 4.
+
+    On the CPU (where only NVFP4 W4A4 layers stay packed: weight-only formats are dequantized on
+    load) `finish_load` keeps the reference's weight operand, the codes dequantized into the model
+    dtype (`weight_f`), as `Fp8Linear` does: a call then quantizes the activations alone, the same
+    operations on the same values (the reference dequantizes at every call, 20x the float step's
+    time at one row here: docs/benchmarks.md), 4 bytes a weight more."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -173,6 +179,7 @@ class PackedIntLinear(nn.Module):
     codebook: torch.Tensor | None
     fp4_input_scale: torch.Tensor | None
     scale_2: torch.Tensor | None
+    weight_f: torch.Tensor | None
 
     def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
                  bits: int = 4, codebook: bool = False, fp4_input: str = "", fp8_scales: bool = False,
@@ -190,13 +197,24 @@ class PackedIntLinear(nn.Module):
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
         self.register_buffer("fp4_input_scale", torch.empty(1, dtype=torch.float32) if fp4_input else None)
         self.fp4_quant = FP4_INPUTS[fp4_input] if fp4_input else None
-        self.scale_2_divides = scale_2_divides
+        self.scale_2_divides, self.dtype = scale_2_divides, dtype
+        self.register_buffer("weight_f", None, persistent=False)
         self.bias = nn.Parameter(torch.empty(n, dtype=dtype)) if bias else None
+
+    def finish_load(self) -> None:
+        """Once the checkpoint is in: on the CPU, the dequantized weight operand (see the class)."""
+        if self.qweight.device.type != "cpu":
+            return
+        self.weight_f = dequantize_int4(self.qweight, self.scales, self.zeros, self.group_size, self.k, self.dtype,
+                                        self.g_idx, self.bits, self.codebook, self.scale_2, self.scale_2_divides)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
         if self.fp4_input_scale is not None and self.fp4_quant is not None:
             flat = self.fp4_quant(flat, self.fp4_input_scale)
+        if self.weight_f is not None and self.weight_f.dtype == flat.dtype:  # the reference's operand, kept
+            y = nn.functional.linear(flat, self.weight_f, None if self.bias is None else self.bias.to(flat.dtype))
+            return y.reshape(*x.shape[:-1], self.n)
         y = int4_dequant_matmul(flat, self.qweight, self.scales, self.zeros, self.group_size, self.bias, self.g_idx,
                                 self.bits, self.codebook, self.scale_2, self.scale_2_divides)
         return y.reshape(*x.shape[:-1], self.n)
