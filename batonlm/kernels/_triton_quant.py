@@ -256,6 +256,7 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         x.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), y.stride(0),
         ROW_SCALES=g_idx is None and (group % block_k == 0 or group >= k), G_IDX=g_idx is not None,
         HAS_BIAS=bias is not None, UPCAST=INTERPRET, IEEE=x.dtype == torch.float32, BITS=bits,
-        CODEBOOK=codebook is not None, SCALE_2=0 if scale_2 is None else 2 if scale_2_divides else 1, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
+        CODEBOOK=codebook is not None, SCALE_2=0 if scale_2 is None else 2 if scale_2_divides else 1,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
     )
     return y
