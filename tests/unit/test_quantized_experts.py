@@ -533,6 +533,55 @@ def test_nvfp4_w4a4_experts_stay_packed_and_quantize_each_experts_input(layout, 
         load_model(ModelConfig.from_hf(path), torch.float32, "cpu")
 
 
+def test_modelopts_nvfp4_moe_export_stays_packed_as_it_means(tmp_path) -> None:
+    """ModelOpt 0.47's NVFP4 export of a tiny Qwen3-MoE (the `modelopt-nvfp4-moe` fixture, the
+    layout of nvidia's *-FP4 MoE repositories: every expert's gate, up and down with its own
+    `weight_scale_2` (gate and up one), and one `input_scale` for all the experts' gate/up inputs
+    and one for their down inputs, ModelOpt calibrating the fused experts' inputs once): the
+    experts stay packed with their float8 scales and give, bit for bit eager, the experts of the
+    weights the format means (decoded here from its definition: E2M1 value * (weight_scale *
+    weight_scale_2)) with every input quantized in ModelOpt's arithmetic."""
+    from safetensors.torch import load_file
+
+    from batonlm.kernels.fp4 import modelopt_nvfp4_fake_quant
+    from batonlm.kernels.moe import gated, grouped_by_expert
+    from batonlm.model_runner.moe import Int4Experts
+
+    path = Path(__file__).resolve().parents[1] / "data" / "quantized" / "modelopt-nvfp4-moe"
+    cfg = ModelConfig.from_hf(path)
+    assert cfg.quantization is not None and cfg.quantization.description == "modelopt (NVFP4 weights and activations)"
+    model = load_model(cfg, torch.float32, "cpu")[0]
+    ((name, moe),) = _moe_layers(model)  # (layer 0 is a dense MLP)
+    experts = moe.experts
+    assert isinstance(experts, Int4Experts) and experts.fp4_input == "modelopt"
+    assert experts.w13_scales.dtype == torch.float8_e4m3fn and experts.w13_input_scale is not None
+    assert experts.w2_input_scale is not None and len(set(experts.w13_input_scale.tolist())) == 1  # (one for all)
+    tensors = load_file(str(path / "model.safetensors"))
+    table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+    def weight(prefix: str) -> torch.Tensor:  # the format's definition, codes low nibble first
+        packed = tensors[f"{prefix}.weight"].long()
+        codes = torch.stack([packed & 15, packed >> 4], dim=2).reshape(packed.shape[0], -1)
+        scale = tensors[f"{prefix}.weight_scale"].float() * tensors[f"{prefix}.weight_scale_2"].float()
+        return table[codes] * scale.repeat_interleave(16, dim=1)
+
+    prefix = checkpoint_name(model, name + ".experts")
+    count = experts.w13_qweight.shape[0]
+    w13 = [torch.cat([weight(f"{prefix}.{e}.gate_proj"), weight(f"{prefix}.{e}.up_proj")]) for e in range(count)]
+    w2 = [weight(f"{prefix}.{e}.down_proj") for e in range(count)]
+    s13 = [tensors[f"{prefix}.{e}.gate_proj.input_scale"].float() for e in range(count)]
+    s2 = [tensors[f"{prefix}.{e}.down_proj.input_scale"].float() for e in range(count)]
+
+    def mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
+        h = gated(torch.nn.functional.linear(modelopt_nvfp4_fake_quant(rows, s13[e]), w13[e]), moe.act)
+        return torch.nn.functional.linear(modelopt_nvfp4_fake_quant(h, s2[e]), w2[e])
+
+    x = torch.randn(13, cfg.hidden_size, generator=torch.Generator().manual_seed(8))
+    ids, weights = moe.route(x)
+    want = grouped_by_expert(x, ids, weights, count, x.shape[1], mlp)
+    assert torch.equal(experts(x, ids, weights, moe.act), want)
+
+
 def _shared_order(name: str) -> str:
     """GPTQ orders the projections of one input together (q/k/v; an expert's gate and up)."""
     return re.sub(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|w1|w3)\.weight$", ".input", name)

@@ -220,7 +220,30 @@ MODELOPT_FIXTURES = {
     # MIXED_PRECISION (what mtq.auto_quantize exports when it picks per layer): NVFP4's preset with
     # the attention projections in FP8 (per tensor, static activation scales)
     "modelopt-mixed": "NVFP4_DEFAULT_CFG, self_attn in FP8_DEFAULT_CFG's format",
+    # a tiny Qwen3-MoE (MOE_CONFIG), its experts NVFP4 W4A4 as nvidia's *-FP4 MoE repositories
+    "modelopt-nvfp4-moe": "NVFP4_DEFAULT_CFG",
 }
+# The MoE fixture's source: layer 0 a dense MLP, layer 1 eight experts of 64 features, top 3.
+MOE_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_experts=8,
+                  num_experts_per_tok=3, num_hidden_layers=2, mlp_only_layers=[0], num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, initializer_range=INIT_STD, norm_topk_prob=True,
+                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                  architectures=["Qwen3MoeForCausalLM"])  # (ModelOpt's export reads the architecture)
+
+
+def moe_source():
+    """The MoE fixture's float model: Qwen3-MoE of MOE_CONFIG, seed 0, initialised as the Llama
+    source (std 0.2, norms U(0.5, 1.5)) and rounded to bfloat16."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(SEED)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_CONFIG)).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    return model.to(torch.bfloat16)
 
 
 def modelopt_config(name: str) -> dict:
@@ -248,7 +271,7 @@ def make_modelopt(names: list[str]) -> None:
     ids = calibration_ids()
     for name in names:
         torch.manual_seed(SEED)
-        model = AutoModelForCausalLM.from_pretrained(SOURCE, dtype=torch.bfloat16)
+        model = moe_source() if name.endswith("-moe") else AutoModelForCausalLM.from_pretrained(SOURCE, dtype=torch.bfloat16)
 
         def calibrate(m: torch.nn.Module) -> None:
             with torch.no_grad():
