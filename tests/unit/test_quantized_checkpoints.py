@@ -200,12 +200,14 @@ AUTOAWQ_FILE = {"zero_point": True, "q_group_size": 64, "w_bit": 4, "version": "
     ("gptqmodel-w4g64", "quantize_config.json", None),  # GPTQModel's own file (it names quant_method)
     ("gptq-w4g64", "quantize_config.json", AUTOGPTQ_FILE),
     ("awq-w4g64", "quant_config.json", AUTOAWQ_FILE),
+    ("modelopt-nvfp4", "hf_quant_config.json", None),  # ModelOpt's own file (older nvidia repositories: only it)
+    ("modelopt-mixed", "hf_quant_config.json", None),  # (its quantized_layers there under `quantization`)
 ])
 def test_a_quantize_config_file_beside_the_weights_is_read(name: str, file: str, written: dict | None,
                                                            tmp_path: Path) -> None:
-    """A GPTQ / AWQ checkpoint whose config.json has no quantization_config (older ones kept it in
-    AutoGPTQ's or AutoAWQ's own file beside the weights) loads as the one whose config.json has
-    it: the same quantization, the same logits."""
+    """A GPTQ / AWQ / ModelOpt checkpoint whose config.json has no quantization_config (older ones
+    kept it in AutoGPTQ's, AutoAWQ's or ModelOpt's own file beside the weights) loads as the one
+    whose config.json has it: the same quantization, the same logits."""
     import json
     import shutil
 
