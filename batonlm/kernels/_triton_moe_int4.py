@@ -29,7 +29,7 @@ def _grouped_gemm_int4_kernel(
     rows, N, K, group, a_row_div, num_experts,
     stride_am, stride_qe, stride_qk, stride_se, stride_sg, stride_ze, stride_zg, stride_ge, stride_s2e, stride_cm,
     G_IDX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr, BITS: tl.constexpr, CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr,
+    IEEE: tl.constexpr, BITS: tl.constexpr, CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr, E8M0: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -47,7 +47,7 @@ def _grouped_gemm_int4_kernel(
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_valid[None, :], other=0.0)
         w = int4_tile(qw, s, z, gidx, cb_ptr, s2, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk, stride_sg,
-                      stride_zg, False, G_IDX, BITS, CODEBOOK, SCALE_2).to(a.dtype)  # exact in float32, rounded once
+                      stride_zg, False, G_IDX, BITS, CODEBOOK, SCALE_2, E8M0).to(a.dtype)  # float32, rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -82,6 +82,7 @@ def grouped_gemm_int4(a: torch.Tensor, w: Int4Weights, group: int, sorted_ids: t
         scale_2.stride(0) if scale_2 is not None else 0, c.stride(0),
         G_IDX=g_idx is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, UPCAST=INTERPRET,
         IEEE=a.dtype == torch.float32, BITS=w.bits, CODEBOOK=w.codebook is not None,
-        SCALE_2=0 if scale_2 is None else 2 if w.scale_2_divides else 1, **NO_FMA,
+        SCALE_2=0 if scale_2 is None else 2 if w.scale_2_divides else 1, E8M0=scales.dtype == torch.uint8,
+        **NO_FMA,
     )
     return c.to(a.dtype)

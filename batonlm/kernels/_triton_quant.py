@@ -167,13 +167,14 @@ def fp8_matmul(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, x_sc
 @device_fn
 def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, s2_ptr, offs_k, offs_n, k_valid, n_valid, k0, group, stride_qk,
               stride_sg, stride_zg, ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr, BITS: tl.constexpr,
-              CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr):
+              CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr, E8M0: tl.constexpr = False):
     """[BLOCK_K, BLOCK_N] float32: rows `offs_k` and columns `offs_n` of W^T from `BITS`-bit
     codes (32 / BITS per int32 along K), (q - zero) * scale of each row's group (exact), or with
     `CODEBOOK` codebook[q] * scale (one float32 rounding; no zeros): the tile's one group
     (`ROW_SCALES`), row // group, or in activation order the row's `g_idx` entry (`G_IDX`); with
     `SCALE_2` 1 each scale (float8) times its column's float32 factor first, with 2 divided by it
-    (correctly rounded, as torch divides), rounded once."""
+    (correctly rounded, as torch divides), rounded once; with `E8M0` the scales are uint8
+    exponents, 2^(e - 127) built from their bits (exact)."""
     per: tl.constexpr = 32 // BITS
     kn = k_valid[:, None] & n_valid[None, :]
     packed = tl.load(qw_ptr + (offs_k // per)[:, None] * stride_qk + offs_n[None, :], mask=kn, other=0)
@@ -187,6 +188,9 @@ def int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, s2_ptr, offs_k, offs_n, k_
         else:
             g = (offs_k // group)[:, None]
         s = tl.load(s_ptr + g * stride_sg + offs_n[None, :], mask=kn, other=0.0).to(tl.float32)
+    if E8M0:  # the exponent in a float32's exponent bits; 0 is 2^-127 (a subnormal)
+        e = s.to(tl.int32)
+        s = tl.where(e == 0, 5.877471754111438e-39, (e << 23).to(tl.float32, bitcast=True))
     if SCALE_2 == 1:
         s = s * tl.load(s2_ptr + offs_n, mask=n_valid, other=0.0)[None, :]
     elif SCALE_2 == 2:
@@ -207,8 +211,8 @@ def _int4_matmul_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, cb_ptr, s2_ptr, bias_ptr, y_ptr, gidx_ptr, M, N, K, group,
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     ROW_SCALES: tl.constexpr, G_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    BITS: tl.constexpr, CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr, CODEBOOK: tl.constexpr, SCALE_2: tl.constexpr, E8M0: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -221,7 +225,7 @@ def _int4_matmul_kernel(
         a = tl.load(x_rows + offs_k[None, :], mask=m_valid[:, None] & k_valid[None, :], other=0.0)
         w = int4_tile(qw_ptr, s_ptr, z_ptr, gidx_ptr, cb_ptr, s2_ptr, offs_k, offs_n, k_valid, n_valid, k0, group,
                       stride_qk, stride_sg, stride_zg, ROW_SCALES, G_IDX, BITS, CODEBOOK,
-                      SCALE_2).to(a.dtype)  # float32, rounded once
+                      SCALE_2, E8M0).to(a.dtype)  # float32, rounded once
         if UPCAST or IEEE:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -257,6 +261,6 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         ROW_SCALES=g_idx is None and (group % block_k == 0 or group >= k), G_IDX=g_idx is not None,
         HAS_BIAS=bias is not None, UPCAST=INTERPRET, IEEE=x.dtype == torch.float32, BITS=bits,
         CODEBOOK=codebook is not None, SCALE_2=0 if scale_2 is None else 2 if scale_2_divides else 1,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
+        E8M0=scales.dtype == torch.uint8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **NO_FMA, **_GPU_OPTS,
     )
     return y

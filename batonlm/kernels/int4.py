@@ -17,7 +17,8 @@ repacked into, `bits` 4 or 8 (p = 32 / bits codes per word: 8 or 4).
   `scales` then float8 e4m3 group scales, 1 byte each) a group's scale is the float32 product
   scales[k // G, n] * scale_2[n] (ModelOpt's `weight_scale_2`), or with `scale_2_divides` the
   quotient scales[k // G, n] / scale_2[n] (compressed-tensors' global scale), rounded once,
-  before it multiplies the code's value:
+  before it multiplies the code's value. `scales` uint8 are E8M0 exponents (MXFP4's, 1 byte a
+  group): the scale is 2^(e - 127), exact in float32:
   `dequantize_int4` gives W [N, K]
   (nn.Linear's layout); `int4_dequant_matmul` computes x @ W^T in x's dtype, W rounded to it
   (the Triton kernel dequantizes each tile exactly in float32, rounds it once to x's dtype and
@@ -31,6 +32,9 @@ import torch
 from batonlm.kernels._checks import cdiv, check_2d, compute_dtype, fail, shape_of
 
 INT_BITS = (4, 8)
+# The group scales' dtype in a packed layer: float32, or as the FP4 formats store them (1 byte):
+# NVFP4's float8 e4m3 (with `scale_2`), MXFP4's E8M0 exponents.
+STORED_SCALES = {"": torch.float32, "float8": torch.float8_e4m3fn, "e8m0": torch.uint8}
 
 
 def _per_word(bits: int) -> int:
@@ -84,8 +88,9 @@ def _check_int4(qweight, scales, zeros, group_size: int, k: int, g_idx: torch.Te
             raise fail("group_size", "a positive number of rows or -1 (one group)", group_size)
         g = max(k if group_size == -1 else group_size, 1)
         groups = cdiv(k, g)
-    if not scales.is_floating_point() or shape_of(scales) != (groups, n):
-        raise fail("scales", f"a floating-point [{groups}, {n}] tensor", f"{scales.dtype} {shape_of(scales)}")
+    if not (scales.is_floating_point() or scales.dtype == torch.uint8) or shape_of(scales) != (groups, n):
+        raise fail("scales", f"a floating-point or uint8 (E8M0) [{groups}, {n}] tensor",
+                   f"{scales.dtype} {shape_of(scales)}")
     if scale_2 is not None and (scale_2.dtype != torch.float32 or shape_of(scale_2) != (n,)):
         raise fail("scale_2", f"float32 [{n}] (each output column's)", f"{scale_2.dtype} {shape_of(scale_2)}")
     if codebook is not None:
@@ -109,6 +114,8 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
     (their float32 products, or with `scale_2_divides` quotients, rounded once, are the scales)."""
     g = _check_int4(qweight, scales, zeros, group_size, k, g_idx, bits, codebook, scale_2)
     c = compute_dtype(dtype)
+    if scales.dtype == torch.uint8:  # E8M0 exponents
+        scales = e8m0_scales(scales)
     if scale_2 is not None:
         scales = scales.to(torch.float32) / scale_2 if scale_2_divides else scales.to(torch.float32) * scale_2
     groups = g_idx.long() if g_idx is not None else torch.arange(k, device=qweight.device) // g
@@ -119,6 +126,11 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
         assert zeros is not None
         w = (q.to(c) - zeros[groups].to(c)) * scales[groups].to(c)  # [K, N]
     return w.T.contiguous().to(dtype)
+
+
+def e8m0_scales(exponents: torch.Tensor) -> torch.Tensor:
+    """uint8 E8M0 exponents -> their float32 scales 2^(e - 127) (exact; 0 is 2^-127, subnormal)."""
+    return torch.ldexp(torch.ones(exponents.shape, device=exponents.device), exponents.to(torch.int32) - 127)
 
 
 def _check_int4_matmul(x, qweight, scales, zeros, group_size: int, bias, g_idx=None, bits: int = 4,

@@ -34,6 +34,7 @@ from batonlm.distributed.group import TPGroup
 from batonlm.distributed.layout import split_evenly
 from batonlm.kernels import moe as moe_kernels
 from batonlm.kernels import moe_fp8, moe_int4, moe_int8
+from batonlm.kernels.int4 import STORED_SCALES
 from batonlm.model_runner.layers import GatedMLP, activation
 
 
@@ -168,7 +169,7 @@ class Int4Experts(nn.Module):
     `g_idx`, `group` 0, of `order_groups` groups for w13 and w2; bitsandbytes 4-bit experts with
     their `codebook` and no zeros), weight-only (NVFP4 W4A4: with `fp4_input`, each expert's
     inputs quantized to FP4 by its own `w13_input_scale` / `w2_input_scale`; NVFP4's float8 group
-    scales kept as such with `fp8_scales`, each expert's per-tensor scale per column in
+    scales kept as such with `stored_scales` (MXFP4's exponents too), each expert's per-tensor scale per column in
     `w13_scale_2` / `w2_scale_2`; on the CPU, where NVFP4 W4A4 experts stay packed, `finish_load`
     keeps the reference's weight operands `w13_f`, `w2_f`, as `Fp8Experts` does), this rank's slice of
     their intermediate features, in place of `FusedExperts` (quantization/resident_experts.py).
@@ -191,7 +192,7 @@ class Int4Experts(nn.Module):
     w2_f: torch.Tensor | None
 
     def __init__(self, experts: FusedExperts, group: int, order_groups: tuple[int, int] = (0, 0),
-                 bits: int = 4, codebook: bool = False, fp4_input: str = "", fp8_scales: bool = False,
+                 bits: int = 4, codebook: bool = False, fp4_input: str = "", stored_scales: str = "",
                  scale_2_divides: bool = False) -> None:
         super().__init__()
         self.intermediate, self.rows, self.group, self.bits = experts.intermediate, experts.rows, group, bits
@@ -201,9 +202,8 @@ class Int4Experts(nn.Module):
             groups = ordered if group == 0 else 1 if group == -1 else -(-k // group)
             self.register_buffer(f"{name}_qweight", torch.empty(num, -(-k // (32 // bits)), n, dtype=torch.int32))
             # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
-            self.register_buffer(f"{name}_scales", torch.empty(num, groups, n,
-                                                               dtype=torch.float8_e4m3fn if fp8_scales else torch.float32))
-            self.register_buffer(f"{name}_scale_2", torch.empty(num, n) if fp8_scales else None)
+            self.register_buffer(f"{name}_scales", torch.empty(num, groups, n, dtype=STORED_SCALES[stored_scales]))
+            self.register_buffer(f"{name}_scale_2", torch.empty(num, n) if stored_scales == "float8" else None)
             self.register_buffer(f"{name}_zeros", None if codebook else torch.empty(num, groups, n, dtype=torch.uint8))
             # GPTQ's activation order (group 0): each expert's rows' groups.
             self.register_buffer(f"{name}_g_idx", torch.empty(num, k, dtype=torch.int32) if group == 0 else None)

@@ -58,16 +58,17 @@ KERNELS = [
      dict(K_BLOCKED=True, HAS_BIAS=False, UPCAST=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128),
      dict(num_warps=4, num_stages=3, **NO_FMA)),
     *((_triton_quant._int4_matmul_kernel,
-       dict(x_ptr="*bf16", qw_ptr=I32, s_ptr="*fp8e4nv" if scale_2 else "*bf16", z_ptr=I32, cb_ptr=F32, s2_ptr=F32,
+       dict(x_ptr="*bf16", qw_ptr=I32, s_ptr="*u8" if scale_2 == 3 else "*fp8e4nv" if scale_2 else "*bf16", z_ptr=I32,
+            cb_ptr=F32, s2_ptr=F32,
             bias_ptr="*bf16", y_ptr="*bf16", gidx_ptr=I32, M="i32", N="i32", K="i32", group="i32", stride_xm="i32",
             stride_qk="i32", stride_sg="i32", stride_zg="i32", stride_ym="i32"),
        dict(ROW_SCALES=rows, G_IDX=g_idx, HAS_BIAS=True, UPCAST=False, IEEE=False, BITS=bits, CODEBOOK=codebook,
-            SCALE_2=int(scale_2), BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            SCALE_2=int(scale_2) % 3, E8M0=scale_2 == 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
        dict(num_warps=4, num_stages=3, **NO_FMA))
       for rows, g_idx, bits, codebook, scale_2 in (
           (False, False, 4, False, False), (False, True, 4, False, False), (False, False, 8, False, False),
           (False, True, 8, False, False), (True, False, 4, True, False), (False, False, 4, True, False),
-          (False, False, 4, True, 1), (True, False, 4, True, 2))),
+          (False, False, 4, True, 1), (True, False, 4, True, 2), (False, False, 4, True, 3))),
     *((_triton_int8._quant_int8_kernel,
        dict(x_ptr="*bf16", q_ptr="*i8", s_ptr=F32, z_ptr=I32, K="i32", stride_xm="i32", stride_qm="i32",
             stride_s="i32", half_range="fp32", min_scale="fp32"),
@@ -102,16 +103,18 @@ KERNELS = [
           stride_we="i32", stride_wn="i32", stride_wse="i32", stride_cm="i32"),
      dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64), dict(num_warps=4, **NO_FMA)),
     *((_triton_moe_int4._grouped_gemm_int4_kernel,
-       dict(a_ptr="*bf16", qw_ptr=I32, s_ptr="*fp8e4nv" if scale_2 else F32, z_ptr="*u8", gidx_ptr=I32, cb_ptr=F32,
+       dict(a_ptr="*bf16", qw_ptr=I32, s_ptr="*u8" if scale_2 == 3 else "*fp8e4nv" if scale_2 else F32, z_ptr="*u8",
+            gidx_ptr=I32, cb_ptr=F32,
             s2_ptr=F32, c_ptr="*bf16", sorted_ids_ptr=I64, block_expert_ptr=I64, rows="i32", N="i32", K="i32",
             group="i32", a_row_div="i32", num_experts="i32", stride_am="i32", stride_qe="i32", stride_qk="i32",
             stride_se="i32", stride_sg="i32", stride_ze="i32", stride_zg="i32", stride_ge="i32", stride_s2e="i32",
             stride_cm="i32"),
        dict(G_IDX=g_idx, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, UPCAST=False, IEEE=False, BITS=bits, CODEBOOK=codebook,
-            SCALE_2=scale_2),
+            SCALE_2=scale_2 % 3, E8M0=scale_2 == 3),
        dict(num_warps=4, **NO_FMA))
       for g_idx, bits, codebook, scale_2 in ((False, 4, False, 0), (True, 4, False, 0), (False, 8, False, 0),
-                                             (False, 4, True, 0), (False, 4, True, 1), (False, 4, True, 2))),
+                                             (False, 4, True, 0), (False, 4, True, 1), (False, 4, True, 2),
+                                             (False, 4, True, 3))),
 ]
 
 

@@ -119,6 +119,23 @@ def test_float8_scales_matmul_equals_float64(use_triton, dtype, m, n, k, group, 
 
 
 @pytest.mark.parametrize("use_triton", IMPLS)
+@pytest.mark.parametrize("m,n,k", [(1, 48, 256), (5, 33, 200)])
+def test_e8m0_exponent_scales_equal_float64(use_triton, m, n, k):
+    """MXFP4's layout: uint8 exponents e per group of 32, the scale 2^(e - 127) (e = 0: 2^-127, a
+    subnormal), exact; the kernel builds it from the exponent's bits."""
+    x, qweight, _, codebook, _ = _case(m, n, k, 32, torch.float32, seed=m + k)
+    g = torch.Generator().manual_seed(k)
+    exponents = torch.randint(118, 136, (-(-k // 32), n), generator=g, dtype=torch.uint8)
+    exponents[0, 0] = 0
+    scales = torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64), exponents.long() - 127)
+    q = Q.unpack_int4(qweight, k).long()
+    w = codebook.double()[q] * scales[torch.arange(k) // 32]
+    assert torch.equal(Q.dequantize_int4(qweight, exponents, None, 32, k, torch.float64, codebook=codebook), w.T)
+    got = Q.int4_dequant_matmul(x, qweight, exponents, None, 32, codebook=codebook, use_triton=use_triton)
+    _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), (k + 4) * EPS32)
+
+
+@pytest.mark.parametrize("use_triton", IMPLS)
 def test_the_codebook_is_read_code_by_code(use_triton):
     """A permuted codebook gives other weights: the kernel reads each code's own entry (the
     integer meaning (q - 8) * s, or a fixed table, would not notice)."""
@@ -163,4 +180,12 @@ def test_gpu_codebook_kernel(m, n, k, group):
         x, qweight, fp8, scale_2, codebook, w = _fp8_case(m, n, k, group, torch.bfloat16, seed=m, divides=divides)
         got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), fp8.cuda(), None, group, codebook=codebook.cuda(),
                                     scale_2=scale_2.cuda(), scale_2_divides=divides)
+        _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
+    if group == 32:  # MXFP4's E8M0 exponents
+        exponents = torch.randint(118, 136, (-(-k // 32), n), generator=torch.Generator().manual_seed(k),
+                                  dtype=torch.uint8)
+        q = Q.unpack_int4(qweight, k).long()
+        w = codebook.double()[q] * torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64),
+                                               exponents.long() - 127)[torch.arange(k) // 32]
+        got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), exponents.cuda(), None, 32, codebook=codebook.cuda())
         _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)

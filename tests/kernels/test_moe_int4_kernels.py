@@ -111,19 +111,25 @@ def test_bfloat16_activations(moe):
     assert ((got.double() - want).abs() <= 6 * 2.0**-8 * scale + 1e-30).all()
 
 
-def _codebook_case(t: int, k: int, experts: int, hidden: int, inter: int, group: int, seed: int):
+def _codebook_case(t: int, k: int, experts: int, hidden: int, inter: int, group: int, seed: int,
+                   e8m0: bool = False):
     """bitsandbytes 4-bit experts: codes into one table of 16 uneven values (as NF4's), float32
-    scales (absmax), no zeros; the meaning in float64."""
+    scales (absmax), no zeros; the meaning in float64. `e8m0`: the scales stored as MXFP4 keeps
+    them, uint8 exponents e of 2^(e - 127)."""
     g = torch.Generator().manual_seed(seed)
     table = torch.cat([torch.rand(15, generator=g) * 2 - 1, torch.zeros(1)]).sort().values
 
     def weights(k: int, n: int) -> tuple[Int4Weights, torch.Tensor]:
         q = torch.randint(0, 16, (experts, k, n), generator=g)
         scales = (torch.rand(experts, -(-k // group), n, generator=g) + 0.1) / k**0.5
+        stored = scales
+        if e8m0:
+            stored = torch.randint(120, 130, scales.shape, generator=g, dtype=torch.uint8)
+            scales = torch.ldexp(torch.ones(scales.shape), stored.int() - 127)
         rows = torch.arange(k) // group
         w = (table.double()[q] * scales.double()[:, rows]).transpose(1, 2)
         packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
-        return Int4Weights(packed, scales, None, k, None, 4, table), w
+        return Int4Weights(packed, stored, None, k, None, 4, table), w
 
     x = torch.randn(t, hidden, generator=g, dtype=torch.float64)
     (w13, w13_64), (w2, w2_64) = weights(hidden, 2 * inter), weights(inter, hidden)
@@ -132,10 +138,11 @@ def _codebook_case(t: int, k: int, experts: int, hidden: int, inter: int, group:
 
 
 @pytest.mark.parametrize("moe", FORMULATIONS)
-@pytest.mark.parametrize("t,group", [(1, 64), (11, 32)])
-def test_codebook_experts(moe, t, group):
-    """bitsandbytes NF4 / FP4 experts: each code's value from the table, times its block's scale."""
-    x, w13, w2, w13_64, w2_64, ids, weights = _codebook_case(t, 2, 5, 128, 64, group, seed=t + group)
+@pytest.mark.parametrize("t,group,e8m0", [(1, 64, False), (11, 32, False), (11, 32, True)])
+def test_codebook_experts(moe, t, group, e8m0):
+    """bitsandbytes NF4 / FP4 experts: each code's value from the table, times its block's scale;
+    MXFP4's experts the same with the scales as uint8 E8M0 exponents."""
+    x, w13, w2, w13_64, w2_64, ids, weights = _codebook_case(t, 2, 5, 128, 64, group, seed=t + group, e8m0=e8m0)
     got = moe(x.float(), w13, w2, group, ids, weights.float())
     want = fused_moe_reference(x, w13_64, w2_64, ids, weights)
     scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())

@@ -381,6 +381,7 @@ def test_mxfp4_weights_give_the_dequantized_models_logits(resident: bool) -> Non
     runner = _runner(DATA / "mxfp4a16", resident=resident)
     packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
     assert len(packed) == (8 if resident else 0) and all(m.group_size == 32 and m.codebook is not None for m in packed)
+    assert all(m.scales.dtype == torch.uint8 for m in packed)  # its E8M0 exponents, 1 byte per 32 weights
     want = ref["dequantized_logits"]
     assert (_prompt_logits(runner, ids) - want).abs().max() <= RELATIVE * want.abs().max()
 

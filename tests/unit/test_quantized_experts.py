@@ -375,9 +375,9 @@ def test_fp4_experts_are_the_dequantized_experts(tiny_models, tmp_path, fmt, gro
     layers = _moe_layers(model)
     assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.codebook is not None
                           and m.experts.group == group for _, m in layers)
-    # NVFP4 keeps its float8 group scales as they are (1 byte per 16 weights), its per-tensor scale beside
-    fp8 = fmt != "mxfp4"
-    assert all((m.experts.w13_scales.dtype == torch.float8_e4m3fn) == fp8 and (m.experts.w2_scale_2 is not None) == fp8
+    # the group scales as the format stores them (1 byte a group), NVFP4's per-tensor scale beside
+    stored = torch.uint8 if fmt == "mxfp4" else torch.float8_e4m3fn  # (MXFP4: its E8M0 exponents)
+    assert all(m.experts.w13_scales.dtype == stored and (m.experts.w2_scale_2 is not None) == (fmt != "mxfp4")
                for _, m in layers)
     x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
     _packed_experts_are_the_dequantized_experts(cfg, model, x)

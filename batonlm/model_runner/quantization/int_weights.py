@@ -14,10 +14,11 @@ class IntWeights:
     """An integer format's layer unpacked: values q [K, N] and zeros [G, N] (unsigned, on the
     same offset), scales [G, N] float32, each input row's group [K]. W^T = (q - zero) * scale;
     with a `codebook` (bitsandbytes 4-bit, float32 [2^bits]; zeros unused, 0)
-    W^T = codebook[q] * scale. NVFP4 also keeps its stored form of the scales, `fp8_scales`
-    [G, N] (float8 e4m3) and `scale_2` [N] (each column's float32 per-tensor scale): a packed
-    layer holds those, 1 byte a group, and computes ModelOpt's fp8 * scale_2 or, with
-    `scale_2_divides`, compressed-tensors' fp8 / global, exactly as `scales` holds them."""
+    W^T = codebook[q] * scale. The FP4 formats also keep their group scales as they store them,
+    `stored_scales` [G, N], 1 byte a group: NVFP4's float8 e4m3 with `scale_2` [N] (each column's
+    float32 per-tensor scale: ModelOpt's fp8 * scale_2 or, with `scale_2_divides`,
+    compressed-tensors' fp8 / global), MXFP4's uint8 E8M0 exponents (2^(e - 127)); a packed layer
+    holds those and computes exactly what `scales` holds."""
 
     q: torch.Tensor
     zeros: torch.Tensor
@@ -25,7 +26,7 @@ class IntWeights:
     groups: torch.Tensor
     bits: int
     codebook: torch.Tensor | None = None
-    fp8_scales: torch.Tensor | None = None
+    stored_scales: torch.Tensor | None = None
     scale_2: torch.Tensor | None = None
     scale_2_divides: bool = False
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from batonlm.kernels.fp4 import FP4_INPUTS
-from batonlm.kernels.int4 import dequantize_int4, int4_dequant_matmul
+from batonlm.kernels.int4 import STORED_SCALES, dequantize_int4, int4_dequant_matmul
 from batonlm.kernels.int8 import (
     int8_scaled_matmul,
     per_token_quant_int8,
@@ -162,9 +162,10 @@ class PackedIntLinear(nn.Module):
     weight is codebook[q] * its group's scale, and there are no zeros. With `fp4_input` (NVFP4
     W4A4: the format whose arithmetic its activations follow, a key of FP4_INPUTS) the input is
     first quantized to FP4 and back with `fp4_input_scale`, the layer's calibrated scale as that
-    format stores it (kernels/fp4.py). With `fp8_scales` (NVFP4) the scales are float8 e4m3, each
-    times its column's float32 `scale_2` (ModelOpt's) or, `scale_2_divides`, divided by it
-    (compressed-tensors' global scale): 1 byte per 16 weights instead of 4.
+    format stores it (kernels/fp4.py). `stored_scales` "float8" (NVFP4): the scales are float8
+    e4m3, each times its column's float32 `scale_2` (ModelOpt's) or, `scale_2_divides`, divided by
+    it (compressed-tensors' global scale): 1 byte per 16 weights instead of 4; "e8m0" (MXFP4):
+    uint8 exponents, 1 byte per 32 weights.
 
     On the CPU (where only NVFP4 W4A4 layers stay packed: weight-only formats are dequantized on
     load) `finish_load` keeps the reference's weight operand, the codes dequantized into the model
@@ -182,7 +183,7 @@ class PackedIntLinear(nn.Module):
     weight_f: torch.Tensor | None
 
     def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
-                 bits: int = 4, codebook: bool = False, fp4_input: str = "", fp8_scales: bool = False,
+                 bits: int = 4, codebook: bool = False, fp4_input: str = "", stored_scales: str = "",
                  scale_2_divides: bool = False) -> None:
         super().__init__()
         self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
@@ -190,8 +191,8 @@ class PackedIntLinear(nn.Module):
             groups = 1 if group_size == -1 else _cdiv(k, group_size)
         self.register_buffer("qweight", torch.empty(_cdiv(k, 32 // bits), n, dtype=torch.int32))
         # float32: a checkpoint's half-precision scales exactly (bfloat16 would round fp16's).
-        self.register_buffer("scales", torch.empty(groups, n, dtype=torch.float8_e4m3fn if fp8_scales else torch.float32))
-        self.register_buffer("scale_2", torch.empty(n, dtype=torch.float32) if fp8_scales else None)
+        self.register_buffer("scales", torch.empty(groups, n, dtype=STORED_SCALES[stored_scales]))
+        self.register_buffer("scale_2", torch.empty(n, dtype=torch.float32) if stored_scales == "float8" else None)
         self.register_buffer("zeros", None if codebook else torch.empty(groups, n, dtype=torch.uint8))
         self.register_buffer("g_idx", torch.empty(k, dtype=torch.int32) if group_size == 0 else None)
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)

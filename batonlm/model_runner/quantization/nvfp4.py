@@ -77,8 +77,8 @@ def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int], members: 
     iw = e2m1_weights(packed, scale, scales, shape, GROUP, f"NVFP4 layer {prefix}")
     if scale.dtype != torch.float8_e4m3fn:
         return iw
-    return dataclasses.replace(iw, fp8_scales=scale.t().contiguous(), scale_2=per_tensor.expand(shape[0]).contiguous(),
-                               scale_2_divides=not modelopt)
+    return dataclasses.replace(iw, stored_scales=scale.t().contiguous(),
+                               scale_2=per_tensor.expand(shape[0]).contiguous(), scale_2_divides=not modelopt)
 
 
 def e2m1_weights(packed: torch.Tensor, stored_scale: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int],

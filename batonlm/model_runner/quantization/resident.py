@@ -119,12 +119,12 @@ def make_resident(
             fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
             if fp4_input:
                 _check_fp4_input_scales(ckpt, module_name, sources)
-            # NVFP4's float8 group scales kept as such (1 byte per 16 weights, not float32's 4)
-            fp8_scales, divides = nvfp4_scales(ckpt, sources)
+            # the FP4 formats' group scales kept as they store them (1 byte a group, not float32's 4)
+            stored, divides = stored_scales(ckpt, sources)
             with torch.device("meta"):
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
                                         bits=bits, codebook=books[0] is not None, fp4_input=fp4_input,
-                                        fp8_scales=fp8_scales, scale_2_divides=divides)
+                                        stored_scales=stored, scale_2_divides=divides)
         else:
             kept.add(module_name)
             continue
@@ -137,13 +137,16 @@ def make_resident(
     return out
 
 
-def nvfp4_scales(ckpt: Checkpoint, sources: list[tuple[QuantizedLinear, Target]]) -> tuple[bool, bool]:
-    """Whether a packed layer of these checkpoint layers keeps NVFP4's float8 group scales as
-    they are (all NVFP4 in one layout, float8 scales), and whether its per-tensor scale divides
-    them (compressed-tensors' global scale) rather than multiplies (ModelOpt's scale_2)."""
+def stored_scales(ckpt: Checkpoint, sources: list[tuple[QuantizedLinear, Target]]) -> tuple[str, bool]:
+    """How a packed layer of these checkpoint layers keeps their group scales (a key of
+    STORED_SCALES): "float8", NVFP4's as they are (all NVFP4 in one layout, float8 scales), "e8m0",
+    MXFP4's exponents, "" float32; and whether NVFP4's per-tensor scale divides them
+    (compressed-tensors' global scale) rather than multiplies (ModelOpt's scale_2)."""
+    if {lin.storage for lin, _ in sources} == {"mxfp4"}:
+        return "e8m0", False
     layouts = {nvfp4.layout(lin.members) if lin.storage == "nvfp4" else "" for lin, _ in sources}
     fp8 = len(layouts) == 1 and "" not in layouts and all(ckpt.dtype(lin.members[1]) == "F8_E4M3" for lin, _ in sources)
-    return fp8, fp8 and layouts == {"compressed-tensors"}
+    return ("float8" if fp8 else ""), fp8 and layouts == {"compressed-tensors"}
 
 
 def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]]) -> None:
@@ -368,13 +371,13 @@ def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, 
 def fill_int4(qweight: torch.Tensor, zeros_out: torch.Tensor | None, scales_out: torch.Tensor, group_size: int,
               iw: IntWeights, t: Target, scale_2_out: torch.Tensor | None = None) -> None:
     """One packed int layout (qweight [K / (32 / bits), N], zeros and scales [G, N]; no zeros with
-    a codebook; with `scale_2_out` [N] the scales as NVFP4 stores them, float8 times a factor per
-    column) filled with this rank's part of a checkpoint layer: its output columns at the
+    a codebook; scales not float32: as the FP4 formats store them, with `scale_2_out` [N]
+    NVFP4's per-tensor scale per column) filled with this rank's part of a checkpoint layer: its output columns at the
     target's offset, or its input rows in whole groups."""
     scales = iw.scales
-    if scale_2_out is not None:
-        assert iw.fp8_scales is not None and iw.scale_2 is not None
-        scales = iw.fp8_scales
+    if scales_out.dtype != torch.float32:  # the format's own stored scales (1 byte a group)
+        assert iw.stored_scales is not None and (scale_2_out is None or iw.scale_2 is not None)
+        scales = iw.stored_scales
     q, zeros = iw.q, iw.zeros  # [K, N], [G, N]; scales [G, N]
     if t.dim == 0:  # this rank's output columns of W^T, at its offset in the fused layer
         cols = slice(t.offset, t.offset + t.count)

@@ -29,10 +29,10 @@ from batonlm.model_runner.quantization.resident import (
     fill_int4,
     int4_group,
     int8_per_channel,
-    nvfp4_scales,
     per_channel_scale,
     same_codebook,
     static_scale,
+    stored_scales,
     weight_only_int8,
 )
 from batonlm.model_runner.weight_loader import Target, checkpoint_name
@@ -149,10 +149,10 @@ def _int4_experts(
         order_groups = (int_layout(ckpt, gate, quant)[2], int_layout(ckpt, down, quant)[2])
     bits = int_layout(ckpt, sources[0][0], quant)[0]
     fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
-    fp8_scales, divides = nvfp4_scales(ckpt, sources)
+    stored, divides = stored_scales(ckpt, sources)
     with torch.device("meta"):
         layer = Int4Experts(module, group, order_groups, bits, codebook=books[0] is not None, fp4_input=fp4_input,
-                            fp8_scales=fp8_scales, scale_2_divides=divides)
+                            stored_scales=stored, scale_2_divides=divides)
     return ResidentLayer(module_name, layer, sources, _fill_int4)
 
 
