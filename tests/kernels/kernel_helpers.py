@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -20,6 +21,20 @@ interpreted_only = pytest.mark.skipif(
 compiled_only = pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(), reason="compiled kernels on CUDA only")
 # An entry point's two implementations: the torch reference, and the Triton kernel (interpreted).
 IMPLS = [pytest.param(False, id="torch"), pytest.param(True, id="triton", marks=interpreted_only)]
+def bad_argument_test(calls: Callable[[], dict[str, Callable[[bool], object]]]) -> Callable[[bool, str], None]:
+    """A kernel file's bad-argument test: `calls()` maps each argument's name to a call with that
+    argument wrong (taking `use_triton`); each, on both implementations, must raise one ValueError
+    that starts with the argument's name."""
+
+    @pytest.mark.parametrize("use_triton", IMPLS)
+    @pytest.mark.parametrize("name", list(calls()))
+    def test_a_bad_argument_is_named(use_triton: bool, name: str) -> None:
+        with pytest.raises(ValueError, match=f"^{name}:"):
+            calls()[name](use_triton)
+
+    return test_a_bad_argument_is_named
+
+
 # Chi-square critical values at p = 0.001, by degrees of freedom.
 CHI2_CRIT = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12}
 

@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import IMPLS, compiled_only, interpreted_only  # noqa: E402
+from kernel_helpers import IMPLS, bad_argument_test, compiled_only, interpreted_only  # noqa: E402
 
 from batonlm.kernels import int8 as I8  # noqa: E402
 
@@ -170,11 +170,7 @@ def _bad_calls():
     }
 
 
-@pytest.mark.parametrize("use_triton", IMPLS)
-@pytest.mark.parametrize("name", list(_bad_calls()))
-def test_a_bad_argument_is_named(use_triton, name):
-    with pytest.raises(ValueError, match=f"^{name}:"):
-        _bad_calls()[name](use_triton)
+test_a_bad_argument_is_named = bad_argument_test(_bad_calls)
 
 
 @pytest.mark.gpu

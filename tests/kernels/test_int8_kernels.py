@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import IMPLS, compiled_only, interpreted_only  # noqa: E402
+from kernel_helpers import IMPLS, bad_argument_test, compiled_only, interpreted_only  # noqa: E402
 
 from batonlm.kernels import int8 as I8  # noqa: E402
 
@@ -153,11 +153,7 @@ def _bad_calls():
     }
 
 
-@pytest.mark.parametrize("use_triton", IMPLS)
-@pytest.mark.parametrize("name", list(_bad_calls()))
-def test_a_bad_argument_is_named(use_triton, name):
-    with pytest.raises(ValueError, match=f"^{name}:"):
-        _bad_calls()[name](use_triton)
+test_a_bad_argument_is_named = bad_argument_test(_bad_calls)
 
 
 # --- compiled, at a real layer's size (int8 tensor-core MMAs accumulate exactly in int32) -----------

@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import IMPLS, compiled_only, interpreted_only  # noqa: E402
+from kernel_helpers import IMPLS, bad_argument_test, compiled_only, interpreted_only  # noqa: E402
 
 from batonlm.kernels import int4 as I4  # noqa: E402
 from batonlm.kernels import quant as Q  # noqa: E402
@@ -340,11 +340,7 @@ def _bad_calls():
     }
 
 
-@pytest.mark.parametrize("use_triton", IMPLS)
-@pytest.mark.parametrize("name", list(_bad_calls()))
-def test_a_bad_argument_is_named(use_triton, name):
-    with pytest.raises(ValueError, match=f"^{name}:"):
-        _bad_calls()[name](use_triton)
+test_a_bad_argument_is_named = bad_argument_test(_bad_calls)
 
 
 @interpreted_only
