@@ -12,8 +12,6 @@ group of 32, kept packed where the integer formats are (CUDA), dequantized on lo
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
@@ -39,5 +37,4 @@ def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int]) -> IntWei
     if exponent.dtype != torch.uint8:
         raise QuantizationError(f"MXFP4 layer {prefix}: weight_scale is {exponent.dtype}, not uint8 E8M0 exponents")
     scales = torch.ldexp(torch.ones(exponent.shape), exponent.to(torch.int32) - _BIAS)
-    iw = e2m1_weights(ckpt.get(f"{prefix}.weight_packed"), exponent, scales, shape, GROUP, f"MXFP4 layer {prefix}")
-    return dataclasses.replace(iw, stored_scales=exponent.t().contiguous())  # (kept packed: 1 byte a group)
+    return e2m1_weights(ckpt.get(f"{prefix}.weight_packed"), exponent, scales, shape, GROUP, f"MXFP4 layer {prefix}")

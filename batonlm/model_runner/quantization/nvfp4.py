@@ -62,9 +62,18 @@ def layout(members: tuple[str, ...]) -> str:
     return "modelopt" if members[0].endswith(".weight") else "compressed-tensors"
 
 
-def input_scale_name(prefix: str, members: tuple[str, ...]) -> str:
-    """The checkpoint name of the layer's FP4 activations' scale (whether it has one or not)."""
-    return f"{prefix}.{_LAYOUTS[layout(members)][1]}"
+def input_scale_name(members: tuple[str, ...]) -> str:
+    """The leaf name of the layer's FP4 activations' scale in its layout."""
+    return _LAYOUTS[layout(members)][1]
+
+
+def input_scale(ckpt: Checkpoint, prefix: str, members: tuple[str, ...]) -> torch.Tensor:
+    """The layer's FP4 activations' scale as its format stores it (float32 []), or a start-up
+    error where a W4A4 layer has none."""
+    name = f"{prefix}.{input_scale_name(members)}"
+    if name not in members:
+        raise QuantizationError(f"{prefix} lacks {input_scale_name(members)} (NVFP4 with FP4 activations)")
+    return ckpt.get(name).to(torch.float32).reshape(())
 
 
 def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int], members: tuple[str, ...]) -> IntWeights:
@@ -75,18 +84,15 @@ def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int], members: 
     modelopt = layout(members) == "modelopt"
     scales = scale.to(torch.float32) * per_tensor if modelopt else scale.to(torch.float32) / per_tensor
     iw = e2m1_weights(packed, scale, scales, shape, GROUP, f"NVFP4 layer {prefix}")
-    if scale.dtype != torch.float8_e4m3fn:
-        return iw
-    return dataclasses.replace(iw, stored_scales=scale.t().contiguous(),
-                               scale_2=per_tensor.expand(shape[0]).contiguous(), scale_2_divides=not modelopt)
+    return dataclasses.replace(iw, scale_2=per_tensor.expand(shape[0]).contiguous(), scale_2_divides=not modelopt)
 
 
 def e2m1_weights(packed: torch.Tensor, stored_scale: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int],
                  group: int, what: str) -> IntWeights:
     """FP4 codes packed two a byte along K (uint8 [N, K / 2], the low nibble first) with float32
     `scales` [N, K / group] (decoded from the checkpoint's `stored_scale`, its shape checked) as
-    the packed int layout's values: codes [K, N] (unsigned 0..15), scales [G, N], the E2M1
-    codebook, no zeros. NVFP4's and MXFP4's layers alike."""
+    the packed int layout's values: codes [K, N] (unsigned 0..15), scales [G, N] (and as stored),
+    the E2M1 codebook, no zeros. NVFP4's and MXFP4's layers alike."""
     n, k = shape
     groups = -(-k // group)
     if packed.dtype != torch.uint8 or tuple(packed.shape) != (n, k // 2) or tuple(stored_scale.shape) != (n, groups):
@@ -95,4 +101,4 @@ def e2m1_weights(packed: torch.Tensor, stored_scale: torch.Tensor, scales: torch
     codes = torch.stack([packed & 15, packed >> 4], dim=2).reshape(n, k)  # the low nibble first
     zeros = torch.zeros(groups, n, dtype=torch.int32)
     return IntWeights(codes.t().contiguous().to(torch.int32), zeros, scales.t().contiguous(),
-                      torch.arange(k) // group, 4, CODEBOOK)
+                      torch.arange(k) // group, 4, CODEBOOK, stored_scales=stored_scale.t().contiguous())

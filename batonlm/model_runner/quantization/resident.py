@@ -152,14 +152,9 @@ def stored_scales(ckpt: Checkpoint, sources: list[tuple[QuantizedLinear, Target]
 def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]]) -> None:
     """A fused NVFP4 W4A4 projection quantizes its one input once: its layers' calibrated input
     scales must agree (llm-compressor and ModelOpt calibrate q/k/v and gate/up on their one input)."""
-    scales = []
-    for lin, _ in sources:
-        name = nvfp4.input_scale_name(lin.prefix, lin.members)
-        if name not in lin.members:
-            raise QuantizationError(f"{lin.prefix} lacks {name.rpartition('.')[2]} (NVFP4 with FP4 activations)")
-        scales.append(ckpt.get(name).to(torch.float32).reshape(1))
+    scales = [nvfp4.input_scale(ckpt, lin.prefix, lin.members) for lin, _ in sources]
     if any(not torch.equal(s, scales[0]) for s in scales):
-        raise QuantizationError(f"{module_name}: its NVFP4 layers' {name.rpartition('.')[2]} differ "
+        raise QuantizationError(f"{module_name}: its NVFP4 layers' {nvfp4.input_scale_name(sources[0][0].members)} differ "
                                 f"({', '.join(str(float(s)) for s in scales)}); fused layers quantize one input "
                                 "with one scale")
 
@@ -363,7 +358,7 @@ def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, 
     if module.codebook is not None and iw.codebook is not None:  # (make_resident checked they are all one)
         module.codebook.copy_(iw.codebook)
     if module.fp4_input_scale is not None:  # (one for the fused layers: make_resident checked)
-        module.fp4_input_scale.copy_(ckpt.get(nvfp4.input_scale_name(lin.prefix, lin.members)).to(torch.float32).reshape(1))
+        module.fp4_input_scale.copy_(nvfp4.input_scale(ckpt, lin.prefix, lin.members).reshape(1))
     if module.g_idx is not None:  # activation order: this rank's rows' groups (the fused layers share them)
         module.g_idx.copy_(_narrow(iw.groups, t, dim=0) if t.dim == 1 else iw.groups)
 

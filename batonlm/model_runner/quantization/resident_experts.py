@@ -239,11 +239,8 @@ def _fill_int4(module: Int4Experts, ckpt: Checkpoint, lin: QuantizedLinear, t: T
 def _fill_fp4_input_scale(input_scale: torch.Tensor, ckpt: Checkpoint, lin: QuantizedLinear, t: Target, e: int) -> None:
     """Expert e's FP4 activation scale: its down projection's, or its gate's and up's, which
     quantize one input and so must agree (calibrated on it, they do), else a start-up error."""
-    name = nvfp4.input_scale_name(lin.prefix, lin.members)
-    if name not in lin.members:
-        raise QuantizationError(f"{lin.prefix} lacks {name.rpartition('.')[2]} (NVFP4 with FP4 activations)")
-    given = ckpt.get(name).to(torch.float32).reshape(())
+    given = nvfp4.input_scale(ckpt, lin.prefix, lin.members)
     if t.dim == 0 and t.offset != 0 and not torch.equal(input_scale[e].cpu(), given):  # (the gate fills first)
-        raise QuantizationError(f"{lin.prefix}: its {name.rpartition('.')[2]} {float(given)} differs from its gate's "
+        raise QuantizationError(f"{lin.prefix}: its {nvfp4.input_scale_name(lin.members)} {float(given)} differs from its gate's "
                                 f"{float(input_scale[e])}; one expert's gate and up quantize one input with one scale")
     input_scale[e] = given
