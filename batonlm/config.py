@@ -90,9 +90,9 @@ class ServerArgs:
     quantization: str = setting(
         "auto", group=_MODEL, choices=QUANTIZATION_CHOICES,
         help="the checkpoint's weight quantization (docs/quantization.md): auto reads its quantization_config "
-             "(fp8, compressed-tensors, gptq, awq, modelopt, bitsandbytes; or its tool's file beside the weights); a "
-             "method must match it; fp8 on a float checkpoint rounds its projections to FP8 on load; none refuses a "
-             "quantized checkpoint")
+             "(fp8, compressed-tensors, gptq, awq, modelopt, bitsandbytes, fbgemm_fp8; or its tool's file beside "
+             "the weights); a method must match it; fp8 on a float checkpoint rounds its projections to FP8 on "
+             "load; none refuses a quantized checkpoint")
     pooling: str = setting(
         "auto", group=_MODEL, choices=POOLING_CHOICES,
         help="/v1/embeddings: a prompt's vector is its last hidden states' last token (last) or mean; auto: as "

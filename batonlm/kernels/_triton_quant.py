@@ -2,7 +2,7 @@
 
 Three kernels:
 
-- `_quant_fp8_kernel`: a program per (row, group): the group's amax, its scale, the values
+- `_quant_fp8_kernel`: a program per (row, group): the group's amax (capped at `amax_ub`), its scale, the values
   divided by it (correctly rounded: `div_rn`, as torch divides), clamped to the format's range
   and stored as FP8. The group is read in chunks, so one row-wide group (per-token) fits too.
 - `_fp8_matmul_kernel`: y = x_q @ w_q^T with FP8 tiles in `tl.dot` (an H100/H200 runs FP8
@@ -39,7 +39,7 @@ _GPU_OPTS = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
 
 @triton.jit
 def _quant_fp8_kernel(
-    x_ptr, q_ptr, s_ptr, K, group, groups_per_row, stride_xm, stride_qm, stride_s, fp8_max, min_scale,
+    x_ptr, q_ptr, s_ptr, K, group, groups_per_row, stride_xm, stride_qm, stride_s, fp8_max, min_scale, amax_ub,
     STATIC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -54,7 +54,7 @@ def _quant_fp8_kernel(
             offs = k0 + tl.arange(0, BLOCK)
             x = tl.load(x_row + offs, mask=offs < end, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), fp8_max), min_scale)
+        scale = tl.maximum(tl.math.div_rn(tl.minimum(tl.max(amax, axis=0), amax_ub), fp8_max), min_scale)
         tl.store(s_ptr + row * groups_per_row + tl.program_id(1), scale)
     for k0 in range(start, end, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
@@ -64,9 +64,11 @@ def _quant_fp8_kernel(
 
 
 def quant_fp8(x: torch.Tensor, group: int, dtype: torch.dtype, min_scale: float,
-              static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (q [M, K] in `dtype`, scale float32 [M, ceil(K / group)]), or with
-    `static_scale` (one float32 element, or one per row [M, 1]) q divided by it and that scale."""
+              static_scale: torch.Tensor | None = None, amax_ub: float | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] in `dtype`, scale float32 [M, ceil(K / group)]; a group's amax
+    capped at `amax_ub` first), or with `static_scale` (one float32 element, or one per row
+    [M, 1]) q divided by it and that scale."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     groups = triton.cdiv(k, group)
@@ -79,7 +81,7 @@ def quant_fp8(x: torch.Tensor, group: int, dtype: torch.dtype, min_scale: float,
         block = tile(group, cap)
         _quant_fp8_kernel[(m, groups)](
             x, q, scale, k, group, groups, x.stride(0), q.stride(0), stride_s, torch.finfo(dtype).max, min_scale,
-            STATIC=static_scale is not None, BLOCK=block, **NO_FMA,
+            float("inf") if amax_ub is None else amax_ub, STATIC=static_scale is not None, BLOCK=block, **NO_FMA,
         )
     return (q.to(dtype) if INTERPRET else q), scale
 

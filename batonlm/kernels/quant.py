@@ -9,8 +9,10 @@ FP8 scales are float32 and mean "dequantized = stored value * scale" (a checkpoi
 - Activations, dynamically: `per_token_group_quant_fp8` gives x_q [M, K] and a scale
   [M, ceil(K / group)] per row and group of `group` columns (the last may be partial): the
   group's amax / the format's max, so its largest value becomes +-max; values are divided by it
-  and rounded to nearest even. A scale is at least float32's smallest normal, so an all-zero
-  group quantizes to zeros (no 0 / 0). `per_token_quant_fp8`: one group per row.
+  and rounded to nearest even. A scale is at least float32's smallest normal (or a given
+  `min_scale`), so an all-zero group quantizes to zeros (no 0 / 0); with `amax_ub` the amax is
+  capped first (FBGEMM FP8's activation bound: a larger value saturates to +-max).
+  `per_token_quant_fp8`: one group per row.
   Statically: `static_quant_fp8` divides by a given per-tensor scale (or one per row) and clamps
   to +-max.
 - Weights per block (DeepSeek-V3, Qwen3 FP8): w_q [N, K], w_scale [ceil(N / bn), ceil(K / bk)]
@@ -29,6 +31,8 @@ from batonlm.kernels._checks import cdiv, check_2d, check_scale, compute_dtype, 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # The least scale: float32's smallest normal (a zero group divides by it, not by 0).
 MIN_SCALE = torch.finfo(torch.float32).tiny
+# FBGEMM's per-row FP8 quantization floors a row's scale here (and vLLM's per-token one).
+FBGEMM_MIN_SCALE = 1.0 / (448.0 * 512.0)
 
 
 
@@ -64,39 +68,56 @@ def _check_quant_args(x: torch.Tensor, group: int, dtype: torch.dtype) -> None:
         raise fail("group", "a positive number of columns", group)
 
 
+def _check_bounds(amax_ub: float | None, min_scale: float) -> None:
+    if amax_ub is not None and not amax_ub > 0:
+        raise fail("amax_ub", "a positive number or None", amax_ub)
+    if not min_scale > 0:
+        raise fail("min_scale", "a positive number", min_scale)
+
+
 def per_token_group_quant_fp8_reference(
-    x: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float8_e4m3fn
+    x: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float8_e4m3fn, *,
+    amax_ub: float | None = None, min_scale: float = MIN_SCALE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_quant_args(x, group, dtype)
+    _check_bounds(amax_ub, min_scale)
     m, k = x.shape
     fp8_max = torch.finfo(dtype).max
     groups = cdiv(k, group)
     xf = torch.nn.functional.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
     amax = xf.abs().amax(dim=2)
+    if amax_ub is not None:
+        amax = amax.clamp(max=amax_ub)
     # A tensor divisor: CUDA divides by a Python scalar as a multiply by its reciprocal.
-    scale = (amax / torch.full_like(amax, fp8_max)).clamp(min=MIN_SCALE)
+    scale = (amax / torch.full_like(amax, fp8_max)).clamp(min=min_scale)
     q = (xf / scale[:, :, None]).clamp(-fp8_max, fp8_max).to(dtype)
     return q.view(m, groups * group)[:, :k].contiguous(), scale
 
 
 def per_token_group_quant_fp8(
-    x: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float8_e4m3fn, *, use_triton: bool | None = None
+    x: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float8_e4m3fn, *, use_triton: bool | None = None,
+    amax_ub: float | None = None, min_scale: float = MIN_SCALE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (x_q [M, K] in `dtype`, scale float32 [M, ceil(K / group)])."""
+    """x [M, K] -> (x_q [M, K] in `dtype`, scale float32 [M, ceil(K / group)]). `amax_ub`: a
+    group's amax is capped at it first (FBGEMM's `scale_ub`: larger values saturate to +-max);
+    `min_scale`: the least scale."""
     if not _fp8_on_triton(x, use_triton):
-        return per_token_group_quant_fp8_reference(x, group, dtype)
+        return per_token_group_quant_fp8_reference(x, group, dtype, amax_ub=amax_ub, min_scale=min_scale)
     _check_quant_args(x, group, dtype)
+    _check_bounds(amax_ub, min_scale)
     from batonlm.kernels import _triton_quant
 
-    return _triton_quant.quant_fp8(x, group, dtype, MIN_SCALE)
+    return _triton_quant.quant_fp8(x, group, dtype, min_scale, amax_ub=amax_ub)
 
 
 def per_token_quant_fp8(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *, use_triton: bool | None = None
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *, use_triton: bool | None = None,
+    amax_ub: float | None = None, min_scale: float = MIN_SCALE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (x_q [M, K], scale float32 [M, 1]): one group per row."""
     check_2d(x, "x")
-    return per_token_group_quant_fp8(x, max(1, x.shape[1]), dtype, use_triton=use_triton)
+    return per_token_group_quant_fp8(x, max(1, x.shape[1]), dtype, use_triton=use_triton, amax_ub=amax_ub,
+                                     min_scale=min_scale)
 
 
 def _static_shapes(x: torch.Tensor) -> list[tuple[int, ...]]:

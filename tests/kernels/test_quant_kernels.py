@@ -94,6 +94,32 @@ def test_a_zero_group_quantizes_to_zeros(use_triton):
     assert not back.isnan().any() and torch.equal(back[x == 0], x[x == 0])
 
 
+@pytest.mark.parametrize("use_triton", IMPLS)
+def test_a_capped_amax_saturates_the_larger_values(use_triton):
+    """FBGEMM FP8's activation bound (`amax_ub`): a row whose amax exceeds it is scaled by
+    ub / max, its values beyond ub saturate to +-max, the rest round as usual; a row under it is
+    quantized as without it. `min_scale` floors a near-zero row's scale (FBGEMM's 1 / (448 * 512))."""
+    x = _activations(torch.Generator().manual_seed(5), 9, 200)
+    ub, floor = 2.0, 1 / (448 * 512)
+    x[4] *= 1e-6  # amax ~1e-5: its scale is the floor
+    q, scale = Q.per_token_quant_fp8(x, amax_ub=ub, min_scale=floor, use_triton=use_triton)
+    amax = x.double().abs().amax(dim=1)
+    want = (amax.clamp(max=ub) / 448).float().clamp(min=floor)
+    assert torch.equal(scale[:, 0], want)
+    assert (amax > ub).sum() >= 3 and (amax < ub).sum() >= 3 and scale[4, 0] == torch.tensor(floor, dtype=torch.float32)
+    back = q.double() * scale.double()
+    over = x.double().abs() > ub
+    assert over.any() and torch.equal(back[over], (448 * x.double().sign() * scale.double())[over])
+    assert ((back - x.double()).abs()[~over] <= _round_trip_bound(x[~over], scale.expand(-1, 200)[~over], E4M3)).all()
+    plain_q, plain_s = Q.per_token_quant_fp8(x, use_triton=use_triton)
+    under = amax < ub
+    under[4] = False
+    assert torch.equal(scale[under], plain_s[under]) and _same_bits(q[under], plain_q[under])
+    if use_triton:
+        rq, rs = Q.per_token_quant_fp8(x, amax_ub=ub, min_scale=floor, use_triton=False)
+        assert torch.equal(scale, rs) and _same_bits(q, rq)
+
+
 @interpreted_only
 @pytest.mark.parametrize("m,k,group", [(17, 320, 128), (3, 200, 64), (2, 9000, 9000)])
 def test_triton_quantization_is_the_reference_bit_for_bit(m, k, group):
@@ -332,6 +358,8 @@ def _bad_calls():
         "w_q": lambda t: Q.fp8_scaled_matmul(xq, xs, wq.to(E5M2), ws[0, 0], torch.float32, use_triton=t),
         "group": lambda t: Q.per_token_group_quant_fp8(x, 0, use_triton=t),
         "dtype": lambda t: Q.per_token_group_quant_fp8(x, 128, torch.bfloat16, use_triton=t),
+        "amax_ub": lambda t: Q.per_token_quant_fp8(x, amax_ub=0.0, use_triton=t),
+        "min_scale": lambda t: Q.per_token_quant_fp8(x, min_scale=-1.0, use_triton=t),
         "qweight": lambda t: I4.int4_dequant_matmul(x, qw[:7], sc, z, -1, use_triton=t),
         "zeros": lambda t: I4.int4_dequant_matmul(x, qw, sc, z.float(), -1, use_triton=t),
         "scales": lambda t: I4.int4_dequant_matmul(x, qw, sc, z, 32, use_triton=t),

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from quant_fbgemm import write_fbgemm_fp8_checkpoint
 from quant_formats import write_fp8_block_checkpoint
 
 from batonlm.model_runner.model_config import ModelConfig
@@ -35,6 +36,15 @@ LAYER = "model.layers.1."
 def fp8_block64(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fp8") / "fp8-block64"
     write_fp8_block_checkpoint(DATA / "fp32-source", out, block=(64, 64))
+    return out
+
+
+@pytest.fixture(scope="module")
+def fbgemm_fp8(tmp_path_factory) -> Path:
+    """FBGEMM FP8 with its activations' amax capped at 2 (of random inputs' ~3): a rank's slice of
+    a token saturates where the whole token does (a value over the cap is over it in either)."""
+    out = tmp_path_factory.mktemp("fbgemm") / "fbgemm-fp8"
+    write_fbgemm_fp8_checkpoint(DATA / "fp32-source", out, ub=2.0)
     return out
 
 
@@ -55,6 +65,7 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("w8a16", False, None),
     ("fp8-block64", True, Fp8Linear),
     ("fp8-dynamic", True, Fp8Linear),
+    ("fbgemm-fp8", True, Fp8Linear),  # per token, each token's amax capped
     ("w8a8", True, Int8Linear),
     ("w8a8-static", True, Int8Linear),  # one input scale for every rank: only float32's rounding apart
     ("w8a8-asym", True, Int8Linear),  # per token with zero points: each rank's slice its own range
@@ -69,12 +80,12 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("modelopt-mixed", True, Fp8Linear),  # MIXED_PRECISION: static FP8 attention, NVFP4 W4A4 MLP
     ("mxfp4a16", True, PackedIntLinear),  # MXFP4: groups of 32 (two ranks' 192 down_proj inputs: 6 each)  # LLM.int8: a row-parallel rank's slice of a row its own statistic
 ])
-def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64) -> None:
-    path = {"fp8-block64": fp8_block64, "online-fp8": DATA / "fp32-source"}.get(name, DATA / name)
+def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64, fbgemm_fp8) -> None:
+    path = {"fp8-block64": fp8_block64, "fbgemm-fp8": fbgemm_fp8, "online-fp8": DATA / "fp32-source"}.get(name, DATA / name)
     cfg, full, ranks = _models(path, resident, quantization="fp8" if name == "online-fp8" else "auto")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, cfg.hidden_size, generator=g, dtype=torch.float64)
-    per_token = name in ("fp8-dynamic", "online-fp8")
+    per_token = name in ("fp8-dynamic", "fbgemm-fp8", "online-fp8")
 
     def module(model, proj):
         return model.get_submodule(LAYER + proj)

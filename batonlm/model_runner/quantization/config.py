@@ -17,7 +17,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 # `--quantization`'s values: auto (the checkpoint's), none, and the methods batonlm loads.
-QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "modelopt", "bitsandbytes")
+QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "modelopt", "bitsandbytes", "fbgemm_fp8")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 _FP8_SCHEMES = ("static", "dynamic")
 
@@ -40,7 +40,8 @@ class QuantConfig:
     checkpoint's (transformers'). `act_symmetric`: False where int8 activations have a zero
     point (compressed-tensors' `symmetric: false`: per token, or the checkpoint's
     `input_zero_point`). `llm_int8_threshold`: bitsandbytes 8-bit's (LLM.int8) outlier threshold,
-    activations at least this large multiplied in float (0: none).
+    activations at least this large multiplied in float (0: none). `act_amax_ub`: FBGEMM FP8's
+    `activation_scale_ub`, a token's amax capped at it before its scale is taken (None: not capped).
     Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
     of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
 
@@ -57,6 +58,7 @@ class QuantConfig:
     llm_int8_threshold: float = 0.0
     fp4: str = ""  # the FP4 weight format, "NVFP4" or "MXFP4" (compressed-tensors'; ModelOpt's NVFP4)
     mixed: tuple[str, ...] = ()  # ModelOpt's MIXED_PRECISION: its layers' algorithms (each layer's tensors say which)
+    act_amax_ub: float | None = None
 
     @property
     def description(self) -> str:
@@ -71,6 +73,8 @@ class QuantConfig:
             if self.bits == 8:
                 return f"bitsandbytes 8-bit (LLM.int8: int8 activations, outliers from {self.llm_int8_threshold:g} in float)"
             return "bitsandbytes 4-bit"
+        if self.method == "fbgemm_fp8":
+            return f"fbgemm_fp8 (per channel, dynamic activations, amax capped at {self.act_amax_ub:g})"
         if self.mixed:
             return f"modelopt mixed precision ({' and '.join(self.mixed)} layers, activations quantized)"
         if self.method == "modelopt" and not self.fp4:
@@ -139,7 +143,7 @@ def resolve_quantization(raw: dict[str, Any], flag: str = "auto") -> QuantConfig
                                 "float checkpoint on load")
     if not isinstance(qc, dict):
         raise QuantizationError("config.json's quantization_config is not an object")
-    method = str(qc.get("quant_method", "")).lower().replace("_", "-")
+    method = _canonical(str(qc.get("quant_method", "")))
     if method not in QUANTIZATION_METHODS:
         raise QuantizationError(f"quantization method {qc.get('quant_method')!r} (config.json's "
                                 f"quantization_config.quant_method) is not supported; batonlm loads "
@@ -151,6 +155,12 @@ def resolve_quantization(raw: dict[str, Any], flag: str = "auto") -> QuantConfig
         raise QuantizationError(f"--quantization {flag} does not match the checkpoint's quantization method "
                                 f"{method} (use auto or {method})")
     return _READERS[method](qc)
+
+
+def _canonical(name: str) -> str:
+    """A quant_method as QUANTIZATION_METHODS spells it (tools write compressed_tensors too)."""
+    key = name.lower().replace("-", "_")
+    return next((m for m in QUANTIZATION_METHODS if m.replace("-", "_") == key), name.lower())
 
 
 def _fp8(qc: dict[str, Any]) -> QuantConfig:
@@ -165,6 +175,18 @@ def _fp8(qc: dict[str, Any]) -> QuantConfig:
                                     "integers")
         block = (block[0], block[1])
     return QuantConfig("fp8", block=block, activation_scheme=scheme, act_quant="fp8")
+
+
+def _fbgemm_fp8(qc: dict[str, Any]) -> QuantConfig:
+    """transformers' FbgemmFp8Config (Meta's Llama 3.1 405B and Llama 4 FP8 releases): an FP8
+    `weight` with a `weight_scale` per output channel, activations quantized per token with
+    their amax capped at `activation_scale_ub` (default 1200, transformers'); the
+    `modules_to_not_convert` are stored in float."""
+    ub = qc.get("activation_scale_ub", 1200.0)
+    if not isinstance(ub, (int, float)) or isinstance(ub, bool) or not 0 < ub < float("inf"):
+        raise QuantizationError(f"fbgemm_fp8 quantization_config.activation_scale_ub {ub!r} is not a positive "
+                                "number")
+    return QuantConfig("fbgemm_fp8", activation_scheme="dynamic", act_quant="fp8", act_amax_ub=float(ub))
 
 
 def _int_field(qc: dict[str, Any], method: str, key: str, allowed: tuple[int, ...]) -> int:
@@ -364,4 +386,4 @@ def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:
 
 
 _READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors, "modelopt": _modelopt,
-            "bitsandbytes": _bitsandbytes}
+            "bitsandbytes": _bitsandbytes, "fbgemm_fp8": _fbgemm_fp8}

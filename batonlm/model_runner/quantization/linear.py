@@ -19,6 +19,7 @@ from batonlm.kernels.int8 import (
 )
 from batonlm.kernels.llm_int8 import llm_int8_matmul, llm_int8_quant
 from batonlm.kernels.quant import (
+    MIN_SCALE,
     dequantize_fp8_block,
     fp8_block_matmul,
     fp8_block_product,
@@ -38,7 +39,8 @@ class Fp8Linear(nn.Module):
     """y = x W^T (+ bias) with W [N, K] in FP8 e4m3 and float32 scales: one per `block` of
     [bn, bk] (DeepSeek-V3, Qwen3-FP8), or one per output channel. Activations are quantized
     per token (per token and group of bk with blocks), or with `static` a checkpoint's one
-    input scale.
+    input scale. `amax_ub` / `min_scale`: per-token activations' amax cap and least scale
+    (FBGEMM FP8's; kernels/quant.py).
 
     On the CPU (no FP8 GEMM: the torch reference multiplies in float32) `finish_load` keeps the
     reference's float32 weight operand (`weight_f`: the codes, dequantized by their blocks with
@@ -50,9 +52,11 @@ class Fp8Linear(nn.Module):
     input_scale: torch.Tensor | None
     weight_f: torch.Tensor | None
 
-    def __init__(self, n: int, k: int, block: tuple[int, int] | None, static: bool, bias: bool) -> None:
+    def __init__(self, n: int, k: int, block: tuple[int, int] | None, static: bool, bias: bool, *,
+                 amax_ub: float | None = None, min_scale: float = MIN_SCALE) -> None:
         super().__init__()
         self.n, self.k, self.block = n, k, block
+        self.amax_ub, self.min_scale = amax_ub, min_scale
         self.register_buffer("weight_q", torch.empty(n, k, dtype=torch.float8_e4m3fn))
         shape = (_cdiv(n, block[0]), _cdiv(k, block[1])) if block else (n,)
         self.register_buffer("weight_scale", torch.empty(shape, dtype=torch.float32))
@@ -80,7 +84,7 @@ class Fp8Linear(nn.Module):
             if self.input_scale is not None:
                 x_q, x_scale = static_quant_fp8(flat, self.input_scale), self.input_scale
             else:
-                x_q, x_scale = per_token_quant_fp8(flat)
+                x_q, x_scale = per_token_quant_fp8(flat, amax_ub=self.amax_ub, min_scale=self.min_scale)
             if self.weight_f is not None:
                 xs, ws = x_scale.reshape(-1, 1), self.weight_scale.reshape(-1, 1)
                 y = fp8_scaled_product(x_q, xs, self.weight_f, ws, x.dtype, self.bias)

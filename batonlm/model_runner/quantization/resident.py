@@ -27,6 +27,7 @@ from torch import nn
 
 from batonlm.kernels.int4 import pack_int4
 from batonlm.kernels.int8 import QMAX, QMIN, per_token_quant_int8_asym_reference
+from batonlm.kernels.quant import FBGEMM_MIN_SCALE
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.models.base import CausalLM
 from batonlm.model_runner.parallel_layers import RowParallelLinear
@@ -95,8 +96,9 @@ def make_resident(
             block = quant.block
             for lin, t in sources:
                 _check_fp8_slice(module_name, lin, t, block)
+            bounds = {"amax_ub": quant.act_amax_ub, "min_scale": FBGEMM_MIN_SCALE} if quant.act_amax_ub else {}
             with torch.device("meta"):
-                layer = Fp8Linear(n, k, block, static, bias=False)
+                layer = Fp8Linear(n, k, block, static, bias=False, **bounds)
         elif storages == {"int"} and quant.act_quant == "int8" and all(int8_per_channel(ckpt, lin) for lin, _ in sources):
             with torch.device("meta"):
                 layer = Int8Linear(n, k, static, bias=False, asym=not quant.act_symmetric)

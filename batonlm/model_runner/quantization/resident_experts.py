@@ -101,6 +101,9 @@ def _fp8_experts(
         raise QuantizationError(f"{module_name}: this rank's intermediate features [{start}, {start + count}) of "
                                 f"each expert would split its FP8 {bn}x{bk} blocks; a --tp that divides them into "
                                 "whole blocks is needed")
+    if quant.act_amax_ub is not None:
+        raise QuantizationError(f"{module_name}: fbgemm_fp8 MoE experts (their activations' capped amax) are not "
+                                "supported; fbgemm_fp8 runs dense projections")
     with torch.device("meta"):
         layer = Fp8Experts(module, None if channel else quant.block, static=statics == {True})
     return ResidentLayer(module_name, layer, sources, _fill_fp8)
