@@ -135,6 +135,37 @@ def test_e8m0_exponent_scales_equal_float64(use_triton, m, n, k):
     _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), (k + 4) * EPS32)
 
 
+def _fp8_table_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int):
+    """FP8 weight-only kept packed: every e4m3 byte an 8-bit code (NaN codes left out), its value
+    from the 256-entry table of e4m3 values, a float32 scale per column and group of `group` rows
+    (one 128x128 block's scale on each of its columns)."""
+    from batonlm.model_runner.quantization.fp8_weight_only import codebook
+
+    g = torch.Generator().manual_seed(seed)
+    table = codebook("F8_E4M3")
+    q = torch.randint(0, 256, (k, n), generator=g)
+    q[q.remainder(128) == 127] = 0  # 0x7F, 0xFF: NaN
+    groups = -(-k // (k if group == -1 else group))
+    scales = (torch.rand(groups, n, generator=g) + 0.05) / 448
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = table.double()[q] * scales.double()[torch.arange(k) // (k if group == -1 else group)]
+    return x, Q.pack_int4(q, 8), scales, table, w
+
+
+@pytest.mark.parametrize("use_triton", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,group", [(1, 48, 256, 128), (3, 33, 200, 128), (5, 40, 256, -1)])
+def test_eight_bit_codes_through_the_fp8_table_equal_float64(use_triton, dtype, m, n, k, group):
+    """8-bit codes with a 256-entry codebook (FP8 weight-only: ModelOpt's FP8_PB_WO): blocks of 128
+    (a partial last one with K = 200; odd N), one group of all K."""
+    x, qweight, scales, table, w = _fp8_table_case(m, n, k, group, dtype, seed=m + k)
+    assert torch.equal(Q.dequantize_int4(qweight, scales, None, group, k, torch.float64, bits=8, codebook=table), w.T)
+    got = Q.int4_dequant_matmul(x, qweight, scales, None, group, bits=8, codebook=table, use_triton=use_triton)
+    assert got.dtype == dtype and got.shape == (m, n)
+    _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(),
+                   (k + 4) * EPS32 + (2.0**-8 if dtype == torch.bfloat16 else 0.0))
+
+
 @pytest.mark.parametrize("use_triton", IMPLS)
 def test_the_codebook_is_read_code_by_code(use_triton):
     """A permuted codebook gives other weights: the kernel reads each code's own entry (the
@@ -180,6 +211,10 @@ def test_gpu_codebook_kernel(m, n, k, group):
         x, qweight, fp8, scale_2, codebook, w = _fp8_case(m, n, k, group, torch.bfloat16, seed=m, divides=divides)
         got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), fp8.cuda(), None, group, codebook=codebook.cuda(),
                                     scale_2=scale_2.cuda(), scale_2_divides=divides)
+        _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
+    if group == 64:  # FP8 weight-only: 8-bit codes through the e4m3 table, blocks of 128
+        x, qweight, scales, table, w = _fp8_table_case(m, n, k, 128, torch.bfloat16, seed=m)
+        got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), scales.cuda(), None, 128, bits=8, codebook=table.cuda())
         _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
     if group == 32:  # MXFP4's E8M0 exponents
         exponents = torch.randint(118, 136, (-(-k // 32), n), generator=torch.Generator().manual_seed(k),

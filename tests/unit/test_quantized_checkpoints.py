@@ -266,7 +266,7 @@ def test_modelopt_fp8_is_the_static_fp8_it_stores(layout: str, tmp_path: Path) -
     else:
         (out / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A8_AWQ"}}))
     with pytest.raises(ValueError, match=r"modelopt quant_algo 'W4A8_AWQ' is not supported \(supported: FP8, "
-                                         r"FP8_PER_CHANNEL_PER_TOKEN, NVFP4, W4A16_NVFP4, MIXED_PRECISION\)"):
+                                         r"FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, W4A16_NVFP4, W8A16, MIXED_PRECISION\)"):
         ModelConfig.from_hf(out)
 
 
@@ -451,7 +451,7 @@ def test_modelopt_mixed_precision_runs_each_layer_as_its_algorithm_says() -> Non
     ids = ref["input_ids"].reshape(-1)
     quant = ModelConfig.from_hf(DATA / "modelopt-mixed").quantization
     assert quant is not None and quant.mixed == ("FP8", "NVFP4")
-    assert quant.description == "modelopt mixed precision (FP8 and NVFP4 layers, activations quantized)"
+    assert quant.description == "modelopt mixed precision (FP8 and NVFP4 layers; activations quantized)"
     runner = _runner(DATA / "modelopt-mixed")
     fp8 = [m for m in runner.model.modules() if isinstance(m, Fp8Linear)]
     packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]

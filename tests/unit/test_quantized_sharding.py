@@ -78,6 +78,9 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("modelopt-w4a16-nvfp4", True, PackedIntLinear),  # ModelOpt's layout of NVFP4: its scale_2 multiplies
     ("modelopt-nvfp4", True, PackedIntLinear),  # ModelOpt's W4A4: its input_scale, ModelOpt's arithmetic
     ("modelopt-mixed", True, Fp8Linear),  # MIXED_PRECISION: static FP8 attention, NVFP4 W4A4 MLP
+    ("modelopt-mixed-pb-wo", True, PackedIntLinear),  # FP8_PB_WO attention (8-bit codes, e4m3 table), NVFP4 MLP
+    ("modelopt-fp8-pb-wo", False, None),  # 128x128 blocks: two ranks' 192 down_proj inputs need it dequantized
+    ("modelopt-w8a16", True, PackedIntLinear),  # int8 weight-only, a scale per row
     ("mxfp4a16", True, PackedIntLinear),  # MXFP4: groups of 32 (two ranks' 192 down_proj inputs: 6 each)  # LLM.int8: a row-parallel rank's slice of a row its own statistic
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64, fbgemm_fp8) -> None:
@@ -150,14 +153,17 @@ def _dense_weight(mod, k: int) -> torch.Tensor:
 
 def test_a_slice_that_would_split_a_block_or_group_is_refused() -> None:
     """128x128 FP8 blocks: two ranks' 64 K/V rows each split a block. int4 groups of 128 over
-    down_proj's 384 input features: two ranks' 192 each split a group."""
+    down_proj's 384 input features: two ranks' 192 each split a group; weight-only FP8 blocks
+    (kept packed as groups of 128 inputs) likewise. (A packed weight-only block's rows each hold
+    its scale: a rank's rows may split it.)"""
     for name, words in (("fp8-block", ["qkv_proj", "k_proj", "FP8 128x128 blocks", "--tp"]),
-                        ("w4a16", ["down_proj", "groups of 128 rows", "--tp"])):
+                        ("w4a16", ["down_proj", "groups of 128 rows", "--tp"]),
+                        ("modelopt-fp8-pb-wo", ["down_proj", "groups of 128 rows", "--tp"])):
         cfg = ModelConfig.from_hf(DATA / name)
         with pytest.raises(QuantizationError) as e:
             load_model(cfg, torch.float32, "cpu", shard=tp_layout(cfg, 1, 2), resident=True)
         for word in words:
             assert word in str(e.value), (word, str(e.value))
         # Dequantized on load any slice is exact: the weight-only format loads.
-        if name == "w4a16":
+        if name != "fp8-block":
             load_model(cfg, torch.float32, "cpu", shard=tp_layout(cfg, 1, 2), resident=False)

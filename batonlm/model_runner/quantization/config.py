@@ -76,7 +76,12 @@ class QuantConfig:
         if self.method == "fbgemm_fp8":
             return f"fbgemm_fp8 (per channel, dynamic activations, amax capped at {self.act_amax_ub:g})"
         if self.mixed:
-            return f"modelopt mixed precision ({' and '.join(self.mixed)} layers, activations quantized)"
+            quantized = "FP8_PB_WO weight-only, the others' activations quantized" if "FP8_PB_WO" in self.mixed \
+                else "activations quantized"
+            return f"modelopt mixed precision ({' and '.join(self.mixed)} layers; {quantized})"
+        if self.method == "modelopt" and self.act_quant == "none" and not self.fp4:
+            return "modelopt int8 (per channel, weight-only)" if self.bits == 8 else \
+                "modelopt fp8 (128x128 blocks, weight-only)"
         if self.method == "modelopt" and not self.fp4:
             return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
                                       else "(per channel, dynamic activations)")
@@ -301,8 +306,8 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
     return (kinds.pop() if kinds else "none"), symmetric.pop() if symmetric else True
 
 
-_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_NVFP4", "MIXED_PRECISION")
-_MODELOPT_MIXED = ("FP8", "NVFP4")  # the per-layer algorithms of MIXED_PRECISION batonlm runs
+_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "W8A16", "MIXED_PRECISION")
+_MODELOPT_MIXED = ("FP8", "FP8_PB_WO", "NVFP4")  # the per-layer algorithms of MIXED_PRECISION batonlm runs
 
 
 def _modelopt_algo(qc: dict[str, Any]) -> str:
@@ -318,9 +323,11 @@ def _modelopt(qc: dict[str, Any]) -> QuantConfig:
     weight with one scale per tensor and a static activation scale per layer (`input_scale`), the
     tensors AutoFP8 writes too; FP8_PER_CHANNEL_PER_TOKEN: a scale per output channel and dynamic
     per-token activations. NVFP4: FP4 weights (`nvfp4.py`) and FP4 activations with each layer's
-    calibrated `input_scale` (W4A4, kernels/fp4.py); W4A16_NVFP4: the weights only;
-    MIXED_PRECISION (`mtq.auto_quantize`'s export): FP8 and NVFP4 layers as `quantized_layers`
-    lists them, each read as its tensors say. Layers it excludes are stored in float."""
+    calibrated `input_scale` (W4A4, kernels/fp4.py); W4A16_NVFP4: the weights only; FP8_PB_WO:
+    FP8 weights with a scale per 128x128 block, float activations (fp8_weight_only.py); W8A16:
+    int8 weights with a scale per output channel, float activations; MIXED_PRECISION
+    (`mtq.auto_quantize`'s export): FP8, FP8_PB_WO and NVFP4 layers as `quantized_layers` lists
+    them, each read as its tensors say. Layers it excludes are stored in float."""
     algo = _modelopt_algo(qc)
     if algo.upper() not in _MODELOPT_ALGOS:
         raise QuantizationError(f"modelopt quant_algo {algo!r} is not supported (supported: "
@@ -333,6 +340,8 @@ def _modelopt(qc: dict[str, Any]) -> QuantConfig:
     if algo in ("NVFP4", "W4A16_NVFP4"):
         _check_nvfp4_group(algo, inner)
         return QuantConfig("modelopt", group_size=16, act_quant="fp4" if algo == "NVFP4" else "none", fp4="NVFP4")
+    if algo in ("FP8_PB_WO", "W8A16"):
+        return QuantConfig("modelopt", bits=8 if algo == "W8A16" else 0, act_quant="none")
     return QuantConfig("modelopt", activation_scheme="static" if algo == "FP8" else "dynamic", act_quant="fp8")
 
 
@@ -344,7 +353,8 @@ def _check_nvfp4_group(what: str, qc: dict[str, Any]) -> None:
 
 def _modelopt_mixed(qc: dict[str, Any]) -> QuantConfig:
     """MIXED_PRECISION: each layer's algorithm in `quantized_layers`; FP8 (static activation
-    scales) and NVFP4 (FP4 activations) layers, their activations quantized as each says."""
+    scales), FP8_PB_WO (weight-only, blocks) and NVFP4 (FP4 activations) layers, their activations
+    quantized as each says."""
     layers = qc.get("quantized_layers")
     if not isinstance(layers, dict) or not layers:
         raise QuantizationError("modelopt MIXED_PRECISION quantized_layers is missing or empty")

@@ -3,7 +3,9 @@
 A quantized linear layer is stored as several tensors under its module name (its prefix):
 - fp8 (transformers' FineGrainedFP8 / DeepSeek-V3, Qwen3-FP8; older per-tensor FP8): `weight`
   (float8) and `weight_scale_inv` (one per block of `weight_block_size`) or `weight_scale`
-  (one per tensor); W = weight * scale of its block.
+  (one per tensor); W = weight * scale of its block. FP8 weights whose inputs stay float
+  (ModelOpt's FP8_PB_WO, compressed-tensors without input activations) are `fp8wo`
+  (`fp8_weight_only.py`: 8-bit codes through the FP8 table, as the packed layers run them).
 - compressed-tensors (llm-compressor): `weight` (float8 or int8) with `weight_scale` (per tensor
   [1], per channel [N, 1], per group [N, K/G] or per block) and an optional `weight_zero_point`;
   or, pack-quantized, `weight_packed` (int32 [N, K/8] or [N, K/4]: 8 4-bit or 4 8-bit values along
@@ -17,7 +19,7 @@ A quantized linear layer is stored as several tensors under its module name (its
   lowest bits), `qzeros` int32 [K/G, N/8] (packed along N; `checkpoint_format` gptq stores
   zero - 1), `scales` [K/G, N], `g_idx` [K] (each input row's group). W^T = (q - zero) * scale.
 - AWQ (AutoAWQ, GEMM): `qweight` int32 [K, N/8] and `qzeros` int32 [K/G, N/8], both packed along
-  N in AWQ's interleaved order (the j-th value of a word is column `_AWQ_ORDER[j]` of its 8),
+  N in AWQ's interleaved order (the j-th value of a word is column `AWQ_ORDER[j]` of its 8),
   `scales` [K/G, N]. W^T = (q - zero) * scale.
 - bitsandbytes (`bnb.py`): 4-bit (NF4 / FP4), `weight` packed two codes a byte with its quant
   state, W = codebook[q] * scale of its block (a row's blocks of `blocksize` inputs are groups,
@@ -39,20 +41,19 @@ from dataclasses import dataclass
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
-from batonlm.model_runner.quantization import bnb, mxfp4, nvfp4
+from batonlm.model_runner.quantization import bnb, fp8_weight_only, mxfp4, nvfp4
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
-from batonlm.model_runner.quantization.int_weights import IntWeights
+from batonlm.model_runner.quantization.int_weights import IntWeights, awq_columns, unpack_words
 
-# AWQ's interleave: value j of a packed word is column _AWQ_ORDER[j] of its group of 8.
-_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _ACTIVATION_PARAMS = ("input_scale", "input_zero_point")
 _FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 
 
 @dataclass(frozen=True)
 class QuantizedLinear:
-    """One quantized layer: its module name, its storage (fp8, int: an unpacked integer weight
-    with scales, packed: compressed-tensors' packed int, gptq, awq), the checkpoint tensors it
+    """One quantized layer: its module name, its storage (fp8, fp8wo: FP8 weight-only, int: an
+    unpacked integer weight with scales, packed: compressed-tensors' packed int, gptq, awq, bnb4,
+    bnb8, nvfp4, mxfp4), the checkpoint tensors it
     consumes, and its float weight's shape [N, K]."""
 
     prefix: str
@@ -124,6 +125,8 @@ def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: Qu
         scale = p + "weight_scale_inv" if p + "weight_scale_inv" in names else p + "weight_scale"
         members = [name, scale] + [m for m in (p + "weight_zero_point", p + "weight_g_idx") if m in names]
         rows, cols = ckpt.shape(name)
+        if storage == "fp8" and fp8_weight_only.weight_only(ckpt, names, prefix, scale, quant, rows):
+            storage = "fp8wo"  # its inputs stay float (W8A16): 8-bit codes through the FP8 table
         return QuantizedLinear(prefix, storage, _with_activation_params(names, prefix, members), (rows, cols))
     return None
 
@@ -161,6 +164,8 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
         size = -(-k // num_groups)
         groups = _group_index(ckpt, p + "weight_g_idx", lin, k, num_groups, size)
         return 8, size if torch.equal(groups, torch.arange(k) // size) else None, num_groups
+    if lin.storage == "fp8wo":
+        return fp8_weight_only.layout(ckpt, lin.members[1], lin.shape, quant)
     if lin.storage in ("nvfp4", "mxfp4"):
         size = nvfp4.GROUP if lin.storage == "nvfp4" else mxfp4.GROUP
         return 4, size, -(-k // size)
@@ -236,8 +241,8 @@ def _gptq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeig
 def _awq(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
     p = f"{lin.prefix}."
     n, k = lin.shape
-    q = _awq_columns(unpack_words(ckpt.get(p + "qweight"), 4, dim=1))[:, :n]  # [K, N]
-    zeros = _awq_columns(unpack_words(ckpt.get(p + "qzeros"), 4, dim=1))[:, :n]
+    q = awq_columns(unpack_words(ckpt.get(p + "qweight"), 4, dim=1))[:, :n]  # [K, N]
+    zeros = awq_columns(unpack_words(ckpt.get(p + "qzeros"), 4, dim=1))[:, :n]
     scales = ckpt.get(p + "scales").to(torch.float32)
     groups = _group_index(ckpt, None, lin, k, scales.shape[0], quant.group_size)
     return IntWeights(q, zeros, scales, groups, 4)
@@ -294,16 +299,22 @@ def _mxfp4_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> I
     return mxfp4.int_weights(ckpt, lin.prefix, lin.shape)
 
 
+def _fp8_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
+    return fp8_weight_only.int_weights(ckpt, lin.prefix, lin.members[1], lin.shape, quant)
+
+
 def codebook_of(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor | None:
-    """A layer's codebook (bitsandbytes' `quant_map`, NVFP4's E2M1 values), or None: its codes
-    are integers."""
+    """A layer's codebook (bitsandbytes' `quant_map`, NVFP4's E2M1 values, weight-only FP8's
+    values), or None: its codes are integers."""
+    if lin.storage == "fp8wo":
+        return fp8_weight_only.codebook(ckpt.dtype(lin.members[0]))
     if lin.storage in ("nvfp4", "mxfp4"):
         return nvfp4.CODEBOOK
     return ckpt.get(f"{lin.prefix}.weight.quant_map").to(torch.float32) if lin.storage == "bnb4" else None
 
 
 _INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq, "int": _int8, "bnb4": _bnb4_ints, "nvfp4": _nvfp4_ints,
-                "mxfp4": _mxfp4_ints}
+                "mxfp4": _mxfp4_ints, "fp8wo": _fp8_ints}
 
 
 def _int_dense(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
@@ -324,29 +335,7 @@ def _bnb8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.T
 
 
 _DEQUANTIZE = {"fp8": _scaled, "int": _int_scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense,
-               "bnb4": _bnb4, "bnb8": _bnb8, "nvfp4": _int_dense, "mxfp4": _int_dense}
-
-
-def unpack_words(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
-    """int32 words of 32 / bits unsigned values each (the first in the lowest bits) unpacked
-    along `dim`: [.., W, ..] -> [.., W * 32 / bits, ..] int32."""
-    per_word = 32 // bits
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
-    words = packed.to(torch.int32).unsqueeze(dim + 1)  # a new axis after `dim` for the values
-    view = [1] * words.dim()
-    view[dim + 1] = per_word
-    values = (words >> shifts.view(view)) & ((1 << bits) - 1)
-    shape = list(packed.shape)
-    shape[dim] *= per_word
-    return values.reshape(shape)
-
-
-def _awq_columns(values: torch.Tensor) -> torch.Tensor:
-    """Columns unpacked in AWQ's interleaved order put back in order: column c of each group of 8
-    is value _AWQ_ORDER.index(c) of its word."""
-    rows, cols = values.shape
-    inverse = torch.tensor([_AWQ_ORDER.index(c) for c in range(8)])
-    return values.view(rows, cols // 8, 8)[:, :, inverse].reshape(rows, cols)
+               "bnb4": _bnb4, "bnb8": _bnb8, "nvfp4": _int_dense, "mxfp4": _int_dense, "fp8wo": _int_dense}
 
 
 def _group_index(

@@ -108,17 +108,18 @@ def make_resident(
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
-        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4"} | weight_only_int8(quant):  # weight-only, 4 or 8 bits
-            group = int4_group(ckpt, module_name, sources, quant)
+        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo"} | weight_only_int8(quant):
+            group = int4_group(ckpt, module_name, sources, quant)  # weight-only, 4 or 8 bits (or W4A4)
             books = [codebook_of(ckpt, lin) for lin, _ in sources]
+            w4a4 = quant.act_quant == "fp4" and storages == {"nvfp4"}
             if group is None or not same_codebook(books):
-                if quant.act_quant == "fp4":  # dequantized, its activations would not be quantized
+                if w4a4:  # dequantized, its activations would not be quantized
                     raise QuantizationError(f"{module_name}: its NVFP4 layers cannot be fused into one packed "
                                             "layer (different widths or groups); W4A4 layers run packed only")
                 kept.add(module_name)
                 continue
             bits, _, num_groups = int_layout(ckpt, sources[0][0], quant)
-            fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
+            fp4_input = nvfp4.layout(sources[0][0].members) if w4a4 else ""
             if fp4_input:
                 _check_fp4_input_scales(ckpt, module_name, sources)
             # the FP4 formats' group scales kept as they store them (1 byte a group, not float32's 4)
@@ -163,11 +164,12 @@ def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tu
 
 def same_codebook(books: list[torch.Tensor | None]) -> bool:
     """A fused projection's layers all integer, or all with one codebook (bitsandbytes' NF4 or FP4
-    table: every layer of a checkpoint has the same)."""
+    table: every layer of a checkpoint has the same; FP8's, with its NaN codes)."""
     first = books[0]
     if first is None:
         return all(b is None for b in books)
-    return all(b is not None and torch.equal(b, first) for b in books)
+    return all(b is not None and b.shape == first.shape and bool(b.isclose(first, 0, 0, equal_nan=True).all())
+               for b in books)
 
 
 def per_channel_scale(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:

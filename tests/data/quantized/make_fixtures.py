@@ -222,6 +222,11 @@ MODELOPT_FIXTURES = {
     "modelopt-mixed": "NVFP4_DEFAULT_CFG, self_attn in FP8_DEFAULT_CFG's format",
     # a tiny Qwen3-MoE (MOE_CONFIG), its experts NVFP4 W4A4 as nvidia's *-FP4 MoE repositories
     "modelopt-nvfp4-moe": "NVFP4_DEFAULT_CFG",
+    "modelopt-fp8-pb-wo": "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG",  # FP8 weights per 128x128 block, float activations
+    "modelopt-w8a16": "INT8_WEIGHT_ONLY_CFG",  # int8 weights per output channel, float activations
+    # MIXED_PRECISION with weight-only FP8 blocks beside NVFP4 (as nvidia's NVFP4 releases keep some
+    # layers, e.g. their MTP layers, in FP8_PB_WO): the attention projections FP8 per 128x128 block
+    "modelopt-mixed-pb-wo": "NVFP4_DEFAULT_CFG, self_attn in FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG's format",
 }
 # The MoE fixture's source: layer 0 a dense MLP, layer 1 eight experts of 64 features, top 3.
 MOE_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_experts=8,
@@ -256,6 +261,10 @@ def modelopt_config(name: str) -> dict:
         fp8 = {"num_bits": (4, 3), "axis": None}
         cfg["quant_cfg"] = list(cfg["quant_cfg"]) + [{"quantizer_name": "*self_attn*weight_quantizer", "cfg": fp8},
                                                      {"quantizer_name": "*self_attn*input_quantizer", "cfg": fp8}]
+    if name == "modelopt-mixed-pb-wo":
+        blocks = {"num_bits": (4, 3), "axis": None, "block_sizes": {-1: 128, -2: 128}}
+        cfg["quant_cfg"] = list(cfg["quant_cfg"]) + [{"quantizer_name": "*self_attn*weight_quantizer", "cfg": blocks},
+                                                     {"quantizer_name": "*self_attn*input_quantizer", "enable": False}]
     return cfg
 
 

@@ -108,15 +108,26 @@ def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Ten
 def dequantize_modelopt(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """ModelOpt NVFP4 (`weight` uint8 two E2M1 codes a byte, float8 `weight_scale` per 16 inputs,
     float32 `weight_scale_2`): read by ModelOpt's `NVFP4QTensor.dequantize`, W = value * (scale *
-    scale_2); FP8 (a float8 `weight`, its `weight_scale` per tensor) by `FP8QTensor.dequantize`."""
+    scale_2); FP8 (a float8 `weight`, its `weight_scale` per tensor, or per 128x128 block:
+    FP8_PB_WO, its [N/128, 1, K/128, 1] scale as the [N/128, K/128] one it was) by
+    `FP8QTensor.dequantize`; int8 (W8A16: a `weight_scale` per output row) by
+    `INT8QTensor.dequantize`, the scale as a column."""
     from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
+    from modelopt.torch.quantization.qtensor.int8_tensor import INT8QTensor
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
     deq = {}
     for k in t:
         if k.endswith(".weight") and t[k].dtype == torch.float8_e4m3fn:
+            scale = t[k + "_scale"].float()
+            blocks = {}
+            if scale.dim() == 4:
+                scale, blocks = scale.reshape(scale.shape[0], scale.shape[2]), {"block_sizes": {-1: 128, -2: 128}}
             deq[k] = FP8QTensor(t[k].shape, torch.float32, t[k]).dequantize(
-                dtype=torch.float32, scale=t[k + "_scale"].float()).float()
+                dtype=torch.float32, scale=scale, **blocks).float()
+        if k.endswith(".weight") and t[k].dtype == torch.int8 and k + "_scale" in t:
+            deq[k] = INT8QTensor(t[k].shape, torch.float32, t[k]).dequantize(
+                dtype=torch.float32, scale=t[k + "_scale"].float().reshape(-1, 1)).float()
         if k.endswith(".weight_scale_2"):
             p = k.removesuffix("_scale_2")
             packed = t[p]
@@ -430,7 +441,8 @@ def add_modelopt_fp8_activation_quant(model, tensors: dict[str, torch.Tensor]) -
     from modelopt.torch.quantization.tensor_quant import fp8_eager
 
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and tensors.get(name + ".weight", torch.empty(0)).dtype == torch.float8_e4m3fn:
+        if isinstance(mod, torch.nn.Linear) and name + ".input_scale" in tensors and \
+                tensors[name + ".weight"].dtype == torch.float8_e4m3fn:
             amax = tensors[name + ".input_scale"].float() * 448.0
 
             def hook(mod, inputs, amax=amax):
@@ -446,7 +458,8 @@ def modelopt_reference(d: Path, name: str, ids: torch.Tensor, write: bool) -> No
     model = dequantized_model(d)
     tensors = load_tensors(d)
     w4a4 = any(k.endswith(".input_scale") and k.replace("input_scale", "weight_scale_2") in tensors for k in tensors)
-    fp8 = any(v.dtype == torch.float8_e4m3fn and k.endswith(".weight") for k, v in tensors.items())
+    fp8 = any(v.dtype == torch.float8_e4m3fn and k.endswith(".weight") and k.replace(".weight", ".input_scale") in tensors
+              for k, v in tensors.items())
     meaning = "ModelOpt's dequantized fp32 weights" + (" + its NVFP4 activation fake quantization" if w4a4 else "") + (
         " + its FP8 activation fake quantization (static)" if fp8 else "")
     if w4a4:
