@@ -70,7 +70,7 @@ KERNELS = [
           (False, False, 4, False, False), (False, True, 4, False, False), (False, False, 8, False, False),
           (False, True, 8, False, False), (True, False, 4, True, False), (False, False, 4, True, False),
           (False, False, 4, True, 1), (True, False, 4, True, 2), (False, False, 4, True, 3),
-          (False, False, 8, True, False))),  # FP8 weight-only: 8-bit codes through the e4m3 table
+          (False, False, 8, True, False), (False, False, 8, True, 3))),  # FP8 codes through the e4m3 table (MXFP8: E8M0)
     *((_triton_int8._quant_int8_kernel,
        dict(x_ptr="*bf16", q_ptr="*i8", s_ptr=F32, z_ptr=I32, K="i32", stride_xm="i32", stride_qm="i32",
             stride_s="i32", half_range="fp32", min_scale="fp32"),

@@ -167,6 +167,21 @@ def test_eight_bit_codes_through_the_fp8_table_equal_float64(use_triton, dtype, 
 
 
 @pytest.mark.parametrize("use_triton", IMPLS)
+@pytest.mark.parametrize("m,n,k", [(1, 48, 256), (5, 33, 200)])
+def test_mxfp8_weights_eight_bit_codes_with_e8m0_exponents(use_triton, m, n, k):
+    """MXFP8 kept packed: the FP8 table's 8-bit codes with a uint8 E8M0 exponent per 32 inputs
+    (2^(e - 127), exact), the last group partial with K = 200."""
+    x, qweight, _, table, _ = _fp8_table_case(m, n, k, 32, torch.float32, seed=m + k)
+    exponents = torch.randint(118, 136, (-(-k // 32), n), generator=torch.Generator().manual_seed(n), dtype=torch.uint8)
+    q = Q.unpack_int4(qweight, k, 8).long()
+    w = table.double()[q] * torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64),
+                                        exponents.long() - 127)[torch.arange(k) // 32]
+    assert torch.equal(Q.dequantize_int4(qweight, exponents, None, 32, k, torch.float64, bits=8, codebook=table), w.T)
+    got = Q.int4_dequant_matmul(x, qweight, exponents, None, 32, bits=8, codebook=table, use_triton=use_triton)
+    _assert_within(got, x.double() @ w, x.double().abs() @ w.abs(), (k + 4) * EPS32)
+
+
+@pytest.mark.parametrize("use_triton", IMPLS)
 def test_the_codebook_is_read_code_by_code(use_triton):
     """A permuted codebook gives other weights: the kernel reads each code's own entry (the
     integer meaning (q - 8) * s, or a fixed table, would not notice)."""
@@ -215,6 +230,15 @@ def test_gpu_codebook_kernel(m, n, k, group):
     if group == 64:  # FP8 weight-only: 8-bit codes through the e4m3 table, blocks of 128
         x, qweight, scales, table, w = _fp8_table_case(m, n, k, 128, torch.bfloat16, seed=m)
         got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), scales.cuda(), None, 128, bits=8, codebook=table.cuda())
+        _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
+        # MXFP8: the same codes with E8M0 exponents per 32
+        exponents = torch.randint(118, 136, (-(-k // 32), n), generator=torch.Generator().manual_seed(k),
+                                  dtype=torch.uint8)
+        q = Q.unpack_int4(qweight, k, 8).long()
+        w = table.double()[q] * torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64),
+                                            exponents.long() - 127)[torch.arange(k) // 32]
+        got = Q.int4_dequant_matmul(x.cuda(), qweight.cuda(), exponents.cuda(), None, 32, bits=8,
+                                    codebook=table.cuda())
         _assert_within(got.cpu(), x.double() @ w, x.double().abs() @ w.abs(), 2.0**-8 + (k + 4) * EPS32)
     if group == 32:  # MXFP4's E8M0 exponents
         exponents = torch.randint(118, 136, (-(-k // 32), n), generator=torch.Generator().manual_seed(k),

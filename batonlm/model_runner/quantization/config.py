@@ -1,8 +1,9 @@
 """Which quantization a checkpoint's weights are in: its `quantization_config` read and checked
 against `--quantization`, once, at start-up.
 
-`QuantConfig` is what the loader needs of it (`quantization/formats.py` reads the tensors): the
-method, and per method the few fields that decide how a weight is stored. A config batonlm
+`QuantConfig` (quant_config.py) is what the loader needs of it (`quantization/formats.py` reads
+the tensors): the method, and per method the few fields that decide how a weight is stored.
+ModelOpt's configs are read in modelopt_config.py. A config batonlm
 cannot load raises `QuantizationError` naming the method, the field and what is supported.
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from batonlm.model_runner.quantization.modelopt_config import modelopt_algo, read_modelopt
+from batonlm.model_runner.quantization.quant_config import QuantConfig, QuantizationError
 
 logger = logging.getLogger(__name__)
 
@@ -20,76 +23,6 @@ logger = logging.getLogger(__name__)
 QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "modelopt", "bitsandbytes", "fbgemm_fp8")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 _FP8_SCHEMES = ("static", "dynamic")
-
-
-class QuantizationError(ValueError):
-    """A quantization config batonlm cannot load (or one the flag contradicts)."""
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    """One checkpoint's quantization. `method`: one of QUANTIZATION_METHODS. `online`: the
-    checkpoint is not quantized; its linear weights are rounded to FP8 on load (`--quantization
-    fp8` on a float checkpoint). `bits`/`group_size`: the integer formats' (GPTQ, AWQ;
-    compressed-tensors states them per tensor group, and its tensors say the rest). `sym`: GPTQ's
-    symmetric zeros. `checkpoint_format`: GPTQ's zero convention (`gptq`: stored zero = zero - 1,
-    the v1 format AutoGPTQ and GPTQModel write; `gptq_v2`: stored as is). `block`: FP8's
-    `weight_block_size`. `activation_scheme`: FP8's (static: the checkpoint's `input_scale`;
-    dynamic: per token). `act_quant`: what W8A8 layers quantize their inputs to, "fp8" or "int8"
-    ("none": weight-only); such layers stay quantized on every device, so the outputs are the
-    checkpoint's (transformers'). `act_symmetric`: False where int8 activations have a zero
-    point (compressed-tensors' `symmetric: false`: per token, or the checkpoint's
-    `input_zero_point`). `llm_int8_threshold`: bitsandbytes 8-bit's (LLM.int8) outlier threshold,
-    activations at least this large multiplied in float (0: none). `act_amax_ub`: FBGEMM FP8's
-    `activation_scale_ub`, a token's amax capped at it before its scale is taken (None: not capped).
-    Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
-    of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
-
-    method: str
-    online: bool = False
-    bits: int = 0
-    group_size: int = -1
-    sym: bool = True
-    checkpoint_format: str = "gptq"
-    block: tuple[int, int] | None = None
-    activation_scheme: str = "dynamic"
-    act_quant: str = "none"  # "fp8" / "int8" / "fp4": the checkpoint's layers quantize their inputs (W8A8, NVFP4)
-    act_symmetric: bool = True
-    llm_int8_threshold: float = 0.0
-    fp4: str = ""  # the FP4 weight format, "NVFP4" or "MXFP4" (compressed-tensors'; ModelOpt's NVFP4)
-    mixed: tuple[str, ...] = ()  # ModelOpt's MIXED_PRECISION: its layers' algorithms (each layer's tensors say which)
-    act_amax_ub: float | None = None
-
-    @property
-    def description(self) -> str:
-        if self.online:
-            return "fp8 (online, from the float checkpoint)"
-        if self.method in ("gptq", "awq"):
-            return f"{self.method} int{self.bits} (group {self.group_size}{'' if self.sym else ', asymmetric'})"
-        if self.method == "fp8":
-            static = ", static activation scales" if self.activation_scheme == "static" else ""
-            return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
-        if self.method == "bitsandbytes":
-            if self.bits == 8:
-                return f"bitsandbytes 8-bit (LLM.int8: int8 activations, outliers from {self.llm_int8_threshold:g} in float)"
-            return "bitsandbytes 4-bit"
-        if self.method == "fbgemm_fp8":
-            return f"fbgemm_fp8 (per channel, dynamic activations, amax capped at {self.act_amax_ub:g})"
-        if self.mixed:
-            quantized = "FP8_PB_WO weight-only, the others' activations quantized" if "FP8_PB_WO" in self.mixed \
-                else "activations quantized"
-            return f"modelopt mixed precision ({' and '.join(self.mixed)} layers; {quantized})"
-        if self.method == "modelopt" and self.act_quant == "none" and not self.fp4:
-            return "modelopt int8 (per channel, weight-only)" if self.bits == 8 else \
-                "modelopt fp8 (128x128 blocks, weight-only)"
-        if self.method == "modelopt" and not self.fp4:
-            return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
-                                      else "(per channel, dynamic activations)")
-        asym = "" if self.act_symmetric else "asymmetric "
-        if self.fp4:
-            return self.method + (f" ({self.fp4} weights and activations)" if self.act_quant == "fp4"
-                                  else f" ({self.fp4} weights)")
-        return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
 
 
 # Where AutoGPTQ, AutoAWQ and GPTQModel write the quantization config beside the weights (older
@@ -136,7 +69,7 @@ def resolve_quantization(raw: dict[str, Any], flag: str = "auto") -> QuantConfig
     if flag not in QUANTIZATION_CHOICES:
         raise QuantizationError(f"--quantization {flag!r} is not one of {', '.join(QUANTIZATION_CHOICES)}")
     qc = raw.get("quantization_config")
-    if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "modelopt" and not _modelopt_algo(qc):
+    if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "modelopt" and not modelopt_algo(qc):
         qc = None  # ModelOpt's KV-cache-only config (no quant_algo): float weights, KV scales beside them
     if qc is None:
         if flag == "fp8":
@@ -224,7 +157,7 @@ def _awq(qc: dict[str, Any]) -> QuantConfig:
 def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
     fmt = str(qc.get("format", ""))
     supported = ("float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "nvfp4-pack-quantized",
-                 "mxfp4-pack-quantized", "mixed-precision")
+                 "mxfp4-pack-quantized", "mxfp8-quantized", "mixed-precision")
     if fmt not in supported:
         raise QuantizationError(f"compressed-tensors quantization_config.format {fmt!r} is not supported "
                                 f"(supported: {', '.join(supported)})")
@@ -268,7 +201,8 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
 
 
 def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
-    """What the config groups quantize activations to, "fp8", "int8" (per token dynamically or
+    """What the config groups quantize activations to, "fp8", "mxfp8" (per 32 inputs with E8M0
+    scales, kernels/mxfp8.py), "int8" (per token dynamically or
     per tensor statically, symmetric or with zero points: what the int8 kernels run) or "none",
     and whether symmetrically. Other int8 activation schemes run unquantized (W8A16), with a
     warning."""
@@ -285,7 +219,14 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
                                         "tensor_group of 16, dynamic 'local' with a calibrated global scale)")
             kinds.add("fp4")
             continue
-        if acts.get("type") == "float":
+        if acts.get("type") == "float" and str(acts.get("scale_dtype")).removeprefix("torch.") == "uint8":
+            if (acts.get("num_bits"), acts.get("strategy"), acts.get("group_size")) != (8, "group", 32):
+                raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float "
+                                        f"{acts.get('num_bits')}-bit activations with E8M0 scales per "
+                                        f"{acts.get('strategy')} of {acts.get('group_size')} are not supported "
+                                        "(supported: MXFP8's, 8-bit per group of 32)")
+            kinds.add("mxfp8")
+        elif acts.get("type") == "float":
             kinds.add("fp8")
         elif acts.get("type") == "int" and acts.get("num_bits") == 8:
             scheme = (acts.get("strategy"), bool(acts.get("dynamic")))
@@ -304,72 +245,6 @@ def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
         raise QuantizationError("compressed-tensors config_groups quantize int8 activations both symmetrically and "
                                 "asymmetrically (input_activations.symmetric); one kind per checkpoint is supported")
     return (kinds.pop() if kinds else "none"), symmetric.pop() if symmetric else True
-
-
-_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "W8A16", "MIXED_PRECISION")
-_MODELOPT_MIXED = ("FP8", "FP8_PB_WO", "NVFP4")  # the per-layer algorithms of MIXED_PRECISION batonlm runs
-
-
-def _modelopt_algo(qc: dict[str, Any]) -> str:
-    """A ModelOpt config's weight `quant_algo` ("" when it quantizes the KV cache only)."""
-    nested = qc.get("quantization")
-    inner: dict[str, Any] = nested if isinstance(nested, dict) else qc
-    return str(inner.get("quant_algo") or "")
-
-
-def _modelopt(qc: dict[str, Any]) -> QuantConfig:
-    """NVIDIA ModelOpt (TensorRT Model Optimizer): its `quant_algo` in config.json's
-    quantization_config, or under `quantization` (hf_quant_config.json's layout). FP8: an FP8
-    weight with one scale per tensor and a static activation scale per layer (`input_scale`), the
-    tensors AutoFP8 writes too; FP8_PER_CHANNEL_PER_TOKEN: a scale per output channel and dynamic
-    per-token activations. NVFP4: FP4 weights (`nvfp4.py`) and FP4 activations with each layer's
-    calibrated `input_scale` (W4A4, kernels/fp4.py); W4A16_NVFP4: the weights only; FP8_PB_WO:
-    FP8 weights with a scale per 128x128 block, float activations (fp8_weight_only.py); W8A16:
-    int8 weights with a scale per output channel, float activations; MIXED_PRECISION
-    (`mtq.auto_quantize`'s export): FP8, FP8_PB_WO and NVFP4 layers as `quantized_layers` lists
-    them, each read as its tensors say. Layers it excludes are stored in float."""
-    algo = _modelopt_algo(qc)
-    if algo.upper() not in _MODELOPT_ALGOS:
-        raise QuantizationError(f"modelopt quant_algo {algo!r} is not supported (supported: "
-                                f"{', '.join(_MODELOPT_ALGOS)})")
-    algo = algo.upper()
-    nested = qc.get("quantization")
-    inner: dict[str, Any] = nested if isinstance(nested, dict) else qc
-    if algo == "MIXED_PRECISION":
-        return _modelopt_mixed(inner)
-    if algo in ("NVFP4", "W4A16_NVFP4"):
-        _check_nvfp4_group(algo, inner)
-        return QuantConfig("modelopt", group_size=16, act_quant="fp4" if algo == "NVFP4" else "none", fp4="NVFP4")
-    if algo in ("FP8_PB_WO", "W8A16"):
-        return QuantConfig("modelopt", bits=8 if algo == "W8A16" else 0, act_quant="none")
-    return QuantConfig("modelopt", activation_scheme="static" if algo == "FP8" else "dynamic", act_quant="fp8")
-
-
-def _check_nvfp4_group(what: str, qc: dict[str, Any]) -> None:
-    group = qc.get("group_size", 16)
-    if group != 16:
-        raise QuantizationError(f"modelopt {what} group_size {group!r} is not supported (supported: 16)")
-
-
-def _modelopt_mixed(qc: dict[str, Any]) -> QuantConfig:
-    """MIXED_PRECISION: each layer's algorithm in `quantized_layers`; FP8 (static activation
-    scales), FP8_PB_WO (weight-only, blocks) and NVFP4 (FP4 activations) layers, their activations
-    quantized as each says."""
-    layers = qc.get("quantized_layers")
-    if not isinstance(layers, dict) or not layers:
-        raise QuantizationError("modelopt MIXED_PRECISION quantized_layers is missing or empty")
-    algos = set()
-    for name, layer in layers.items():
-        algo = str(layer.get("quant_algo", "") if isinstance(layer, dict) else "").upper()
-        if algo not in _MODELOPT_MIXED:
-            raise QuantizationError(f"modelopt MIXED_PRECISION quantized_layers.{name}.quant_algo {algo!r} is not "
-                                    f"supported (supported: {', '.join(_MODELOPT_MIXED)})")
-        if algo == "NVFP4":
-            _check_nvfp4_group(f"MIXED_PRECISION quantized_layers.{name}", layer)
-        algos.add(algo)
-    fp4 = "NVFP4" in algos
-    return QuantConfig("modelopt", group_size=16 if fp4 else -1, activation_scheme="static",
-                       act_quant="fp4" if fp4 else "fp8", fp4="NVFP4" if fp4 else "", mixed=tuple(sorted(algos)))
 
 
 def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:
@@ -395,5 +270,5 @@ def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:
     return QuantConfig("bitsandbytes", bits=4)
 
 
-_READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors, "modelopt": _modelopt,
+_READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors, "modelopt": read_modelopt,
             "bitsandbytes": _bitsandbytes, "fbgemm_fp8": _fbgemm_fp8}

@@ -5,7 +5,8 @@ A quantized linear layer is stored as several tensors under its module name (its
   (float8) and `weight_scale_inv` (one per block of `weight_block_size`) or `weight_scale`
   (one per tensor); W = weight * scale of its block. FP8 weights whose inputs stay float
   (ModelOpt's FP8_PB_WO, compressed-tensors without input activations) are `fp8wo`
-  (`fp8_weight_only.py`: 8-bit codes through the FP8 table, as the packed layers run them).
+  (`fp8_weight_only.py`: 8-bit codes through the FP8 table, as the packed layers run them);
+  with uint8 E8M0 exponents per 32 inputs as `weight_scale`, MXFP8 (`mxfp8.py`).
 - compressed-tensors (llm-compressor): `weight` (float8 or int8) with `weight_scale` (per tensor
   [1], per channel [N, 1], per group [N, K/G] or per block) and an optional `weight_zero_point`;
   or, pack-quantized, `weight_packed` (int32 [N, K/8] or [N, K/4]: 8 4-bit or 4 8-bit values along
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
-from batonlm.model_runner.quantization import bnb, fp8_weight_only, mxfp4, nvfp4
+from batonlm.model_runner.quantization import bnb, fp8_weight_only, mxfp4, mxfp8, nvfp4
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.int_weights import IntWeights, awq_columns, unpack_words
 
@@ -53,7 +54,7 @@ _FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 class QuantizedLinear:
     """One quantized layer: its module name, its storage (fp8, fp8wo: FP8 weight-only, int: an
     unpacked integer weight with scales, packed: compressed-tensors' packed int, gptq, awq, bnb4,
-    bnb8, nvfp4, mxfp4), the checkpoint tensors it
+    bnb8, nvfp4, mxfp4, mxfp8), the checkpoint tensors it
     consumes, and its float weight's shape [N, K]."""
 
     prefix: str
@@ -125,7 +126,9 @@ def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: Qu
         scale = p + "weight_scale_inv" if p + "weight_scale_inv" in names else p + "weight_scale"
         members = [name, scale] + [m for m in (p + "weight_zero_point", p + "weight_g_idx") if m in names]
         rows, cols = ckpt.shape(name)
-        if storage == "fp8" and fp8_weight_only.weight_only(ckpt, names, prefix, scale, quant, rows):
+        if storage == "fp8" and ckpt.dtype(scale) == "U8":
+            storage = "mxfp8"  # E8M0 exponents per 32 inputs: 8-bit codes through the FP8 table
+        elif storage == "fp8" and fp8_weight_only.weight_only(ckpt, names, prefix, scale, quant, rows):
             storage = "fp8wo"  # its inputs stay float (W8A16): 8-bit codes through the FP8 table
         return QuantizedLinear(prefix, storage, _with_activation_params(names, prefix, members), (rows, cols))
     return None
@@ -166,6 +169,8 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
         return 8, size if torch.equal(groups, torch.arange(k) // size) else None, num_groups
     if lin.storage == "fp8wo":
         return fp8_weight_only.layout(ckpt, lin.members[1], lin.shape, quant)
+    if lin.storage == "mxfp8":
+        return 8, mxfp8.GROUP, -(-k // mxfp8.GROUP)
     if lin.storage in ("nvfp4", "mxfp4"):
         size = nvfp4.GROUP if lin.storage == "nvfp4" else mxfp4.GROUP
         return 4, size, -(-k // size)
@@ -303,10 +308,14 @@ def _fp8_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> Int
     return fp8_weight_only.int_weights(ckpt, lin.prefix, lin.members[1], lin.shape, quant)
 
 
+def _mxfp8_ints(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> IntWeights:
+    return mxfp8.int_weights(ckpt, lin.prefix, lin.shape)
+
+
 def codebook_of(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor | None:
     """A layer's codebook (bitsandbytes' `quant_map`, NVFP4's E2M1 values, weight-only FP8's
     values), or None: its codes are integers."""
-    if lin.storage == "fp8wo":
+    if lin.storage in ("fp8wo", "mxfp8"):
         return fp8_weight_only.codebook(ckpt.dtype(lin.members[0]))
     if lin.storage in ("nvfp4", "mxfp4"):
         return nvfp4.CODEBOOK
@@ -314,7 +323,7 @@ def codebook_of(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor | None:
 
 
 _INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq, "int": _int8, "bnb4": _bnb4_ints, "nvfp4": _nvfp4_ints,
-                "mxfp4": _mxfp4_ints, "fp8wo": _fp8_ints}
+                "mxfp4": _mxfp4_ints, "fp8wo": _fp8_ints, "mxfp8": _mxfp8_ints}
 
 
 def _int_dense(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
@@ -335,7 +344,8 @@ def _bnb8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.T
 
 
 _DEQUANTIZE = {"fp8": _scaled, "int": _int_scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense,
-               "bnb4": _bnb4, "bnb8": _bnb8, "nvfp4": _int_dense, "mxfp4": _int_dense, "fp8wo": _int_dense}
+               "bnb4": _bnb4, "bnb8": _bnb8, "nvfp4": _int_dense, "mxfp4": _int_dense, "fp8wo": _int_dense,
+               "mxfp8": _int_dense}
 
 
 def _group_index(

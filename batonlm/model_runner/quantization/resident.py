@@ -108,14 +108,15 @@ def make_resident(
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
-        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo"} | weight_only_int8(quant):
-            group = int4_group(ckpt, module_name, sources, quant)  # weight-only, 4 or 8 bits (or W4A4)
+        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo", "mxfp8"} | weight_only_int8(quant):
+            group = int4_group(ckpt, module_name, sources, quant)  # weight-only, 4 or 8 bits (or W4A4, MXFP8)
             books = [codebook_of(ckpt, lin) for lin, _ in sources]
             w4a4 = quant.act_quant == "fp4" and storages == {"nvfp4"}
+            mx_input = quant.method if quant.act_quant == "mxfp8" and storages == {"mxfp8"} else ""
             if group is None or not same_codebook(books):
-                if w4a4:  # dequantized, its activations would not be quantized
-                    raise QuantizationError(f"{module_name}: its NVFP4 layers cannot be fused into one packed "
-                                            "layer (different widths or groups); W4A4 layers run packed only")
+                if w4a4 or mx_input:  # dequantized, its activations would not be quantized
+                    raise QuantizationError(f"{module_name}: its {'NVFP4' if w4a4 else 'MXFP8'} layers cannot be fused "
+                                            "into one packed layer (different widths or groups); they run packed only")
                 kept.add(module_name)
                 continue
             bits, _, num_groups = int_layout(ckpt, sources[0][0], quant)
@@ -127,7 +128,7 @@ def make_resident(
             with torch.device("meta"):
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
                                         bits=bits, codebook=books[0] is not None, fp4_input=fp4_input,
-                                        stored_scales=stored, scale_2_divides=divides)
+                                        stored_scales=stored, scale_2_divides=divides, mx_input=mx_input)
         else:
             kept.add(module_name)
             continue
@@ -143,9 +144,9 @@ def make_resident(
 def stored_scales(ckpt: Checkpoint, sources: list[tuple[QuantizedLinear, Target]]) -> tuple[str, bool]:
     """How a packed layer of these checkpoint layers keeps their group scales (a key of
     STORED_SCALES): "float8", NVFP4's as they are (all NVFP4 in one layout, float8 scales), "e8m0",
-    MXFP4's exponents, "" float32; and whether NVFP4's per-tensor scale divides them
+    MXFP4's and MXFP8's exponents, "" float32; and whether NVFP4's per-tensor scale divides them
     (compressed-tensors' global scale) rather than multiplies (ModelOpt's scale_2)."""
-    if {lin.storage for lin, _ in sources} == {"mxfp4"}:
+    if {lin.storage for lin, _ in sources} <= {"mxfp4", "mxfp8"}:
         return "e8m0", False
     layouts = {nvfp4.layout(lin.members) if lin.storage == "nvfp4" else "" for lin, _ in sources}
     fp8 = len(layouts) == 1 and "" not in layouts and all(ckpt.dtype(lin.members[1]) == "F8_E4M3" for lin, _ in sources)

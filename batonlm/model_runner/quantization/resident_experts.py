@@ -75,7 +75,7 @@ def make_resident_experts(
         logger.log(logging.WARNING if w8a8 else logging.INFO,
                    "%d MoE layer(s) run their experts dequantized%s (formats the expert kernels do not cover: gate "
                    "and up in different activation orders, static and dynamic activations mixed, int8 activations "
-                   "with zero points, FP4 activations, other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
+                   "with zero points, MXFP8 activations, other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
                    kept[0])
     return out
 

@@ -65,6 +65,8 @@ LLMC_FIXTURES = {
     "w4a16-gptq": ("gptq", "W4A16"),
     "nvfp4a16": ("rtn", "NVFP4A16"),
     "mxfp4a16": ("rtn", "MXFP4A16"),
+    "mxfp8": ("rtn", "MXFP8"),  # FP8 weights with an E8M0 exponent per 32 inputs; inputs MXFP8 too (dynamic)
+    "mxfp8a16": ("rtn", "MXFP8A16"),  # the same weights only
     "nvfp4": ("calibrated", "NVFP4"),  # FP4 activations too: their global scales calibrated
 }
 
@@ -224,6 +226,7 @@ MODELOPT_FIXTURES = {
     "modelopt-nvfp4-moe": "NVFP4_DEFAULT_CFG",
     "modelopt-fp8-pb-wo": "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG",  # FP8 weights per 128x128 block, float activations
     "modelopt-w8a16": "INT8_WEIGHT_ONLY_CFG",  # int8 weights per output channel, float activations
+    "modelopt-mxfp8": "MXFP8_DEFAULT_CFG",  # MXFP8 weights and inputs (E8M0 exponents per 32, ModelOpt's rounding)
     # MIXED_PRECISION with weight-only FP8 blocks beside NVFP4 (as nvidia's NVFP4 releases keep some
     # layers, e.g. their MTP layers, in FP8_PB_WO): the attention projections FP8 per 128x128 block
     "modelopt-mixed-pb-wo": "NVFP4_DEFAULT_CFG, self_attn in FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG's format",

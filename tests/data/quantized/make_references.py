@@ -64,7 +64,12 @@ def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Ten
     fmt = group.get("format") or qcfg["format"]
     out = {}
     for k in list(t):
-        if fmt in ("float-quantized", "int-quantized") and k.endswith(".weight_scale"):
+        if fmt == "mxfp8-quantized" and k.endswith(".weight_scale"):  # FP8 codes, an E8M0 exponent per 32 inputs
+            p = k[: -len(".weight_scale")]
+            s = 2.0 ** (t[k].to(torch.float64) - 127)
+            w = t[p + ".weight"].to(torch.float64)
+            out[p + ".weight"] = (w * s.repeat_interleave(32, dim=1)[:, : w.shape[1]]).float()
+        elif fmt in ("float-quantized", "int-quantized") and k.endswith(".weight_scale"):
             p = k[: -len(".weight_scale")]
             w = t[p + ".weight"].to(torch.float32)
             s = t[k].to(torch.float32)
@@ -111,14 +116,18 @@ def dequantize_modelopt(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     scale_2); FP8 (a float8 `weight`, its `weight_scale` per tensor, or per 128x128 block:
     FP8_PB_WO, its [N/128, 1, K/128, 1] scale as the [N/128, K/128] one it was) by
     `FP8QTensor.dequantize`; int8 (W8A16: a `weight_scale` per output row) by
-    `INT8QTensor.dequantize`, the scale as a column."""
+    `INT8QTensor.dequantize`, the scale as a column; MXFP8 (float8 `weight`, a uint8 E8M0
+    `weight_scale` per 32 inputs) by `MXFP8QTensor.dequantize`."""
     from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
     from modelopt.torch.quantization.qtensor.int8_tensor import INT8QTensor
+    from modelopt.torch.quantization.qtensor.mxfp8_tensor import MXFP8QTensor
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
     deq = {}
     for k in t:
-        if k.endswith(".weight") and t[k].dtype == torch.float8_e4m3fn:
+        if k.endswith(".weight") and t[k].dtype == torch.float8_e4m3fn and t[k + "_scale"].dtype == torch.uint8:
+            deq[k] = MXFP8QTensor(t[k].shape, torch.float32, t[k]).dequantize(dtype=torch.float32, scale=t[k + "_scale"])
+        elif k.endswith(".weight") and t[k].dtype == torch.float8_e4m3fn:
             scale = t[k + "_scale"].float()
             blocks = {}
             if scale.dim() == 4:
@@ -232,8 +241,8 @@ def activation_args(d: Path) -> dict | None:
 
 
 def add_activation_quant(model, args: dict, d: Path) -> None:
-    if (args["type"], args["num_bits"]) == ("float", 4):
-        add_fp4_activation_quant(model, args, load_tensors(d))
+    if (args["type"], args["num_bits"]) == ("float", 4) or args.get("scale_dtype") == "torch.uint8":
+        add_fp4_activation_quant(model, args, load_tensors(d))  # (MXFP8 too: compressed-tensors' own arithmetic)
     elif args["type"] == "float":
         add_fp8_activation_quant(model, args)
     elif args["dynamic"]:
@@ -300,7 +309,7 @@ def add_int8_activation_quant(model, args: dict) -> None:
 def add_fp4_activation_quant(model, args: dict, tensors: dict[str, torch.Tensor]) -> None:
     """NVFP4 activations (W4A4): every decoder Linear's input quantized and dequantized by
     compressed-tensors' own functions (its dynamic per-16 scales with the layer's calibrated
-    `input_global_scale`), in float32."""
+    `input_global_scale`), in float32; MXFP8's (E8M0 exponents per 32 inputs, no global scale) the same way."""
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
@@ -308,7 +317,7 @@ def add_fp4_activation_quant(model, args: dict, tensors: dict[str, torch.Tensor]
     qargs = QuantizationArgs(**args)
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
-            glob = tensors[name + ".input_global_scale"].float()
+            glob = tensors[name + ".input_global_scale"].float() if name + ".input_global_scale" in tensors else None
 
             def hook(mod, inputs, glob=glob):
                 x = inputs[0]
@@ -392,7 +401,7 @@ def main() -> None:
         # compressed-tensors decompresses NVFP4 / MXFP4 weights to bfloat16 (a float32 model fails
         # on the dtypes): transformers runs those fixtures in bfloat16.
         fp4 = (json.loads((d / "config.json").read_text()).get("quantization_config") or {}).get("format") in \
-            ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
+            ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized")
         try:
             model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16 if fp4 else torch.float32,
                                                          device_map="cpu", **kw).eval()
@@ -404,7 +413,8 @@ def main() -> None:
         meaning = "dequantized fp32 weights"
         if (act := activation_args(d)) is not None:
             add_activation_quant(ref_model, act, d)
-            kind = "int8" if act["type"] == "int" else "fp8 e4m3" if act["num_bits"] == 8 else "nvfp4"
+            kind = "int8" if act["type"] == "int" else "mxfp8" if act.get("scale_dtype") == "torch.uint8" else \
+                "fp8 e4m3" if act["num_bits"] == 8 else "nvfp4"
             how = ("dynamic" if act["dynamic"] else "static") + ("" if act["symmetric"] else " asymmetric")
             meaning += f" + {kind} {how} activations per {act['strategy']}"
         ref_logits, ref_greedy = run(ref_model, ids)
@@ -429,8 +439,11 @@ def main() -> None:
                 # transformers' CPU 4-bit matmul is not the dequantized weights' product (0.03 off
                 # per layer here), nor is its 8-bit one (LLM.int8: int8 activations, outlier
                 # columns in float16): keep the logits of the weights bitsandbytes dequantizes too.
-                # NVFP4: transformers' are bfloat16 ones; keep the float32 dequantized model's.
+                # NVFP4, MXFP4 and MXFP8: transformers' are bfloat16 ones (compressed-tensors
+                # decompresses them to bfloat16); keep the float32 dequantized model's, and its
+                # greedy tokens (bfloat16's may part from them where two logits nearly tie).
                 tensors["dequantized_logits"] = ref_logits.contiguous()
+                tensors["dequantized_greedy_ids"] = ref_greedy.clone()
             save_file(tensors, str(d / "reference.safetensors"), metadata=meta)
 
 
@@ -451,6 +464,21 @@ def add_modelopt_fp8_activation_quant(model, tensors: dict[str, torch.Tensor]) -
             mod.register_forward_pre_hook(hook)
 
 
+def add_modelopt_mxfp8_activation_quant(model, tensors: dict[str, torch.Tensor]) -> None:
+    """ModelOpt's MXFP8 activations: every MXFP8 Linear's input quantized per 32 inputs (its
+    E8M0 exponent from the block's amax) and dequantized by `MXFP8QTensor.quantize` / `dequantize`."""
+    from modelopt.torch.quantization.qtensor.mxfp8_tensor import MXFP8QTensor
+
+    def hook(mod, inputs):
+        x = inputs[0].float()
+        q, scale = MXFP8QTensor.quantize(x)
+        return (q.dequantize(dtype=torch.float32, scale=scale),)
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and tensors.get(name + ".weight_scale", torch.empty(0)).dtype == torch.uint8:
+            mod.register_forward_pre_hook(hook)
+
+
 def modelopt_reference(d: Path, name: str, ids: torch.Tensor, write: bool) -> None:
     """transformers has no ModelOpt integration: the reference is ModelOpt's own arithmetic, the
     float32 model of the weights its readers dequantize, with its FP4 activation quantization
@@ -460,8 +488,12 @@ def modelopt_reference(d: Path, name: str, ids: torch.Tensor, write: bool) -> No
     w4a4 = any(k.endswith(".input_scale") and k.replace("input_scale", "weight_scale_2") in tensors for k in tensors)
     fp8 = any(v.dtype == torch.float8_e4m3fn and k.endswith(".weight") and k.replace(".weight", ".input_scale") in tensors
               for k, v in tensors.items())
+    mx = any(k.endswith(".weight_scale") and v.dtype == torch.uint8 for k, v in tensors.items())
     meaning = "ModelOpt's dequantized fp32 weights" + (" + its NVFP4 activation fake quantization" if w4a4 else "") + (
-        " + its FP8 activation fake quantization (static)" if fp8 else "")
+        " + its FP8 activation fake quantization (static)" if fp8 else "") + (
+        " + its MXFP8 activation fake quantization" if mx else "")
+    if mx:
+        add_modelopt_mxfp8_activation_quant(model, tensors)
     if w4a4:
         add_modelopt_fp4_activation_quant(model, tensors)
     if fp8:

@@ -1,0 +1,78 @@
+"""`QuantConfig`: one checkpoint's quantization as the loader needs it (config.py reads it from
+the checkpoint's `quantization_config`), and `QuantizationError`, a config batonlm cannot load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class QuantizationError(ValueError):
+    """A quantization config batonlm cannot load (or one the flag contradicts)."""
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """One checkpoint's quantization. `method`: one of QUANTIZATION_METHODS. `online`: the
+    checkpoint is not quantized; its linear weights are rounded to FP8 on load (`--quantization
+    fp8` on a float checkpoint). `bits`/`group_size`: the integer formats' (GPTQ, AWQ;
+    compressed-tensors states them per tensor group, and its tensors say the rest). `sym`: GPTQ's
+    symmetric zeros. `checkpoint_format`: GPTQ's zero convention (`gptq`: stored zero = zero - 1,
+    the v1 format AutoGPTQ and GPTQModel write; `gptq_v2`: stored as is). `block`: FP8's
+    `weight_block_size`. `activation_scheme`: FP8's (static: the checkpoint's `input_scale`;
+    dynamic: per token). `act_quant`: what W8A8 layers quantize their inputs to, "fp8" or "int8"
+    ("none": weight-only); such layers stay quantized on every device, so the outputs are the
+    checkpoint's (transformers'). `act_symmetric`: False where int8 activations have a zero
+    point (compressed-tensors' `symmetric: false`: per token, or the checkpoint's
+    `input_zero_point`). `llm_int8_threshold`: bitsandbytes 8-bit's (LLM.int8) outlier threshold,
+    activations at least this large multiplied in float (0: none). `act_amax_ub`: FBGEMM FP8's
+    `activation_scale_ub`, a token's amax capped at it before its scale is taken (None: not capped).
+    Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
+    of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
+
+    method: str
+    online: bool = False
+    bits: int = 0
+    group_size: int = -1
+    sym: bool = True
+    checkpoint_format: str = "gptq"
+    block: tuple[int, int] | None = None
+    activation_scheme: str = "dynamic"
+    act_quant: str = "none"  # "fp8" / "int8" / "fp4" / "mxfp8": the checkpoint's layers quantize their inputs
+    act_symmetric: bool = True
+    llm_int8_threshold: float = 0.0
+    fp4: str = ""  # the FP4 weight format, "NVFP4" or "MXFP4" (compressed-tensors'; ModelOpt's NVFP4)
+    mixed: tuple[str, ...] = ()  # ModelOpt's MIXED_PRECISION: its layers' algorithms (each layer's tensors say which)
+    act_amax_ub: float | None = None
+
+    @property
+    def description(self) -> str:
+        if self.online:
+            return "fp8 (online, from the float checkpoint)"
+        if self.method in ("gptq", "awq"):
+            return f"{self.method} int{self.bits} (group {self.group_size}{'' if self.sym else ', asymmetric'})"
+        if self.method == "fp8":
+            static = ", static activation scales" if self.activation_scheme == "static" else ""
+            return "fp8 " + (f"({self.block[0]}x{self.block[1]} blocks{static})" if self.block else f"(per tensor{static})")
+        if self.method == "bitsandbytes":
+            if self.bits == 8:
+                return f"bitsandbytes 8-bit (LLM.int8: int8 activations, outliers from {self.llm_int8_threshold:g} in float)"
+            return "bitsandbytes 4-bit"
+        if self.method == "fbgemm_fp8":
+            return f"fbgemm_fp8 (per channel, dynamic activations, amax capped at {self.act_amax_ub:g})"
+        if self.mixed:
+            quantized = "FP8_PB_WO weight-only, the others' activations quantized" if "FP8_PB_WO" in self.mixed \
+                else "activations quantized"
+            return f"modelopt mixed precision ({' and '.join(self.mixed)} layers; {quantized})"
+        if self.method == "modelopt" and self.act_quant == "none" and not self.fp4:
+            return "modelopt int8 (per channel, weight-only)" if self.bits == 8 else \
+                "modelopt fp8 (128x128 blocks, weight-only)"
+        if self.method == "modelopt" and self.act_quant == "mxfp8":
+            return "modelopt mxfp8 (weights and activations)"
+        if self.method == "modelopt" and not self.fp4:
+            return "modelopt fp8 " + ("(per tensor, static activation scales)" if self.activation_scheme == "static"
+                                      else "(per channel, dynamic activations)")
+        asym = "" if self.act_symmetric else "asymmetric "
+        if self.fp4:
+            return self.method + (f" ({self.fp4} weights and activations)" if self.act_quant == "fp4"
+                                  else f" ({self.fp4} weights)")
+        return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
