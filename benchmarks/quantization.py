@@ -4,7 +4,9 @@ Part 1, one projection (K -> N) at M rows, median of `--rounds` (the ways altern
 round): the float matmul (what a checkpoint dequantized on load runs: batonlm's CPU choice for
 weight-only formats), the int4 dequant-GEMM (and with bitsandbytes' NF4 codebook, blocks of
 64; NVFP4's, float8 scales per 16 and a per-tensor scale, also after its FP4 activation
-quantization), the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`; the torch references on the CPU, which
+quantization; weight-only FP8 as 8-bit codes through the e4m3 table, and MXFP8 with its E8M0
+exponents after its input quantization), the W8A8 FP8 GEMM (`batonlm/kernels/quant.py`, in blocks
+and per channel with FBGEMM's capped per-token inputs; the torch references on the CPU, which
 dequantize every call; Triton on CUDA), the W8A8 int8 GEMM with its per-token activation
 quantization (`batonlm/kernels/int8.py`: on the CPU oneDNN's int8 GEMM through `torch._int_mm`;
 Triton on CUDA) and bitsandbytes' LLM.int8 (`batonlm/kernels/llm_int8.py`: int8 rows, outlier
@@ -15,7 +17,8 @@ Part 2, a random model (`--shape`: Llamas, or `qwen3-moe`, a small Qwen3-MoE who
 quantized where its projections do) written as float, W8A8 FP8 in 128x128 blocks (transformers'
 FineGrainedFP8 format), W8A8 int8 (llm-compressor's format, tests/quant_w8a8.py), GPTQ int4
 (group 128), bitsandbytes NF4 (blocks of 64) and 8-bit LLM.int8 (tests/quant_bnb.py), NVFP4A16
-and ModelOpt's NVFP4 W4A4 (tests/quant_nvfp4.py), served by
+and ModelOpt's NVFP4 W4A4 (tests/quant_nvfp4.py), FBGEMM FP8 (tests/quant_fbgemm.py), ModelOpt's
+weight-only FP8 blocks and llm-compressor's MXFP8 (tests/quant_mxfp8.py), served by
 `batonlm.Engine` (overlap loop; eager step unless `--compile on`), plus `--quantization fp8` on
 the float checkpoint, and AutoFP8's static FP8 (per-tensor weights and input scales,
 tests/quant_w8a8.py: Mixtral-8x7B-FP8's format): start-up seconds, checkpoint MB, and output
@@ -48,7 +51,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint writers the tests check against the tools
 from models import stream_tok_s, table  # noqa: E402
 from quant_bnb import NF4, write_bnb4_checkpoint, write_int8_checkpoint  # noqa: E402
+from quant_fbgemm import write_fbgemm_fp8_checkpoint  # noqa: E402
 from quant_formats import write_fp8_block_checkpoint, write_gptq_checkpoint  # noqa: E402
+from quant_mxfp8 import write_modelopt_fp8_pb_wo_checkpoint, write_mxfp8_checkpoint  # noqa: E402
 from quant_nvfp4 import E2M1, write_modelopt_nvfp4_checkpoint, write_nvfp4_checkpoint  # noqa: E402
 from quant_w8a8 import write_static_checkpoint, write_w8a8_checkpoint  # noqa: E402
 from vs_transformers import build_random_llama  # noqa: E402
@@ -62,7 +67,15 @@ from batonlm.kernels.int8 import (  # noqa: E402
     weight_sums,
 )
 from batonlm.kernels.llm_int8 import llm_int8_matmul, llm_int8_quant  # noqa: E402
-from batonlm.kernels.quant import fp8_block_matmul, per_token_group_quant_fp8  # noqa: E402
+from batonlm.kernels.mxfp8 import ct_mxfp8_fake_quant  # noqa: E402
+from batonlm.kernels.quant import (  # noqa: E402
+    FBGEMM_MIN_SCALE,
+    fp8_block_matmul,
+    fp8_scaled_matmul,
+    per_token_group_quant_fp8,
+    per_token_quant_fp8,
+)
+from batonlm.model_runner.quantization.fp8_weight_only import codebook as fp8_codebook  # noqa: E402
 
 SHAPES = {
     "32m": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
@@ -94,6 +107,13 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
     w_i8 = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).to(device)
     w_i8_scale = (torch.rand(n, generator=g) / 100).to(device)
     w_i8_sum = weight_sums(w_i8)
+    # FP8 as 8-bit codes through the e4m3 table (weight-only FP8 blocks; MXFP8 with E8M0 exponents)
+    e4m3 = fp8_codebook("F8_E4M3").to(device)
+    q8 = torch.randint(0, 126, (k, n), generator=g, dtype=torch.int32)  # (finite codes)
+    qweight8 = pack_int4(q8, 8).to(device)
+    block_scales = (torch.rand(k // 128, n, generator=g) / 100).to(device)
+    exponents = torch.randint(110, 120, (k // 32, n), generator=g, dtype=torch.uint8).to(device)
+    w_channel = (torch.rand(n, generator=g) / 100).to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for m in ms:
@@ -120,10 +140,21 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
         def nvfp4_w4a4(x=x):  # the FP4 activations first (ModelOpt's arithmetic)
             return nvfp4(modelopt_nvfp4_fake_quant(x, input_scale))
 
+        def fp8_weight_only(x=x):  # ModelOpt's FP8_PB_WO: float inputs, FP8 codes per 128x128 block
+            return int4_dequant_matmul(x, qweight8, block_scales, None, 128, bits=8, codebook=e4m3)
+
+        def mxfp8(x=x):  # the MXFP8 inputs first, then the codes with their E8M0 exponents
+            return int4_dequant_matmul(ct_mxfp8_fake_quant(x), qweight8, exponents, None, 32, bits=8, codebook=e4m3)
+
+        def fbgemm(x=x):  # per-token FP8 inputs, their amax capped (FBGEMM's), per-channel weights
+            x_q, x_s = per_token_quant_fp8(x, amax_ub=1200.0, min_scale=FBGEMM_MIN_SCALE)
+            return fp8_scaled_matmul(x_q, x_s, w_q, w_channel, x.dtype)
+
         ways = {"float": lambda x=x: F.linear(x, w), "int4 dequant-GEMM": lambda x=x: int4_dequant_matmul(
             x, qweight, scales, zeros, 128), "nf4 codebook GEMM": lambda x=x: int4_dequant_matmul(
             x, qweight, absmax, None, 64, codebook=nf4), "nvfp4 GEMM": nvfp4, "nvfp4 W4A4": nvfp4_w4a4,
-            "fp8 W8A8 block": fp8, "int8 W8A8": int8, "int8 W8A8 asym": int8_asym, "LLM.int8": llm_int8}
+            "fp8 W8A8 block": fp8, "fp8 W8A8 channel (fbgemm)": fbgemm, "fp8 weight-only GEMM": fp8_weight_only,
+            "mxfp8 W8A8": mxfp8, "int8 W8A8": int8, "int8 W8A8 asym": int8_asym, "LLM.int8": llm_int8}
         times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(rounds):
             for name, fn in ways.items():
@@ -156,6 +187,9 @@ def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
     write_int8_checkpoint(src, out / "bnb-int8")
     write_nvfp4_checkpoint(src, out / "nvfp4a16")
     write_modelopt_nvfp4_checkpoint(src, out / "modelopt-nvfp4", input_scale=1 / 600)
+    write_fbgemm_fp8_checkpoint(src, out / "fbgemm-fp8")
+    write_modelopt_fp8_pb_wo_checkpoint(src, out / "fp8-pb-wo")
+    write_mxfp8_checkpoint(src, out / "mxfp8")
     return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
             "int8 W8A8 asym": (str(out / "w8a8-int8-asym"), {}),
             "fp8 static (AutoFP8)": (str(static), {}),
@@ -164,6 +198,9 @@ def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
             "bnb int8 (LLM.int8)": (str(out / "bnb-int8"), {}),
             "nvfp4 (NVFP4A16)": (str(out / "nvfp4a16"), {}),
             "nvfp4 W4A4 (ModelOpt)": (str(out / "modelopt-nvfp4"), {}),
+            "fp8 W8A8 channel (fbgemm_fp8)": (str(out / "fbgemm-fp8"), {}),
+            "fp8 weight-only blocks (ModelOpt FP8_PB_WO)": (str(out / "fp8-pb-wo"), {}),
+            "mxfp8 W8A8 (llm-compressor MXFP8)": (str(out / "mxfp8"), {}),
             "fp8 online (per channel)": (src, {"quantization": "fp8"})}
 
 

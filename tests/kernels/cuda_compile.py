@@ -116,7 +116,7 @@ KERNELS = [
        dict(num_warps=4, **NO_FMA))
       for g_idx, bits, codebook, scale_2 in ((False, 4, False, 0), (True, 4, False, 0), (False, 8, False, 0),
                                              (False, 4, True, 0), (False, 4, True, 1), (False, 4, True, 2),
-                                             (False, 4, True, 3))),
+                                             (False, 4, True, 3), (False, 8, True, 0), (False, 8, True, 3))),
 ]
 
 

@@ -112,24 +112,30 @@ def test_bfloat16_activations(moe):
 
 
 def _codebook_case(t: int, k: int, experts: int, hidden: int, inter: int, group: int, seed: int,
-                   e8m0: bool = False):
+                   e8m0: bool = False, bits: int = 4):
     """bitsandbytes 4-bit experts: codes into one table of 16 uneven values (as NF4's), float32
     scales (absmax), no zeros; the meaning in float64. `e8m0`: the scales stored as MXFP4 keeps
-    them, uint8 exponents e of 2^(e - 127)."""
+    them, uint8 exponents e of 2^(e - 127). `bits` 8: FP8 weight-only / MXFP8A16 experts, 8-bit
+    codes into the table of the 256 e4m3 values (its NaN codes left out)."""
+    from batonlm.model_runner.quantization.fp8_weight_only import codebook
+
     g = torch.Generator().manual_seed(seed)
     table = torch.cat([torch.rand(15, generator=g) * 2 - 1, torch.zeros(1)]).sort().values
+    if bits == 8:
+        table = codebook("F8_E4M3") / 448
 
     def weights(k: int, n: int) -> tuple[Int4Weights, torch.Tensor]:
-        q = torch.randint(0, 16, (experts, k, n), generator=g)
-        scales = (torch.rand(experts, -(-k // group), n, generator=g) + 0.1) / k**0.5
+        q = torch.randint(0, 1 << bits, (experts, k, n), generator=g)
+        q[q.remainder(128) == 127] = 0
+        scales = (torch.rand(experts, 1 if group == -1 else -(-k // group), n, generator=g) + 0.1) / k**0.5
         stored = scales
         if e8m0:
             stored = torch.randint(120, 130, scales.shape, generator=g, dtype=torch.uint8)
             scales = torch.ldexp(torch.ones(scales.shape), stored.int() - 127)
-        rows = torch.arange(k) // group
+        rows = torch.zeros(k, dtype=torch.long) if group == -1 else torch.arange(k) // group
         w = (table.double()[q] * scales.double()[:, rows]).transpose(1, 2)
-        packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
-        return Int4Weights(packed, stored, None, k, None, 4, table), w
+        packed = torch.stack([pack_int4(q[e], bits) for e in range(experts)])
+        return Int4Weights(packed, stored, None, k, None, bits, table), w
 
     x = torch.randn(t, hidden, generator=g, dtype=torch.float64)
     (w13, w13_64), (w2, w2_64) = weights(hidden, 2 * inter), weights(inter, hidden)
@@ -138,17 +144,21 @@ def _codebook_case(t: int, k: int, experts: int, hidden: int, inter: int, group:
 
 
 @pytest.mark.parametrize("moe", FORMULATIONS)
-@pytest.mark.parametrize("t,group,e8m0", [(1, 64, False), (11, 32, False), (11, 32, True)])
-def test_codebook_experts(moe, t, group, e8m0):
+@pytest.mark.parametrize("t,group,e8m0,bits", [(1, 64, False, 4), (11, 32, False, 4), (11, 32, True, 4),
+                                              (1, -1, False, 8), (11, 32, True, 8)])
+def test_codebook_experts(moe, t, group, e8m0, bits):
     """bitsandbytes NF4 / FP4 experts: each code's value from the table, times its block's scale;
-    MXFP4's experts the same with the scales as uint8 E8M0 exponents."""
-    x, w13, w2, w13_64, w2_64, ids, weights = _codebook_case(t, 2, 5, 128, 64, group, seed=t + group, e8m0=e8m0)
+    MXFP4's experts the same with the scales as uint8 E8M0 exponents; 8-bit codes through the e4m3
+    table (FP8 weight-only per channel, MXFP8A16 with its exponents)."""
+    x, w13, w2, w13_64, w2_64, ids, weights = _codebook_case(t, 2, 5, 128, 64, group, seed=t + group, e8m0=e8m0,
+                                                             bits=bits)
     got = moe(x.float(), w13, w2, group, ids, weights.float())
     want = fused_moe_reference(x, w13_64, w2_64, ids, weights)
     scale = fused_moe_reference(x.abs(), w13_64.abs(), w2_64.abs(), ids, weights, act=lambda v: v.abs())
     depth = x.shape[1] + w2_64.shape[2] + ids.shape[1]
     assert ((got.double() - want).abs() <= 4 * depth * EPS32 * (scale + 1e-30)).all()
-    flipped = [Int4Weights(w.qweight, w.scales, None, w.k, None, 4, w.codebook.flip(0)) for w in (w13, w2)]
+    flipped = [Int4Weights(w.qweight, w.scales, None, w.k, None, bits, w.codebook.flip(0).nan_to_num())
+               for w in (w13, w2)]
     assert (moe(x.float(), *flipped, group, ids, weights.float()).double() - want).abs().max() > 0.1 * want.abs().max()
 
 

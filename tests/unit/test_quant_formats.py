@@ -309,3 +309,43 @@ def test_the_modelopt_nvfp4_writer_is_modelopts_export(tmp_path):
     assert quant is not None and quant == ModelConfig.from_hf(FIXTURES / "modelopt-w4a16-nvfp4").quantization
     with DequantizedCheckpoint(checkpoint_files(out), quant) as ckpt:
         assert all(torch.equal(ckpt.read(name), w) for name, w in deq.items())
+
+
+@pytest.mark.parametrize("fixture", ["mxfp8", "mxfp8a16"])
+def test_the_mxfp8_writer_is_llm_compressors_bytes(tmp_path, fixture):
+    """tests/quant_mxfp8.py on the fixtures' source writes llm-compressor's MXFP8 / MXFP8A16 codes
+    and E8M0 exponents byte for byte, and a config loading the same (the float tensors stay in the
+    source's float32 here; the fixture holds them in bfloat16)."""
+    from quant_mxfp8 import write_mxfp8_checkpoint
+
+    from batonlm.model_runner.model_config import ModelConfig
+
+    out = tmp_path / fixture
+    deq = write_mxfp8_checkpoint(FIXTURES / "fp32-source", out, activations=fixture == "mxfp8")
+    ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(FIXTURES / fixture / "model.safetensors"))
+    quantized = [n for n in theirs if n.endswith((".weight_scale",)) or theirs[n].dtype == torch.float8_e4m3fn]
+    assert len(quantized) == 28 and len(deq) == 14 and ours.keys() == theirs.keys()
+    for name in quantized:
+        got, want = ours[name], theirs[name]
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
+    assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(FIXTURES / fixture).quantization
+
+
+def test_the_fp8_pb_wo_writer_is_modelopts_export(tmp_path):
+    """tests/quant_mxfp8.py's ModelOpt FP8_PB_WO writer on the source: ModelOpt 0.47's exported
+    codes and [N / 128, 1, K / 128, 1] float32 block scales byte for byte, loading as the same."""
+    from quant_mxfp8 import write_modelopt_fp8_pb_wo_checkpoint
+
+    from batonlm.model_runner.model_config import ModelConfig
+
+    out = tmp_path / "pb-wo"
+    write_modelopt_fp8_pb_wo_checkpoint(FIXTURES / "fp32-source", out)
+    ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(FIXTURES / "modelopt-fp8-pb-wo" / "model.safetensors"))
+    quantized = [n for n in theirs if n.endswith(".weight_scale") or theirs[n].dtype == torch.float8_e4m3fn]
+    assert len(quantized) == 28 and ours.keys() == theirs.keys()
+    for name in quantized:
+        got, want = ours[name], theirs[name]
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
+                           want.view(torch.uint8) if want.dtype == torch.float8_e4m3fn else want), name
+    assert ModelConfig.from_hf(out).quantization == ModelConfig.from_hf(FIXTURES / "modelopt-fp8-pb-wo").quantization

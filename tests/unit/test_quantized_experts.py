@@ -384,6 +384,40 @@ def test_fp4_experts_are_the_dequantized_experts(tiny_models, tmp_path, fmt, gro
     _two_ranks_sum_to_one(cfg, layers[0], x)  # (gate and up columns each with their per-tensor scales)
 
 
+@pytest.mark.parametrize("fmt", ["fp8-weight-only", "mxfp8a16"])
+def test_8_bit_fp8_experts_are_the_dequantized_experts(tiny_models, tmp_path, fmt) -> None:
+    """FP8 weight-only experts (compressed-tensors FP8 per channel without input activations) and
+    MXFP8A16 ones (E8M0 exponents per 32, kept as bytes) stay packed as 8-bit codes through the
+    e4m3 table: the dequantized experts' outputs bit for bit eager, traced to float32's bound;
+    two ranks sum to one."""
+    import json
+
+    from helpers import build_tiny_model
+    from quant_mxfp8 import write_mxfp8_checkpoint
+
+    from batonlm.model_runner.moe import Int4Experts
+
+    build_tiny_model("qwen3_moe", tmp_path / "qwen3_moe", moe_intermediate_size=64, intermediate_size=128)
+    path = tmp_path / f"qwen3_moe-{fmt}"
+    linears = LINEARS + FAMILIES["qwen3_moe"]
+    if fmt == "mxfp8a16":
+        write_mxfp8_checkpoint(tmp_path / "qwen3_moe", path, activations=False, linears=linears)
+    else:
+        write_w8a8_checkpoint(tmp_path / "qwen3_moe", path, kind="float", linears=linears)
+        config = json.loads((path / "config.json").read_text())
+        config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = None
+        (path / "config.json").write_text(json.dumps(config))
+    cfg = ModelConfig.from_hf(path)
+    model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
+    layers = _moe_layers(model)
+    assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.bits == 8 and m.experts.codebook is not None
+                          and m.experts.group == (32 if fmt == "mxfp8a16" else -1) for _, m in layers)
+    assert all(m.experts.w13_scales.dtype == (torch.uint8 if fmt == "mxfp8a16" else torch.float32) for _, m in layers)
+    x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    _packed_experts_are_the_dequantized_experts(cfg, model, x)
+    _two_ranks_sum_to_one(cfg, layers[0], x)
+
+
 def test_two_ranks_int4_experts_sum_to_one_ranks(int4_moe) -> None:
     """Qwen3-MoE's experts of 64 features in groups of 32: each of two ranks holds one whole group
     of every expert's down rows; their outputs sum to the one-rank layer's (float32 apart)."""
