@@ -19,9 +19,9 @@ class QuantConfig:
     symmetric zeros. `checkpoint_format`: GPTQ's zero convention (`gptq`: stored zero = zero - 1,
     the v1 format AutoGPTQ and GPTQModel write; `gptq_v2`: stored as is). `block`: FP8's
     `weight_block_size`. `activation_scheme`: FP8's (static: the checkpoint's `input_scale`;
-    dynamic: per token). `act_quant`: what W8A8 layers quantize their inputs to, "fp8" or "int8"
-    ("none": weight-only); such layers stay quantized on every device, so the outputs are the
-    checkpoint's (transformers'). `act_symmetric`: False where int8 activations have a zero
+    dynamic: per token). `act_quant`: what the layers quantize their inputs to, "fp8" or "int8"
+    (W8A8), "fp4" (NVFP4 W4A4), "mxfp8" ("none": weight-only); such layers stay quantized on
+    every device, so the outputs are the checkpoint's (transformers'). `act_symmetric`: False where int8 activations have a zero
     point (compressed-tensors' `symmetric: false`: per token, or the checkpoint's
     `input_zero_point`). `llm_int8_threshold`: bitsandbytes 8-bit's (LLM.int8) outlier threshold,
     activations at least this large multiplied in float (0: none). `act_amax_ub`: FBGEMM FP8's
