@@ -18,8 +18,11 @@ Both give e = p - 8 for a mantissa under 1.75 and p - 7 above it; at exactly 1.7
 p - 7, so a group whose largest input is such a value quantizes differently.
 
 Each function takes x [..., K] and returns the dequantized values (x's dtype; computed in
-float32, the values exact there): what a W8A8 MXFP8 layer multiplies its weights with.
-Plain torch (also on CUDA, a few elementwise passes; the Triton MXFP8 GEMM is not written).
+float32, the values exact there): what a W8A8 MXFP8 layer multiplies its weights with. The torch
+reference (~10 elementwise passes) beside a Triton twin (`_triton_mxfp8.py`: one pass, the
+exponent read off the float bits, e4m3's rounding by arithmetic); `use_triton` None picks Triton
+for CUDA tensors. (The MXFP8 GEMM on Blackwell's MX tensor cores is not written: the layers
+multiply the values by their weights' codes through the e4m3 table.)
 """
 
 from __future__ import annotations
@@ -51,8 +54,22 @@ def _apply(xg: torch.Tensor, e: torch.Tensor, k: int, like: torch.Tensor) -> tor
     return y.reshape(*like.shape[:-1], -1)[..., :k].to(like.dtype)
 
 
-def modelopt_mxfp8_fake_quant(x: torch.Tensor) -> torch.Tensor:
+def _triton(x: torch.Tensor, rule: int) -> torch.Tensor:
+    from batonlm.kernels import _triton_mxfp8
+
+    if not x.is_floating_point():
+        raise fail("x", "a floating-point tensor", x.dtype)
+    return _triton_mxfp8.mx_quant(x.reshape(-1, x.shape[-1]), rule).view(x.shape)
+
+
+def _on_triton(x: torch.Tensor, use_triton: bool | None) -> bool:
+    return x.is_cuda if use_triton is None else use_triton
+
+
+def modelopt_mxfp8_fake_quant(x: torch.Tensor, *, use_triton: bool | None = None) -> torch.Tensor:
     """ModelOpt's MXFP8: e = ceil(log2(amax / 448)) in [-127, 127] (amax 0: -127)."""
+    if _on_triton(x, use_triton):
+        return _triton(x, 0)
     xg, k = _groups(x)
     descale = xg.abs().amax(dim=-1) / torch.tensor(E4M3_MAX)
     mantissa, exponent = torch.frexp(descale)  # descale = m 2^x, m in [0.5, 1): ceil(log2) = x, or x - 1 at m = 0.5
@@ -61,9 +78,11 @@ def modelopt_mxfp8_fake_quant(x: torch.Tensor) -> torch.Tensor:
     return _apply(xg, e, k, x)
 
 
-def ct_mxfp8_fake_quant(x: torch.Tensor) -> torch.Tensor:
+def ct_mxfp8_fake_quant(x: torch.Tensor, *, use_triton: bool | None = None) -> torch.Tensor:
     """compressed-tensors' MXFP8: amax to a power of two 2^p (up from a mantissa of 1.75), e =
     p - 8, 127 + e clamped to [0, 255] (amax 0: e = -127)."""
+    if _on_triton(x, use_triton):
+        return _triton(x, 1)
     xg, k = _groups(x)
     amax = xg.abs().amax(dim=-1)
     mantissa, exponent = torch.frexp(amax)  # amax = m 2^x, m in [0.5, 1): p = x - 1, + 1 where 2m >= 1.75
@@ -73,5 +92,5 @@ def ct_mxfp8_fake_quant(x: torch.Tensor) -> torch.Tensor:
 
 
 # A layer's MXFP8 activation quantization by the tool whose arithmetic it follows.
-MX_INPUTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+MX_INPUTS: dict[str, Callable[..., torch.Tensor]] = {
     "compressed-tensors": ct_mxfp8_fake_quant, "modelopt": modelopt_mxfp8_fake_quant}

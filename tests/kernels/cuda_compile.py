@@ -20,6 +20,7 @@ from batonlm.kernels import (  # noqa: E402
     _triton_logprobs,
     _triton_moe,
     _triton_moe_int4,
+    _triton_mxfp8,
     _triton_penalties,
     _triton_quant,
     _triton_sampling,
@@ -117,6 +118,9 @@ KERNELS = [
       for g_idx, bits, codebook, scale_2 in ((False, 4, False, 0), (True, 4, False, 0), (False, 8, False, 0),
                                              (False, 4, True, 0), (False, 4, True, 1), (False, 4, True, 2),
                                              (False, 4, True, 3), (False, 8, True, 0), (False, 8, True, 3))),
+    *((_triton_mxfp8._mx_quant_kernel,
+       dict(x_ptr="*bf16", y_ptr="*bf16", K="i32", stride_xm="i32", stride_ym="i32"),
+       dict(RULE=rule, GROUPS=8), dict(num_warps=2, **NO_FMA)) for rule in (0, 1)),
 ]
 
 

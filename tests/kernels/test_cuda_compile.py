@@ -33,6 +33,7 @@ def test_every_kernel_compiles_for_sm90():
         "_quant_fp8_kernel", "_fp8_matmul_kernel", "_int4_matmul_kernel", "_quant_int8_kernel", "_int8_matmul_kernel",
         "_llm_int8_matmul_kernel",
         "_grouped_gemm_kernel", "_grouped_gemm_fp8_kernel", "_grouped_gemm_int8_kernel", "_grouped_gemm_int4_kernel",
+        "_mx_quant_kernel",
     }
     assert all(r["ptx_chars"] > 1000 for r in kernels.values())
     # Penalties: no FMA, so that freq * count + pres rounds as torch's does.
@@ -47,3 +48,5 @@ def test_every_kernel_compiles_for_sm90():
     assert kernels["_int8_matmul_kernel"]["int8_mma"] and kernels["_grouped_gemm_int8_kernel"]["int8_mma"]
     assert kernels["_llm_int8_matmul_kernel"]["int8_mma"]  # LLM.int8's codes too, beside its outliers' product
     assert kernels["_quant_int8_kernel"]["rounder"]
+    # MXFP8's input quantizer rounds to e4m3 by the same add-and-subtract, with no FMA to fold it.
+    assert kernels["_mx_quant_kernel"]["rounder"] and not kernels["_mx_quant_kernel"]["fma"]
