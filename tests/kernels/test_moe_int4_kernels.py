@@ -275,3 +275,72 @@ def test_fp4_activations_are_quantized_by_each_experts_scale(moe, t, fp8_scales,
     # each expert's own scale: the first expert's for every row gives other outputs
     one = dataclasses.replace(w13, input_scale=w13.input_scale[:1].expand(4).clone())
     assert not torch.equal(moe(x, one, w2, 16, ids, weights, act=torch.relu), got)
+
+
+# --- MXFP8 experts: every routed row's input quantized per 32 with a power-of-two scale ----------
+
+
+def _mx_case(t: int, k: int, experts: int, hidden: int, inter: int, seed: int, tool: str):
+    """E2M1 experts (2 significant bits times 2^-3) and inputs of 9 significant bits within 4
+    binades, so MXFP8 rounds them (to 4 bits) and their gate/up products and sums are exact in
+    float32 (4 + 2 bits over 4 binades and 5 bits of carry): every formulation quantizes the same
+    values for the down product, whose sums round (float32's bound)."""
+    g = torch.Generator().manual_seed(seed)
+    sign = torch.randint(0, 2, (t, hidden), generator=g) * 2 - 1
+    x = sign * (1 + torch.randint(0, 256, (t, hidden), generator=g) / 256) * 2.0 ** torch.randint(-2, 2, (t, hidden),
+                                                                                                    generator=g)
+
+    def weights(k: int, n: int) -> tuple[Int4Weights, torch.Tensor]:
+        q = torch.randint(0, 16, (experts, k, n), generator=g)
+        w = (E2M1_TABLE.double()[q] * 2.0**-3).transpose(1, 2)
+        packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
+        return Int4Weights(packed, torch.full((experts, 1, n), 2.0**-3), None, k, None, 4, E2M1_TABLE.clone(),
+                           mx_input=tool), w
+
+    w13, w13_64 = weights(hidden, 2 * inter)
+    w2, w2_64 = weights(inter, hidden)
+    ids = (torch.rand(t, experts, generator=g) + torch.linspace(1.0, 0.0, experts)).topk(k, dim=1).indices
+    return x.float(), w13, w2, w13_64, w2_64, ids, torch.rand(t, k, generator=g) + 0.1
+
+
+@pytest.mark.parametrize("tool", ["compressed-tensors", "modelopt"])
+@pytest.mark.parametrize("t", [1, 9])
+@pytest.mark.parametrize("moe", FORMULATIONS)
+def test_mxfp8_inputs_are_quantized_before_each_product(moe, t, tool):
+    """Each routed row: MXFP8(x) @ W13^T, relu(gate) * up, MXFP8(that) @ W2^T, weighted and
+    summed, against the float64 loop over pairs with the same quantization (the gate/up sums are
+    exact, `_mx_case`); without the quantization the outputs differ."""
+    from batonlm.kernels.mxfp8 import MX_INPUTS
+
+    x, w13, w2, w13_64, w2_64, ids, weights = _mx_case(t, 2, 4, 32, 16, seed=t, tool=tool)
+    got = moe(x, w13, w2, -1, ids, weights, act=torch.relu)
+    quantize = MX_INPUTS[tool]
+    want, magnitude = torch.zeros(t, x.shape[1], dtype=torch.float64), torch.zeros(t, x.shape[1], dtype=torch.float64)
+    for i in range(t):
+        for j in range(ids.shape[1]):
+            e = int(ids[i, j])
+            h = quantize(x[i : i + 1], use_triton=False).double() @ w13_64[e].T
+            gate, up = h.chunk(2, dim=-1)
+            a = (gate.relu() * up).float()  # the formulations' float32 product: correctly rounded
+            y = float(weights[i, j]) * (quantize(a, use_triton=False).double() @ w2_64[e].T)[0]
+            want[i] += y
+            magnitude[i] += y.abs()
+    assert ((got.double() - want).abs() <= (w2_64.shape[2] + 2 * ids.shape[1]) * EPS32 * magnitude + 1e-30).all()
+    plain = [dataclasses.replace(w, mx_input="") for w in (w13, w2)]
+    assert (moe(x, *plain, -1, ids, weights, act=torch.relu) - got).abs().max() > 1e-3 * got.abs().max()
+
+
+@pytest.mark.gpu
+@compiled_only
+@pytest.mark.parametrize("tool", ["compressed-tensors", "modelopt"])
+def test_gpu_mxfp8_experts(tool):
+    """Compiled: the Triton formulation (its MXFP8 inputs by the Triton quantizer) against the CPU
+    reference formulation, to the down sums' float32 bound."""
+    x, w13, w2, w13_64, w2_64, ids, weights = _mx_case(33, 2, 4, 256, 128, seed=5, tool=tool)
+    want = fused_moe_int4_grouped(x, w13, w2, -1, ids, weights, act=torch.relu)
+    cuda = [dataclasses.replace(w, qweight=w.qweight.cuda(), scales=w.scales.cuda(), codebook=w.codebook.cuda())
+            for w in (w13, w2)]
+    got = fused_moe_int4_triton(x.cuda(), *cuda, -1, ids.cuda(), weights.cuda(), act=torch.relu).cpu()
+    magnitude = fused_moe_reference(x.double().abs(), w13_64.abs(), w2_64.abs(), ids, weights.double(),
+                                    act=lambda v: v.abs())
+    assert ((got.double() - want.double()).abs() <= 4 * (256 + 128) * EPS32 * magnitude + 1e-30).all()

@@ -676,3 +676,39 @@ def test_fp8_experts_are_dequantized_where_fp8_cannot_multiply(fp8_moe) -> None:
     model, layers = build_meta_model(cfg, torch.bfloat16, "cuda", resident=True)
     want = Fp8Experts if multiplies_fp8("cuda") else FusedExperts
     assert layers and all(isinstance(m.experts, want) for _, m in _moe_layers(model))
+
+
+def test_mxfp8_experts_stay_packed_and_quantize_their_inputs(tiny_models, tmp_path) -> None:
+    """MXFP8 experts (llm-compressor's layout, inputs quantized alike): `Int4Experts` with 8-bit
+    codes through the e4m3 table, the exponents as bytes, and compressed-tensors' MXFP8 rule on
+    both inputs (kernels/moe_int4.py's formulations are tested against it); their weights are the
+    checkpoint's, and the input quantization changes the outputs."""
+    import dataclasses
+
+    from helpers import build_tiny_model
+    from quant_mxfp8 import write_mxfp8_checkpoint
+
+    from batonlm.kernels.moe_int4 import dense_weights, fused_moe_int4_grouped
+    from batonlm.model_runner.moe import Int4Experts
+
+    build_tiny_model("qwen3_moe", tmp_path / "qwen3_moe", moe_intermediate_size=64, intermediate_size=128)
+    path = tmp_path / "qwen3_moe-mxfp8"
+    deq = write_mxfp8_checkpoint(tmp_path / "qwen3_moe", path, linears=LINEARS + FAMILIES["qwen3_moe"])
+    cfg = ModelConfig.from_hf(path)
+    model = load_model(cfg, torch.float32, "cpu")[0]  # (the CPU keeps MXFP8 packed: its inputs are quantized)
+    layers = _moe_layers(model)
+    assert layers
+    x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+    for name, moe in layers:
+        experts = moe.experts
+        assert isinstance(experts, Int4Experts) and experts.bits == 8 and experts.mx_input == "compressed-tensors"
+        assert experts.w13_scales.dtype == torch.uint8 and experts.group == 32
+        w13, w2 = experts._weights()
+        prefix = name.replace(".mlp", ".mlp.experts")
+        assert torch.equal(dense_weights(w2, 32, torch.float32)[0], deq[f"{prefix}.0.down_proj.weight"])
+        ids, weights = moe.route(x)
+        got = experts(x, ids, weights, moe.act)
+        assert torch.equal(got, fused_moe_int4_grouped(x, w13, w2, 32, ids, weights, moe.act))
+        plain = fused_moe_int4_grouped(x, dataclasses.replace(w13, mx_input=""), dataclasses.replace(w2, mx_input=""),
+                                       32, ids, weights, moe.act)
+        assert not torch.equal(got, plain)

@@ -75,7 +75,7 @@ def make_resident_experts(
         logger.log(logging.WARNING if w8a8 else logging.INFO,
                    "%d MoE layer(s) run their experts dequantized%s (formats the expert kernels do not cover: gate "
                    "and up in different activation orders, static and dynamic activations mixed, int8 activations "
-                   "with zero points, MXFP8 activations, other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
+                   "with zero points, other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
                    kept[0])
     return out
 
@@ -132,7 +132,7 @@ def _int4_experts(
     """`Int4Experts` when every expert's projections are 4-bit with consecutive groups of one
     size (a rank's slice of the down projections' rows in whole groups, or a start-up error), or
     in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
-    weight_only_fp8 = {"fp8wo"} | ({"mxfp8"} if quant.act_quant == "none" else set())  # (8-bit codes, the e4m3 table)
+    weight_only_fp8 = {"fp8wo"} | ({"mxfp8"} if quant.act_quant in ("none", "mxfp8") else set())  # (the e4m3 table)
     if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4"} | \
             weight_only_int8(quant) | weight_only_fp8:
         return None
@@ -154,10 +154,12 @@ def _int4_experts(
         order_groups = (int_layout(ckpt, gate, quant)[2], int_layout(ckpt, down, quant)[2])
     bits = int_layout(ckpt, sources[0][0], quant)[0]
     fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
+    mx = quant.act_quant == "mxfp8" and {lin.storage for lin, _ in sources} == {"mxfp8"}
+    mx_input = quant.method if mx else ""  # (MXFP8: the tool's exponent rule)
     stored, divides = stored_scales(ckpt, sources)
     with torch.device("meta"):
         layer = Int4Experts(module, group, order_groups, bits, codebook=books[0] is not None, fp4_input=fp4_input,
-                            stored_scales=stored, scale_2_divides=divides)
+                            stored_scales=stored, scale_2_divides=divides, mx_input=mx_input)
     return ResidentLayer(module_name, layer, sources, _fill_int4)
 
 
