@@ -266,7 +266,7 @@ def test_modelopt_fp8_is_the_static_fp8_it_stores(layout: str, tmp_path: Path) -
     else:
         (out / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A8_AWQ"}}))
     with pytest.raises(ValueError, match=r"modelopt quant_algo 'W4A8_AWQ' is not supported \(supported: FP8, "
-                                         r"FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8, NVFP4, W4A16_NVFP4, W8A16, MIXED_PRECISION\)"):
+                                         r"FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8, NVFP4, W4A16_AWQ, W4A16_NVFP4, W8A16, MIXED_PRECISION\)"):
         ModelConfig.from_hf(out)
 
 

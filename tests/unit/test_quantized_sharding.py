@@ -81,6 +81,7 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("modelopt-mixed-pb-wo", True, PackedIntLinear),  # FP8_PB_WO attention (8-bit codes, e4m3 table), NVFP4 MLP
     ("modelopt-fp8-pb-wo", False, None),  # 128x128 blocks: two ranks' 192 down_proj inputs need it dequantized
     ("modelopt-w8a16", True, PackedIntLinear),  # int8 weight-only, a scale per row
+    ("modelopt-int4-awq", False, None),  # groups of 128 (192 down_proj inputs a rank): pre_quant_scale folded
     ("mxfp8", True, PackedIntLinear),  # MXFP8: groups of 32 (a rank's slice of a token quantizes its whole groups)
     ("modelopt-mxfp8", True, PackedIntLinear),  # ModelOpt's MXFP8
     ("mxfp4a16", True, PackedIntLinear),  # MXFP4: groups of 32 (two ranks' 192 down_proj inputs: 6 each)  # LLM.int8: a row-parallel rank's slice of a row its own statistic

@@ -101,3 +101,44 @@ def test_a_block_scale_of_the_wrong_shape_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=rf"{name} of shape \(2, 1, 2, 1\) is not a scale per tensor, channel or "
                                          r"128x128 block of a \[256, 384\] FP8 weight"):
         _runner(out, resident=True)
+
+
+@pytest.mark.parametrize("resident", [None, True])
+def test_modelopt_int4_awq_multiplies_its_inputs_by_the_pre_quant_scale(resident: bool | None, tmp_path: Path) -> None:
+    """ModelOpt's W4A16_AWQ (INT4_AWQ_CFG exported, `modelopt-int4-awq`): symmetric int4 codes two a
+    byte along N, a float32 scale per 128 inputs, AWQ's `pre_quant_scale` on o_proj's and
+    down_proj's inputs (the norms took q/k/v's and gate/up's). Dequantized on load (the CPU's
+    default: the scale folded into the weight's columns) or kept packed (CUDA's: the layer
+    multiplies its input by it), ModelOpt's reading's logits to the float32 bound; without the
+    pre_quant_scale they are far off."""
+    from safetensors.torch import load_file, save_file
+
+    name = "modelopt-int4-awq"
+    quant = ModelConfig.from_hf(DATA / name).quantization
+    assert quant is not None and quant.description == "modelopt int4 AWQ (weight-only, pre-quant scales)"
+    ref = _reference(name)
+    ids = ref["input_ids"].reshape(-1)
+    runner = _runner(DATA / name, resident)
+    got = _prompt_logits(runner, ids)
+    bound = RELATIVE * ref["logits"].abs().max()
+    assert (got - ref["logits"]).abs().max() <= bound
+    packed = {n.removesuffix(".local"): m for n, m in runner.model.named_modules() if isinstance(m, PackedIntLinear)}
+    assert len(packed) == (8 if resident else 0)
+    for n, m in packed.items():
+        assert m.bits == 4 and m.group_size == 128 and m.qweight.numel() * 4 == m.n * m.k // 2
+        assert (m.pre_quant_scale is not None) == n.endswith(("o_proj", "down_proj"))
+    out = tmp_path / "no-pqs"
+    shutil.copytree(DATA / name, out)
+    tensors = {k: v for k, v in load_file(str(out / "model.safetensors")).items() if not k.endswith("pre_quant_scale")}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    assert (_prompt_logits(_runner(out, resident), ids) - ref["logits"]).abs().max() > 10 * bound
+
+
+def test_a_modelopt_int4_with_zero_points_is_named(tmp_path: Path) -> None:
+    out = tmp_path / "zeros"
+    shutil.copytree(DATA / "modelopt-int4-awq", out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["has_zero_point"] = True
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="modelopt W4A16_AWQ has_zero_point true is not supported"):
+        ModelConfig.from_hf(out)

@@ -7,6 +7,8 @@ A quantized linear layer is stored as several tensors under its module name (its
   (ModelOpt's FP8_PB_WO, compressed-tensors without input activations) are `fp8wo`
   (`fp8_weight_only.py`: 8-bit codes through the FP8 table, as the packed layers run them);
   with uint8 E8M0 exponents per 32 inputs as `weight_scale`, MXFP8 (`mxfp8.py`).
+- ModelOpt int4 (`W4A16_AWQ`, `modelopt_int4.py`): `weight` uint8 [N / 2, K] (two signed codes a
+  byte along N), float32 `weight_scale` [N, K / G], AWQ's `pre_quant_scale` [K] on some inputs.
 - compressed-tensors (llm-compressor): `weight` (float8 or int8) with `weight_scale` (per tensor
   [1], per channel [N, 1], per group [N, K/G] or per block) and an optional `weight_zero_point`;
   or, pack-quantized, `weight_packed` (int32 [N, K/8] or [N, K/4]: 8 4-bit or 4 8-bit values along
@@ -42,11 +44,11 @@ from dataclasses import dataclass
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
-from batonlm.model_runner.quantization import bnb, fp8_weight_only, mxfp4, mxfp8, nvfp4
+from batonlm.model_runner.quantization import bnb, fp8_weight_only, modelopt_int4, mxfp4, mxfp8, nvfp4
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.int_weights import IntWeights, awq_columns, unpack_words
 
-_ACTIVATION_PARAMS = ("input_scale", "input_zero_point")
+_ACTIVATION_PARAMS = ("input_scale", "input_zero_point", "pre_quant_scale")
 _FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 
 
@@ -54,7 +56,7 @@ _FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 class QuantizedLinear:
     """One quantized layer: its module name, its storage (fp8, fp8wo: FP8 weight-only, int: an
     unpacked integer weight with scales, packed: compressed-tensors' packed int, gptq, awq, bnb4,
-    bnb8, nvfp4, mxfp4, mxfp8), the checkpoint tensors it
+    bnb8, nvfp4, mxfp4, mxfp8, moint4), the checkpoint tensors it
     consumes, and its float weight's shape [N, K]."""
 
     prefix: str
@@ -115,6 +117,9 @@ def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: Qu
             raise QuantizationError(f"compressed-tensors layer {prefix} lacks weight_scale or weight_shape")
         n, k = (int(v) for v in ckpt.get(p + "weight_shape").tolist())
         return QuantizedLinear(prefix, "packed", _with_activation_params(names, prefix, members), (n, k))
+    if leaf == "weight" and quant.method == "modelopt" and modelopt_int4.is_int4(ckpt, names, prefix):
+        return QuantizedLinear(prefix, "moint4", _with_activation_params(names, prefix, [p + "weight", p + "weight_scale"]),
+                               modelopt_int4.shape(ckpt, prefix))
     if leaf == "weight" and (p + "weight_scale" in names or p + "weight_scale_inv" in names):
         dtype = ckpt.dtype(name := p + "weight")
         storage = "fp8" if dtype in _FP8_DTYPES else "int" if dtype in ("I8", "U8") else None
@@ -135,8 +140,11 @@ def _linear(ckpt: Checkpoint, names: set[str], prefix: str, leaf: str, quant: Qu
 
 
 def dequantize(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
-    """The layer's weight [N, K] in float32."""
-    return _DEQUANTIZE[lin.storage](ckpt, lin, quant)
+    """The layer's weight [N, K] in float32; with AWQ's `pre_quant_scale` (ModelOpt's int4, which
+    multiplies the input by it) its columns times it: the same product, rounded in another order."""
+    w = _DEQUANTIZE[lin.storage](ckpt, lin, quant)
+    pqs = f"{lin.prefix}.pre_quant_scale"
+    return w * ckpt.get(pqs).to(torch.float32)[None, :] if pqs in lin.members else w
 
 
 def _scaled(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
@@ -171,6 +179,8 @@ def int_layout(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> tu
         return fp8_weight_only.layout(ckpt, lin.members[1], lin.shape, quant)
     if lin.storage == "mxfp8":
         return 8, mxfp8.GROUP, -(-k // mxfp8.GROUP)
+    if lin.storage == "moint4":
+        return modelopt_int4.layout(ckpt, lin.prefix)
     if lin.storage in ("nvfp4", "mxfp4"):
         size = nvfp4.GROUP if lin.storage == "nvfp4" else mxfp4.GROUP
         return 4, size, -(-k // size)
@@ -323,7 +333,8 @@ def codebook_of(ckpt: Checkpoint, lin: QuantizedLinear) -> torch.Tensor | None:
 
 
 _INT_READERS = {"packed": _packed, "gptq": _gptq, "awq": _awq, "int": _int8, "bnb4": _bnb4_ints, "nvfp4": _nvfp4_ints,
-                "mxfp4": _mxfp4_ints, "fp8wo": _fp8_ints, "mxfp8": _mxfp8_ints}
+                "mxfp4": _mxfp4_ints, "fp8wo": _fp8_ints, "mxfp8": _mxfp8_ints,
+                "moint4": lambda ckpt, lin, quant: modelopt_int4.int_weights(ckpt, lin.prefix)}
 
 
 def _int_dense(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.Tensor:
@@ -345,7 +356,7 @@ def _bnb8(ckpt: Checkpoint, lin: QuantizedLinear, quant: QuantConfig) -> torch.T
 
 _DEQUANTIZE = {"fp8": _scaled, "int": _int_scaled, "packed": _int_dense, "gptq": _int_dense, "awq": _int_dense,
                "bnb4": _bnb4, "bnb8": _bnb8, "nvfp4": _int_dense, "mxfp4": _int_dense, "fp8wo": _int_dense,
-               "mxfp8": _int_dense}
+               "mxfp8": _int_dense, "moint4": _int_dense}
 
 
 def _group_index(

@@ -169,7 +169,8 @@ class PackedIntLinear(nn.Module):
     first quantized to FP4 and back with `fp4_input_scale`, the layer's calibrated scale as that
     format stores it (kernels/fp4.py). With `mx_input` (MXFP8: the tool whose arithmetic its
     inputs follow, a key of MX_INPUTS) the input is first quantized to MXFP8 and back, per 32
-    inputs with a power-of-two scale (kernels/mxfp8.py). `stored_scales` "float8" (NVFP4): the scales are float8
+    inputs with a power-of-two scale (kernels/mxfp8.py). With `pre_quant_scale` (ModelOpt's int4
+    AWQ) the input is first multiplied by it, per input feature. `stored_scales` "float8" (NVFP4): the scales are float8
     e4m3, each times its column's float32 `scale_2` (ModelOpt's) or, `scale_2_divides`, divided by
     it (compressed-tensors' global scale): 1 byte per 16 weights instead of 4; "e8m0" (MXFP4,
     MXFP8): uint8 exponents, 1 byte per 32 weights.
@@ -186,14 +187,16 @@ class PackedIntLinear(nn.Module):
     g_idx: torch.Tensor | None
     codebook: torch.Tensor | None
     fp4_input_scale: torch.Tensor | None
+    pre_quant_scale: torch.Tensor | None
     scale_2: torch.Tensor | None
     weight_f: torch.Tensor | None
 
     def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
                  bits: int = 4, codebook: bool = False, fp4_input: str = "", stored_scales: str = "",
-                 scale_2_divides: bool = False, mx_input: str = "") -> None:
+                 scale_2_divides: bool = False, mx_input: str = "", pre_quant_scale: bool = False) -> None:
         super().__init__()
         self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
+        self.register_buffer("pre_quant_scale", torch.empty(k, dtype=torch.float32) if pre_quant_scale else None)
         if group_size != 0:
             groups = 1 if group_size == -1 else _cdiv(k, group_size)
         self.register_buffer("qweight", torch.empty(_cdiv(k, 32 // bits), n, dtype=torch.int32))
@@ -219,6 +222,8 @@ class PackedIntLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
+        if self.pre_quant_scale is not None:
+            flat = flat * self.pre_quant_scale.to(flat.dtype)
         if self.fp4_input_scale is not None and self.fp4_quant is not None:
             flat = self.fp4_quant(flat, self.fp4_input_scale)
         if self.mx_quant is not None:

@@ -8,8 +8,8 @@ from typing import Any
 
 from batonlm.model_runner.quantization.quant_config import QuantConfig, QuantizationError
 
-_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "MXFP8", "NVFP4", "W4A16_NVFP4", "W8A16",
-                   "MIXED_PRECISION")
+_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "MXFP8", "NVFP4", "W4A16_AWQ", "W4A16_NVFP4",
+                   "W8A16", "MIXED_PRECISION")
 _MODELOPT_MIXED = ("FP8", "FP8_PB_WO", "NVFP4")  # the per-layer algorithms of MIXED_PRECISION batonlm runs
 
 
@@ -29,7 +29,9 @@ def read_modelopt(qc: dict[str, Any]) -> QuantConfig:
     calibrated `input_scale` (W4A4, kernels/fp4.py); W4A16_NVFP4: the weights only; FP8_PB_WO:
     FP8 weights with a scale per 128x128 block, float activations (fp8_weight_only.py); W8A16:
     int8 weights with a scale per output channel, float activations; MXFP8: FP8 weights with an
-    E8M0 exponent per 32 inputs (`mxfp8.py`), inputs quantized alike (kernels/mxfp8.py); MIXED_PRECISION
+    E8M0 exponent per 32 inputs (`mxfp8.py`), inputs quantized alike (kernels/mxfp8.py);
+    W4A16_AWQ: symmetric int4 per group with AWQ's `pre_quant_scale` on the inputs of the
+    layers no norm absorbed it into (`modelopt_int4.py`); MIXED_PRECISION
     (`mtq.auto_quantize`'s export): FP8, FP8_PB_WO and NVFP4 layers as `quantized_layers` lists
     them, each read as its tensors say. Layers it excludes are stored in float."""
     algo = modelopt_algo(qc)
@@ -46,6 +48,11 @@ def read_modelopt(qc: dict[str, Any]) -> QuantConfig:
         return QuantConfig("modelopt", group_size=16, act_quant="fp4" if algo == "NVFP4" else "none", fp4="NVFP4")
     if algo == "MXFP8":
         return QuantConfig("modelopt", group_size=32, act_quant="mxfp8")
+    if algo == "W4A16_AWQ":  # INT4_AWQ_CFG: symmetric int4 per group, `pre_quant_scale` where no norm took it
+        if inner.get("has_zero_point"):
+            raise QuantizationError("modelopt W4A16_AWQ has_zero_point true is not supported (supported: false, "
+                                    "ModelOpt's symmetric int4)")
+        return QuantConfig("modelopt", bits=4, act_quant="none")
     if algo in ("FP8_PB_WO", "W8A16"):
         return QuantConfig("modelopt", bits=8 if algo == "W8A16" else 0, act_quant="none")
     return QuantConfig("modelopt", activation_scheme="static" if algo == "FP8" else "dynamic", act_quant="fp8")

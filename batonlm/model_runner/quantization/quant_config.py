@@ -64,8 +64,8 @@ class QuantConfig:
                 else "activations quantized"
             return f"modelopt mixed precision ({' and '.join(self.mixed)} layers; {quantized})"
         if self.method == "modelopt" and self.act_quant == "none" and not self.fp4:
-            return "modelopt int8 (per channel, weight-only)" if self.bits == 8 else \
-                "modelopt fp8 (128x128 blocks, weight-only)"
+            return {8: "modelopt int8 (per channel, weight-only)", 4: "modelopt int4 AWQ (weight-only, pre-quant scales)"
+                    }.get(self.bits, "modelopt fp8 (128x128 blocks, weight-only)")
         if self.method == "modelopt" and self.act_quant == "mxfp8":
             return "modelopt mxfp8 (weights and activations)"
         if self.method == "modelopt" and not self.fp4:

@@ -17,7 +17,6 @@ refused at start-up, naming the layer. A MoE layer's experts: resident_experts.p
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +37,19 @@ from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import (
     QuantizedLinear,
     codebook_of,
-    group_index_name,
     int_layout,
     int_weights,
 )
 from batonlm.model_runner.quantization.int_weights import IntWeights
+from batonlm.model_runner.quantization.layer_kinds import (
+    int4_group,
+    int8_per_channel,
+    pre_quant_scale,
+    same_codebook,
+    static_scale,
+    stored_scales,
+    weight_only_int8,
+)
 from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, LlmInt8Linear, PackedIntLinear
 from batonlm.model_runner.weight_loader import Target
 
@@ -92,6 +99,9 @@ def make_resident(
         storages = {lin.storage for lin, _ in sources}
         layer: Fp8Linear | Int8Linear | LlmInt8Linear | PackedIntLinear
         static = any(static_scale(lin) for lin, _ in sources)
+        if pre_quant_scale(ckpt, module_name, sources) is not None and not storages <= {"moint4"}:
+            kept.add(module_name)  # (AWQ's pre_quant_scale: folded into the dequantized weight)
+            continue
         if storages == {"fp8"}:
             block = quant.block
             for lin, t in sources:
@@ -108,7 +118,8 @@ def make_resident(
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
-        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo", "mxfp8"} | weight_only_int8(quant):
+        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo", "mxfp8", "moint4"} | \
+                weight_only_int8(quant):
             group = int4_group(ckpt, module_name, sources, quant)  # weight-only, 4 or 8 bits (or W4A4, MXFP8)
             books = [codebook_of(ckpt, lin) for lin, _ in sources]
             w4a4 = quant.act_quant == "fp4" and storages == {"nvfp4"}
@@ -128,7 +139,8 @@ def make_resident(
             with torch.device("meta"):
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
                                         bits=bits, codebook=books[0] is not None, fp4_input=fp4_input,
-                                        stored_scales=stored, scale_2_divides=divides, mx_input=mx_input)
+                                        stored_scales=stored, scale_2_divides=divides, mx_input=mx_input,
+                                        pre_quant_scale=pre_quant_scale(ckpt, module_name, sources) is not None)
         else:
             kept.add(module_name)
             continue
@@ -141,16 +153,6 @@ def make_resident(
     return out
 
 
-def stored_scales(ckpt: Checkpoint, sources: list[tuple[QuantizedLinear, Target]]) -> tuple[str, bool]:
-    """How a packed layer of these checkpoint layers keeps their group scales (a key of
-    STORED_SCALES): "float8", NVFP4's as they are (all NVFP4 in one layout, float8 scales), "e8m0",
-    MXFP4's and MXFP8's exponents, "" float32; and whether NVFP4's per-tensor scale divides them
-    (compressed-tensors' global scale) rather than multiplies (ModelOpt's scale_2)."""
-    if {lin.storage for lin, _ in sources} <= {"mxfp4", "mxfp8"}:
-        return "e8m0", False
-    layouts = {nvfp4.layout(lin.members) if lin.storage == "nvfp4" else "" for lin, _ in sources}
-    fp8 = len(layouts) == 1 and "" not in layouts and all(ckpt.dtype(lin.members[1]) == "F8_E4M3" for lin, _ in sources)
-    return ("float8" if fp8 else ""), fp8 and layouts == {"compressed-tensors"}
 
 
 def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]]) -> None:
@@ -163,70 +165,16 @@ def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tu
                                 "with one scale")
 
 
-def same_codebook(books: list[torch.Tensor | None]) -> bool:
-    """A fused projection's layers all integer, or all with one codebook (bitsandbytes' NF4 or FP4
-    table: every layer of a checkpoint has the same; FP8's, with its NaN codes)."""
-    first = books[0]
-    if first is None:
-        return all(b is None for b in books)
-    return all(b is not None and b.shape == first.shape and bool(b.isclose(first, 0, 0, equal_nan=True).all())
-               for b in books)
 
 
-def per_channel_scale(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
-    """The layer's weight scale is one per output channel, or one per tensor."""
-    n = lin.shape[0]
-    scale = Checkpoint.shape(ckpt, lin.members[1])
-    return math.prod(scale) == 1 or tuple(scale) in ((n,), (n, 1))
 
 
-def static_scale(lin: QuantizedLinear) -> bool:
-    return any(m.endswith(".input_scale") for m in lin.members)
 
 
-def weight_only_int8(quant: QuantConfig) -> set[str]:
-    """{"int"} where unpacked int8 layers are weight-only (their activations are not int8: they
-    join the packed layout), else nothing (W8A8: its int8 layers the int8 kernels do not run stay
-    dequantized, as the CPU runs them faster so)."""
-    return set() if quant.act_quant == "int8" else {"int"}
 
 
-def int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:
-    """An int8 layer the W8A8-int8 kernels run: signed codes, no zeros, a scale per output
-    channel or per tensor."""
-    return (Checkpoint.dtype(ckpt, f"{lin.prefix}.weight") == "I8" and f"{lin.prefix}.weight_zero_point" not in lin.members
-            and per_channel_scale(ckpt, lin))
 
 
-def int4_group(
-    ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]], quant: QuantConfig
-) -> int | None:
-    """The group size the packed int layout takes (-1: one group; 0: GPTQ's activation order, one
-    `g_idx` its layers share, as a fused projection's do: their Hessians are of the same input),
-    or None: not 4- or 8-bit, layers of different widths, or layers ordered differently. A slice
-    that would split a group is refused (in activation order a rank's rows keep their own
-    groups: any slice)."""
-    sizes = set()
-    order: torch.Tensor | None = None
-    widths = {int_layout(ckpt, lin, quant)[0] for lin, _ in sources}
-    if len(widths) != 1 or not widths <= {4, 8}:
-        return None
-    for lin, t in sources:
-        _, size, _ = int_layout(ckpt, lin, quant)
-        if size is None:  # activation order: the checkpoint's g_idx (GPTQ) or weight_g_idx (compressed-tensors)
-            name = group_index_name(lin)
-            g_idx = ckpt.get(name) if name is not None else None
-            if g_idx is None or (order is not None and not torch.equal(order, g_idx)):
-                return None
-            order, size = g_idx, 0
-        if t.dim == 1 and size > 0 and size != -1 and (t.start % size or (t.count % size and t.start + t.count != t.full)):
-            raise QuantizationError(f"{module_name}: this rank's input features [{t.start}, {t.start + t.count}) of "
-                                    f"{lin.prefix} would split its groups of {size} rows; choose a --tp that "
-                                    "divides them into whole groups")
-        sizes.add(size)
-    if len(sizes) != 1:
-        raise QuantizationError(f"{module_name}: its checkpoint layers have different group sizes {sorted(sizes)}")
-    return sizes.pop()
 
 
 def _check_fp8_slice(module_name: str, lin: QuantizedLinear, t: Target, block: tuple[int, int] | None) -> None:
@@ -364,6 +312,9 @@ def _load_int4(module: PackedIntLinear, ckpt: Checkpoint, lin: QuantizedLinear, 
         module.codebook.copy_(iw.codebook)
     if module.fp4_input_scale is not None:  # (one for the fused layers: make_resident checked)
         module.fp4_input_scale.copy_(nvfp4.input_scale(ckpt, lin.prefix, lin.members).reshape(1))
+    if module.pre_quant_scale is not None:  # AWQ's (one for the fused layers: make_resident checked)
+        scale = ckpt.get(f"{lin.prefix}.pre_quant_scale").to(torch.float32)
+        module.pre_quant_scale.copy_(_narrow(scale, t, dim=0) if t.dim == 1 else scale)
     if module.g_idx is not None:  # activation order: this rank's rows' groups (the fused layers share them)
         module.g_idx.copy_(_narrow(iw.groups, t, dim=0) if t.dim == 1 else iw.groups)
 

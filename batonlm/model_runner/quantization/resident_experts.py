@@ -22,11 +22,7 @@ from batonlm.model_runner.quantization import nvfp4
 from batonlm.model_runner.quantization.config import QuantConfig, QuantizationError
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import QuantizedLinear, codebook_of, int_layout, int_weights
-from batonlm.model_runner.quantization.resident import (
-    ResidentLayer,
-    cdiv,
-    channel_scales,
-    fill_int4,
+from batonlm.model_runner.quantization.layer_kinds import (
     int4_group,
     int8_per_channel,
     per_channel_scale,
@@ -35,6 +31,7 @@ from batonlm.model_runner.quantization.resident import (
     stored_scales,
     weight_only_int8,
 )
+from batonlm.model_runner.quantization.resident import ResidentLayer, cdiv, channel_scales, fill_int4
 from batonlm.model_runner.weight_loader import Target, checkpoint_name
 
 logger = logging.getLogger(__name__)
@@ -59,7 +56,8 @@ def make_resident_experts(
             continue  # float experts (a checkpoint's `ignore`)
         sources = [(linears[n], t) for n in names if n in linears and isinstance(t := targets.get(n), Target)]
         layer = None
-        if len(sources) == len(names):
+        awq = any(f"{lin.prefix}.pre_quant_scale" in lin.members for lin, _ in sources)  # (dequantized: folded in)
+        if len(sources) == len(names) and not awq:
             layer = ((_fp8_experts(ckpt, module_name, module, sources, quant) if fp8_experts else None)
                      or _int8_experts(ckpt, module_name, module, sources, quant)
                      or _int4_experts(ckpt, module_name, module, sources, quant))

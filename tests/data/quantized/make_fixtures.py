@@ -227,6 +227,9 @@ MODELOPT_FIXTURES = {
     "modelopt-fp8-pb-wo": "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG",  # FP8 weights per 128x128 block, float activations
     "modelopt-w8a16": "INT8_WEIGHT_ONLY_CFG",  # int8 weights per output channel, float activations
     "modelopt-mxfp8": "MXFP8_DEFAULT_CFG",  # MXFP8 weights and inputs (E8M0 exponents per 32, ModelOpt's rounding)
+    # int4 per 128 inputs with AWQ's calibrated pre_quant_scale (folded into the norms before q/k/v
+    # and gate/up by the export; o_proj and down_proj keep theirs)
+    "modelopt-int4-awq": "INT4_AWQ_CFG",
     # MIXED_PRECISION with weight-only FP8 blocks beside NVFP4 (as nvidia's NVFP4 releases keep some
     # layers, e.g. their MTP layers, in FP8_PB_WO): the attention projections FP8 per 128x128 block
     "modelopt-mixed-pb-wo": "NVFP4_DEFAULT_CFG, self_attn in FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG's format",

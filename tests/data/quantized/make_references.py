@@ -134,6 +134,15 @@ def dequantize_modelopt(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 scale, blocks = scale.reshape(scale.shape[0], scale.shape[2]), {"block_sizes": {-1: 128, -2: 128}}
             deq[k] = FP8QTensor(t[k].shape, torch.float32, t[k]).dequantize(
                 dtype=torch.float32, scale=scale, **blocks).float()
+        if k.endswith(".weight") and t[k].dtype == torch.uint8 and k + "_scale" in t and \
+                t[k + "_scale"].dtype == torch.float32 and 2 * t[k].shape[0] == t[k + "_scale"].shape[0]:
+            # W4A16_AWQ: two signed int4 codes a byte along N (rows 2i low, 2i + 1 high: ModelOpt's
+            # pack_int4_in_uint8 undone), W = q * scale of its group of inputs
+            b = t[k].to(torch.int32)
+            q = torch.stack([b & 15, b >> 4], dim=1).reshape(2 * b.shape[0], b.shape[1])
+            q = torch.where(q >= 8, q - 16, q).double()
+            s = t[k + "_scale"].double()
+            deq[k] = (q * s.repeat_interleave(-(-q.shape[1] // s.shape[1]), dim=1)[:, : q.shape[1]]).float()
         if k.endswith(".weight") and t[k].dtype == torch.int8 and k + "_scale" in t:
             deq[k] = INT8QTensor(t[k].shape, torch.float32, t[k]).dequantize(
                 dtype=torch.float32, scale=t[k + "_scale"].float().reshape(-1, 1)).float()
@@ -489,9 +498,16 @@ def modelopt_reference(d: Path, name: str, ids: torch.Tensor, write: bool) -> No
     fp8 = any(v.dtype == torch.float8_e4m3fn and k.endswith(".weight") and k.replace(".weight", ".input_scale") in tensors
               for k, v in tensors.items())
     mx = any(k.endswith(".weight_scale") and v.dtype == torch.uint8 for k, v in tensors.items())
+    awq = any(k.endswith(".pre_quant_scale") for k in tensors)
+    if awq:  # AWQ's smoothing: each such Linear's input times its pre_quant_scale (ModelOpt's order)
+        for module_name, mod in model.named_modules():
+            if module_name + ".pre_quant_scale" in tensors:
+                pqs = tensors[module_name + ".pre_quant_scale"].float()
+                mod.register_forward_pre_hook(lambda mod, inputs, pqs=pqs: (inputs[0] * pqs,))
     meaning = "ModelOpt's dequantized fp32 weights" + (" + its NVFP4 activation fake quantization" if w4a4 else "") + (
         " + its FP8 activation fake quantization (static)" if fp8 else "") + (
-        " + its MXFP8 activation fake quantization" if mx else "")
+        " + its MXFP8 activation fake quantization" if mx else "") + (
+        " + its AWQ pre_quant_scale on the inputs" if awq else "")
     if mx:
         add_modelopt_mxfp8_activation_quant(model, tensors)
     if w4a4:
