@@ -109,31 +109,26 @@ def _extremes(dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-@interpreted_only
+# The kernel interpreted on the CPU, or compiled on CUDA (the `gpu` test, at a prefill's size too).
+KERNELS = [pytest.param("cpu", id="interpreted", marks=interpreted_only),
+           pytest.param("cuda", id="gpu", marks=[pytest.mark.gpu, compiled_only])]
+
+
+@pytest.mark.parametrize("device", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tool", ["modelopt", "compressed-tensors"])
-def test_the_triton_kernel_is_the_reference_bit_for_bit(tool: str, dtype: torch.dtype) -> None:
+def test_the_triton_kernel_is_the_reference_bit_for_bit(tool: str, dtype: torch.dtype, device: str) -> None:
     quant = M.MX_INPUTS[tool]
     x = _extremes(dtype)
     want = quant(x, use_triton=False)
-    assert torch.equal(quant(x, use_triton=True), want) and not want.isnan().any()
-    assert torch.equal(quant(x.view(4, 10, 224), use_triton=True), want.view(4, 10, 224))
+    assert torch.equal(quant(x.to(device), use_triton=True).cpu(), want) and not want.isnan().any()
+    assert torch.equal(quant(x.view(4, 10, 224).to(device), use_triton=True).cpu(), want.view(4, 10, 224))
+    if device == "cuda":
+        big = torch.randn(4096, 4096, generator=torch.Generator().manual_seed(1)).to(dtype)
+        assert torch.equal(quant(big.cuda()).cpu(), quant(big, use_triton=False))
 
 
 @pytest.mark.parametrize("use_triton", IMPLS)
 def test_a_bad_input_is_named(use_triton: bool) -> None:
     with pytest.raises(ValueError, match="^x:"):
         M.modelopt_mxfp8_fake_quant(torch.zeros(2, 32, dtype=torch.int32), use_triton=use_triton)
-
-
-@pytest.mark.gpu
-@compiled_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tool", ["modelopt", "compressed-tensors"])
-def test_gpu_mx_quant_kernel(tool: str, dtype: torch.dtype) -> None:
-    """Compiled: the CPU reference's values bit for bit, at a decode batch's and a prefill's sizes."""
-    quant = M.MX_INPUTS[tool]
-    x = _extremes(dtype)
-    assert torch.equal(quant(x.cuda()).cpu(), quant(x, use_triton=False))
-    big = torch.randn(4096, 4096, generator=torch.Generator().manual_seed(1)).to(dtype)
-    assert torch.equal(quant(big.cuda()).cpu(), quant(big, use_triton=False))
