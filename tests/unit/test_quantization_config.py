@@ -116,8 +116,8 @@ def test_the_checkpoints_method_is_read() -> None:
     ({"quantization_config": {**CT_W4A16, "format": "mxfp6-quantized"}}, "auto", ["'mxfp6-quantized'"]),
     ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}}, "auto",
      ["modelopt NVFP4", "group_size", "32", "16"]),
-    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4_AWQ"}}, "auto",
-     ["'NVFP4_AWQ'", "MXFP8, NVFP4, W4A16_AWQ, W4A16_NVFP4, W8A16, MIXED_PRECISION"]),
+    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}}, "auto",
+     ["'W4A8_AWQ'", "MXFP8, NVFP4, NVFP4_AWQ, W4A16_AWQ, W4A16_NVFP4, W8A16, MIXED_PRECISION"]),
     ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {
         "model.layers.0.mlp.down_proj": {"quant_algo": "W4A8_AWQ"}}}}, "auto",
      ["quantized_layers.model.layers.0.mlp.down_proj.quant_algo", "'W4A8_AWQ'", "FP8, FP8_PB_WO, NVFP4"]),

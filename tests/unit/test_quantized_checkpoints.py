@@ -266,7 +266,8 @@ def test_modelopt_fp8_is_the_static_fp8_it_stores(layout: str, tmp_path: Path) -
     else:
         (out / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A8_AWQ"}}))
     with pytest.raises(ValueError, match=r"modelopt quant_algo 'W4A8_AWQ' is not supported \(supported: FP8, "
-                                         r"FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8, NVFP4, W4A16_AWQ, W4A16_NVFP4, W8A16, MIXED_PRECISION\)"):
+                                         r"FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8, NVFP4, NVFP4_AWQ, W4A16_AWQ, W4A16_NVFP4, W8A16, "
+                                         r"MIXED_PRECISION\)"):
         ModelConfig.from_hf(out)
 
 
@@ -467,11 +468,45 @@ def test_modelopt_mixed_precision_runs_each_layer_as_its_algorithm_says() -> Non
     assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * bound
 
 
+def test_modelopt_nvfp4_awq_scales_the_inputs_before_their_fp4_quantization(tmp_path: Path) -> None:
+    """ModelOpt's NVFP4_AWQ: NVFP4 W4A4 with AWQ's `pre_quant_scale` on the inputs its export did
+    not fold away (here o_proj's and down_proj's, drawn in [0.5, 2]): each such layer multiplies
+    its input by it, then quantizes that to FP4; the `modelopt-nvfp4` fixture's layers with their
+    inputs so multiplied give the same logits bit for bit, and without the scales they differ."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = tmp_path / "nvfp4-awq"
+    shutil.copytree(DATA / "modelopt-nvfp4", out)
+    tensors = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    scales = {}
+    for layer in (0, 1):
+        for proj, k in (("self_attn.o_proj", 256), ("mlp.down_proj", 384)):
+            scales[f"model.layers.{layer}.{proj}"] = (0.5 + 1.5 * torch.rand(k, generator=g)).bfloat16()
+    tensors.update({f"{p}.pre_quant_scale": v for p, v in scales.items()})
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("config.json", "hf_quant_config.json"):
+        text = (out / name).read_text()
+        (out / name).write_text(text.replace('"NVFP4"', '"NVFP4_AWQ"'))
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_algo"] == "NVFP4_AWQ"
+    ids = _reference("modelopt-nvfp4")["input_ids"].reshape(-1)
+    got = _prompt_logits(_runner(out), ids)
+    plain = _runner(DATA / "modelopt-nvfp4")
+    assert not torch.equal(got, _prompt_logits(plain, ids))
+    for prefix, scale in scales.items():
+        module = plain.model.get_submodule(prefix.replace("self_attn.o_proj", "self_attn.o_proj.local")
+                                           .replace("mlp.down_proj", "mlp.down_proj.local"))
+        assert isinstance(module, PackedIntLinear) and module.fp4_input_scale is not None
+        module.register_forward_pre_hook(lambda m, inputs, s=scale.float(): (inputs[0] * s.to(inputs[0].dtype),))
+    assert torch.equal(got, _prompt_logits(plain, ids))
+
+
 @pytest.mark.parametrize("change, words", [
     ({"model.layers.0.self_attn.k_proj.input_scale": torch.tensor(0.5)},
      ["model.layers.0.self_attn.qkv_proj", "input_scale differ"]),  # one fused input, one scale
-    ({"model.layers.1.mlp.down_proj.pre_quant_scale": torch.ones(384, dtype=torch.bfloat16)},
-     ["model.layers.1.mlp.down_proj", "pre_quant_scale"]),  # ModelOpt's NVFP4_AWQ input scaling
     ({"model.layers.0.mlp.up_proj.weight_scale_2": None},
      ["model.layers.0.mlp.up_proj.weight", "no weight_scale_2"]),  # (else read as int8 codes)
 ])

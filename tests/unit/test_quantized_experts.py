@@ -712,3 +712,21 @@ def test_mxfp8_experts_stay_packed_and_quantize_their_inputs(tiny_models, tmp_pa
         plain = fused_moe_int4_grouped(x, dataclasses.replace(w13, mx_input=""), dataclasses.replace(w2, mx_input=""),
                                        32, ids, weights, moe.act)
         assert not torch.equal(got, plain)
+
+
+def test_nvfp4_awq_experts_are_named(tiny_models, tmp_path) -> None:
+    """An expert with AWQ's pre_quant_scale before its FP4 inputs (NVFP4_AWQ experts) is named at
+    start-up: dequantized experts would not quantize their inputs."""
+    from quant_nvfp4 import write_modelopt_nvfp4_checkpoint
+    from safetensors.torch import load_file, save_file
+
+    from batonlm.model_runner.quantization.config import QuantizationError
+
+    path = tmp_path / "awq"
+    write_modelopt_nvfp4_checkpoint(tiny_models["qwen3_moe"], path, LINEARS + FAMILIES["qwen3_moe"], input_scale=1 / 300)
+    tensors = load_file(str(path / "model.safetensors"))
+    down = next(k for k in tensors if ".experts.0.down_proj.weight" in k and k.endswith("weight"))
+    tensors[down.replace(".weight", ".pre_quant_scale")] = torch.ones(tensors[down].shape[1] * 2, dtype=torch.bfloat16)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(QuantizationError, match="experts with AWQ's pre_quant_scale before quantized inputs"):
+        load_model(ModelConfig.from_hf(path), torch.float32, "cpu")

@@ -8,8 +8,8 @@ from typing import Any
 
 from batonlm.model_runner.quantization.quant_config import QuantConfig, QuantizationError
 
-_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "MXFP8", "NVFP4", "W4A16_AWQ", "W4A16_NVFP4",
-                   "W8A16", "MIXED_PRECISION")
+_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "MXFP8", "NVFP4", "NVFP4_AWQ", "W4A16_AWQ",
+                   "W4A16_NVFP4", "W8A16", "MIXED_PRECISION")
 _MODELOPT_MIXED = ("FP8", "FP8_PB_WO", "NVFP4")  # the per-layer algorithms of MIXED_PRECISION batonlm runs
 
 
@@ -26,7 +26,9 @@ def read_modelopt(qc: dict[str, Any]) -> QuantConfig:
     weight with one scale per tensor and a static activation scale per layer (`input_scale`), the
     tensors AutoFP8 writes too; FP8_PER_CHANNEL_PER_TOKEN: a scale per output channel and dynamic
     per-token activations. NVFP4: FP4 weights (`nvfp4.py`) and FP4 activations with each layer's
-    calibrated `input_scale` (W4A4, kernels/fp4.py); W4A16_NVFP4: the weights only; FP8_PB_WO:
+    calibrated `input_scale` (W4A4, kernels/fp4.py), NVFP4_AWQ the same with AWQ's
+    `pre_quant_scale` multiplying the inputs its export did not fold into a norm or the previous
+    layer; W4A16_NVFP4: the weights only; FP8_PB_WO:
     FP8 weights with a scale per 128x128 block, float activations (fp8_weight_only.py); W8A16:
     int8 weights with a scale per output channel, float activations; MXFP8: FP8 weights with an
     E8M0 exponent per 32 inputs (`mxfp8.py`), inputs quantized alike (kernels/mxfp8.py);
@@ -43,9 +45,9 @@ def read_modelopt(qc: dict[str, Any]) -> QuantConfig:
     inner: dict[str, Any] = nested if isinstance(nested, dict) else qc
     if algo == "MIXED_PRECISION":
         return _modelopt_mixed(inner)
-    if algo in ("NVFP4", "W4A16_NVFP4"):
+    if algo in ("NVFP4", "NVFP4_AWQ", "W4A16_NVFP4"):  # (NVFP4_AWQ: NVFP4 with a pre_quant_scale on some inputs)
         _check_nvfp4_group(algo, inner)
-        return QuantConfig("modelopt", group_size=16, act_quant="fp4" if algo == "NVFP4" else "none", fp4="NVFP4")
+        return QuantConfig("modelopt", group_size=16, act_quant="none" if algo == "W4A16_NVFP4" else "fp4", fp4="NVFP4")
     if algo == "MXFP8":
         return QuantConfig("modelopt", group_size=32, act_quant="mxfp8")
     if algo == "W4A16_AWQ":  # INT4_AWQ_CFG: symmetric int4 per group, `pre_quant_scale` where no norm took it

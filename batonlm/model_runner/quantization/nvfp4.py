@@ -49,10 +49,8 @@ def members(names: set[str], prefix: str) -> tuple[str, ...] | None:
         absent = [p for p in parts if f"{prefix}.{p}" not in names]
         if absent:
             raise QuantizationError(f"NVFP4 layer {prefix} ({layout}'s layout) lacks {', '.join(absent)}")
-        if f"{prefix}.pre_quant_scale" in names:  # ModelOpt's NVFP4_AWQ: the input scaled first
-            raise QuantizationError(f"NVFP4 layer {prefix} has a pre_quant_scale (AWQ's input scaling), which is "
-                                    "not supported")
-        extra = (f"{prefix}.{act}",) if f"{prefix}.{act}" in names else ()
+        # its FP4 input scale, and ModelOpt's NVFP4_AWQ `pre_quant_scale` (the input scaled first)
+        extra = tuple(f"{prefix}.{n}" for n in (act, "pre_quant_scale") if f"{prefix}.{n}" in names)
         return tuple(f"{prefix}.{p}" for p in parts) + extra
     return None
 

@@ -99,7 +99,7 @@ def make_resident(
         storages = {lin.storage for lin, _ in sources}
         layer: Fp8Linear | Int8Linear | LlmInt8Linear | PackedIntLinear
         static = any(static_scale(lin) for lin, _ in sources)
-        if pre_quant_scale(ckpt, module_name, sources) is not None and not storages <= {"moint4"}:
+        if pre_quant_scale(ckpt, module_name, sources) is not None and not storages <= {"moint4", "nvfp4"}:
             kept.add(module_name)  # (AWQ's pre_quant_scale: folded into the dequantized weight)
             continue
         if storages == {"fp8"}:

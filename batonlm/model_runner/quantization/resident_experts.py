@@ -57,6 +57,9 @@ def make_resident_experts(
         sources = [(linears[n], t) for n in names if n in linears and isinstance(t := targets.get(n), Target)]
         layer = None
         awq = any(f"{lin.prefix}.pre_quant_scale" in lin.members for lin, _ in sources)  # (dequantized: folded in)
+        if awq and quant.act_quant != "none":
+            raise QuantizationError(f"{module_name}: experts with AWQ's pre_quant_scale before quantized inputs "
+                                    "(NVFP4_AWQ) are not supported; their dense projections are")
         if len(sources) == len(names) and not awq:
             layer = ((_fp8_experts(ckpt, module_name, module, sources, quant) if fp8_experts else None)
                      or _int8_experts(ckpt, module_name, module, sources, quant)
