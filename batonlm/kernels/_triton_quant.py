@@ -132,7 +132,6 @@ def _fp8_matmul_kernel(
     tl.store(y, acc, mask=m_valid[:, None] & n_valid[None, :])  # converted to y's dtype by the store
 
 
-
 def _tile_m(m: int) -> int:
     return tile(m, 64)
 

@@ -35,12 +35,10 @@ MIN_SCALE = torch.finfo(torch.float32).tiny
 FBGEMM_MIN_SCALE = 1.0 / (448.0 * 512.0)
 
 
-
 def _check_fp8(t: torch.Tensor, name: str) -> None:
     check_2d(t, name)
     if t.dtype not in FP8_DTYPES:
         raise fail(name, "float8_e4m3fn or float8_e5m2", t.dtype)
-
 
 
 def _fp8_on_triton(t: torch.Tensor, use_triton: bool | None) -> bool:
@@ -52,7 +50,6 @@ def _fp8_on_triton(t: torch.Tensor, use_triton: bool | None) -> bool:
 def _expand(scale: torch.Tensor, rows_per: int, cols_per: int, rows: int, cols: int) -> torch.Tensor:
     """A per-block scale [ceil(rows / rows_per), ceil(cols / cols_per)] -> one per element."""
     return scale.repeat_interleave(rows_per, 0)[:rows].repeat_interleave(cols_per, 1)[:, :cols]
-
 
 
 # --- FP8 activations -------------------------------------------------------------------------

@@ -153,8 +153,6 @@ def make_resident(
     return out
 
 
-
-
 def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tuple[QuantizedLinear, Target]]) -> None:
     """A fused NVFP4 W4A4 projection quantizes its one input once: its layers' calibrated input
     scales must agree (llm-compressor and ModelOpt calibrate q/k/v and gate/up on their one input)."""
@@ -163,18 +161,6 @@ def _check_fp4_input_scales(ckpt: Checkpoint, module_name: str, sources: list[tu
         raise QuantizationError(f"{module_name}: its NVFP4 layers' {nvfp4.input_scale_name(sources[0][0].members)} differ "
                                 f"({', '.join(str(float(s)) for s in scales)}); fused layers quantize one input "
                                 "with one scale")
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _check_fp8_slice(module_name: str, lin: QuantizedLinear, t: Target, block: tuple[int, int] | None) -> None:
