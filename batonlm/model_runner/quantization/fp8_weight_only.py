@@ -78,12 +78,20 @@ def block_scales(ckpt: Checkpoint, name: str, shape: tuple[int, int], quant: Qua
     return s, (bn, bk)
 
 
+def fp8_codes(ckpt: Checkpoint, prefix: str, scales: torch.Tensor, groups: torch.Tensor,
+              stored_scales: torch.Tensor | None = None) -> IntWeights:
+    """A layer's FP8 `weight` as 8-bit codes [K, N] through the format's table, with float32
+    `scales` [N, G] per row and group, each input row's group (and the scales as stored)."""
+    n = scales.shape[0]
+    q = ckpt.get(f"{prefix}.weight").view(torch.uint8).to(torch.int32).t().contiguous()
+    return IntWeights(q, torch.zeros(scales.shape[1], n, dtype=torch.int32), scales.t().contiguous(), groups, 8,
+                      codebook(ckpt.dtype(f"{prefix}.weight")),
+                      stored_scales=None if stored_scales is None else stored_scales.t().contiguous())
+
+
 def int_weights(ckpt: Checkpoint, prefix: str, scale: str, shape: tuple[int, int], quant: QuantConfig) -> IntWeights:
-    """The FP8 codes as 8-bit integers [K, N] through the format's table, a scale per row and group."""
+    """The FP8 codes through the format's table, a scale per row and group (a block's on each of its rows)."""
     n, k = shape
     s, (bn, bk) = block_scales(ckpt, scale, shape, quant)
-    rows = s.repeat_interleave(bn, dim=0)[:n]  # [N, G]
-    q = ckpt.get(f"{prefix}.weight").view(torch.uint8).to(torch.int32).t().contiguous()
     groups = torch.arange(k) // bk if s.shape[1] > 1 else torch.zeros(k, dtype=torch.int64)
-    return IntWeights(q, torch.zeros(rows.shape[1], n, dtype=torch.int32), rows.t().contiguous(), groups, 8,
-                      codebook=codebook(ckpt.dtype(f"{prefix}.weight")))
+    return fp8_codes(ckpt, prefix, s.repeat_interleave(bn, dim=0)[:n], groups)

@@ -196,7 +196,8 @@ class PackedIntLinear(nn.Module):
                  scale_2_divides: bool = False, mx_input: str = "", pre_quant_scale: bool = False) -> None:
         super().__init__()
         self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
-        self.register_buffer("pre_quant_scale", torch.empty(k, dtype=torch.float32) if pre_quant_scale else None)
+        # (in the layer's dtype, as ModelOpt multiplies: no cast per call)
+        self.register_buffer("pre_quant_scale", torch.empty(k, dtype=dtype) if pre_quant_scale else None)
         if group_size != 0:
             groups = 1 if group_size == -1 else _cdiv(k, group_size)
         self.register_buffer("qweight", torch.empty(_cdiv(k, 32 // bits), n, dtype=torch.int32))
@@ -223,7 +224,7 @@ class PackedIntLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.k)
         if self.pre_quant_scale is not None:
-            flat = flat * self.pre_quant_scale.to(flat.dtype)
+            flat = flat * self.pre_quant_scale
         if self.fp4_input_scale is not None and self.fp4_quant is not None:
             flat = self.fp4_quant(flat, self.fp4_input_scale)
         if self.mx_quant is not None:

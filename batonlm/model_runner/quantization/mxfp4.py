@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from batonlm.kernels.int4 import e8m0_scales
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.quantization.config import QuantizationError
 from batonlm.model_runner.quantization.int_weights import IntWeights
 from batonlm.model_runner.quantization.nvfp4 import e2m1_weights
 
 GROUP = 32
-_BIAS = 127
 
 
 def members(names: set[str], prefix: str) -> tuple[str, ...]:
@@ -36,5 +36,5 @@ def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int]) -> IntWei
     exponent = ckpt.get(f"{prefix}.weight_scale")
     if exponent.dtype != torch.uint8:
         raise QuantizationError(f"MXFP4 layer {prefix}: weight_scale is {exponent.dtype}, not uint8 E8M0 exponents")
-    scales = torch.ldexp(torch.ones(exponent.shape), exponent.to(torch.int32) - _BIAS)
+    scales = e8m0_scales(exponent)
     return e2m1_weights(ckpt.get(f"{prefix}.weight_packed"), exponent, scales, shape, GROUP, f"MXFP4 layer {prefix}")

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
+from batonlm.kernels.int4 import e8m0_scales
 from batonlm.model_runner.checkpoint import Checkpoint
 from batonlm.model_runner.quantization.config import QuantizationError
-from batonlm.model_runner.quantization.fp8_weight_only import codebook
+from batonlm.model_runner.quantization.fp8_weight_only import fp8_codes
 from batonlm.model_runner.quantization.int_weights import IntWeights
 
 GROUP = 32
-_BIAS = 127
 
 
 def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int]) -> IntWeights:
@@ -34,7 +34,4 @@ def int_weights(ckpt: Checkpoint, prefix: str, shape: tuple[int, int]) -> IntWei
     if tuple(exponent.shape) != (n, groups):
         raise QuantizationError(f"MXFP8 layer {prefix}: weight_scale of shape {list(exponent.shape)} is not one E8M0 "
                                 f"exponent per 32 inputs of a [{n}, {k}] weight ([{n}, {groups}])")
-    scales = torch.ldexp(torch.ones(exponent.shape), exponent.to(torch.int32) - _BIAS)
-    q = ckpt.get(f"{prefix}.weight").view(torch.uint8).to(torch.int32).t().contiguous()
-    return IntWeights(q, torch.zeros(groups, n, dtype=torch.int32), scales.t().contiguous(), torch.arange(k) // GROUP,
-                      8, codebook(ckpt.dtype(f"{prefix}.weight")), stored_scales=exponent.t().contiguous())
+    return fp8_codes(ckpt, prefix, e8m0_scales(exponent), torch.arange(k) // GROUP, stored_scales=exponent)

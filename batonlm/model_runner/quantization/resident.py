@@ -99,7 +99,8 @@ def make_resident(
         storages = {lin.storage for lin, _ in sources}
         layer: Fp8Linear | Int8Linear | LlmInt8Linear | PackedIntLinear
         static = any(static_scale(lin) for lin, _ in sources)
-        if pre_quant_scale(ckpt, module_name, sources) is not None and not storages <= {"moint4", "nvfp4"}:
+        awq = pre_quant_scale(ckpt, module_name, sources) is not None
+        if awq and not storages <= {"moint4", "nvfp4"}:
             kept.add(module_name)  # (AWQ's pre_quant_scale: folded into the dequantized weight)
             continue
         if storages == {"fp8"}:
@@ -140,7 +141,7 @@ def make_resident(
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
                                         bits=bits, codebook=books[0] is not None, fp4_input=fp4_input,
                                         stored_scales=stored, scale_2_divides=divides, mx_input=mx_input,
-                                        pre_quant_scale=pre_quant_scale(ckpt, module_name, sources) is not None)
+                                        pre_quant_scale=awq)
         else:
             kept.add(module_name)
             continue

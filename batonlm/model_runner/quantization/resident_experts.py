@@ -133,9 +133,8 @@ def _int4_experts(
     """`Int4Experts` when every expert's projections are 4-bit with consecutive groups of one
     size (a rank's slice of the down projections' rows in whole groups, or a start-up error), or
     in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
-    weight_only_fp8 = {"fp8wo"} | ({"mxfp8"} if quant.act_quant in ("none", "mxfp8") else set())  # (the e4m3 table)
-    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4"} | \
-            weight_only_int8(quant) | weight_only_fp8:
+    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo", "mxfp8"} | \
+            weight_only_int8(quant):
         return None
     books = [codebook_of(ckpt, lin) for lin, _ in sources]
     if not same_codebook(books):
