@@ -175,33 +175,34 @@ def layer_costs(ms: list[int], k: int, n: int, rounds: int, device: str, dtype: 
     return rows
 
 
-def variants(src: str, out: Path) -> dict[str, tuple[str, dict]]:
-    """name -> (model directory, Engine arguments)."""
-    fp8, int8, gptq, static = out / "fp8-block", out / "w8a8-int8", out / "gptq-int4", out / "fp8-static"
-    write_fp8_block_checkpoint(src, fp8)
-    write_w8a8_checkpoint(src, int8)
-    write_w8a8_checkpoint(src, out / "w8a8-int8-asym", asym_activations=True)
-    write_gptq_checkpoint(src, gptq, bits=4, group_size=128, sym=True)
-    write_static_checkpoint(src, static, "autofp8")
-    write_bnb4_checkpoint(src, out / "bnb-nf4")
-    write_int8_checkpoint(src, out / "bnb-int8")
-    write_nvfp4_checkpoint(src, out / "nvfp4a16")
-    write_modelopt_nvfp4_checkpoint(src, out / "modelopt-nvfp4", input_scale=1 / 600)
-    write_fbgemm_fp8_checkpoint(src, out / "fbgemm-fp8")
-    write_modelopt_fp8_pb_wo_checkpoint(src, out / "fp8-pb-wo")
-    write_mxfp8_checkpoint(src, out / "mxfp8")
-    return {"float": (src, {}), "fp8 W8A8 block": (str(fp8), {}), "int8 W8A8": (str(int8), {}),
-            "int8 W8A8 asym": (str(out / "w8a8-int8-asym"), {}),
-            "fp8 static (AutoFP8)": (str(static), {}),
-            "gptq int4 g128": (str(gptq), {}),
-            "bnb nf4 (bitsandbytes)": (str(out / "bnb-nf4"), {}),
-            "bnb int8 (LLM.int8)": (str(out / "bnb-int8"), {}),
-            "nvfp4 (NVFP4A16)": (str(out / "nvfp4a16"), {}),
-            "nvfp4 W4A4 (ModelOpt)": (str(out / "modelopt-nvfp4"), {}),
-            "fp8 W8A8 channel (fbgemm_fp8)": (str(out / "fbgemm-fp8"), {}),
-            "fp8 weight-only blocks (ModelOpt FP8_PB_WO)": (str(out / "fp8-pb-wo"), {}),
-            "mxfp8 W8A8 (llm-compressor MXFP8)": (str(out / "mxfp8"), {}),
-            "fp8 online (per channel)": (src, {"quantization": "fp8"})}
+def variants(src: str, out: Path, only: list[str] | None = None) -> dict[str, tuple[str, dict]]:
+    """name -> (model directory, Engine arguments), each checkpoint written only when `only` keeps it
+    (a big shape's writes are most of its run)."""
+    writers = {  # name -> (directory, its writer or None for the float checkpoint, Engine arguments)
+        "float": (src, None, {}),
+        "fp8 W8A8 block": (out / "fp8-block", write_fp8_block_checkpoint, {}),
+        "int8 W8A8": (out / "w8a8-int8", write_w8a8_checkpoint, {}),
+        "int8 W8A8 asym": (out / "w8a8-int8-asym", lambda s, d: write_w8a8_checkpoint(s, d, asym_activations=True), {}),
+        "fp8 static (AutoFP8)": (out / "fp8-static", lambda s, d: write_static_checkpoint(s, d, "autofp8"), {}),
+        "gptq int4 g128": (out / "gptq-int4", lambda s, d: write_gptq_checkpoint(s, d, bits=4, group_size=128, sym=True), {}),
+        "bnb nf4 (bitsandbytes)": (out / "bnb-nf4", write_bnb4_checkpoint, {}),
+        "bnb int8 (LLM.int8)": (out / "bnb-int8", write_int8_checkpoint, {}),
+        "nvfp4 (NVFP4A16)": (out / "nvfp4a16", write_nvfp4_checkpoint, {}),
+        "nvfp4 W4A4 (ModelOpt)": (out / "modelopt-nvfp4",
+                                  lambda s, d: write_modelopt_nvfp4_checkpoint(s, d, input_scale=1 / 600), {}),
+        "fp8 W8A8 channel (fbgemm_fp8)": (out / "fbgemm-fp8", write_fbgemm_fp8_checkpoint, {}),
+        "fp8 weight-only blocks (ModelOpt FP8_PB_WO)": (out / "fp8-pb-wo", write_modelopt_fp8_pb_wo_checkpoint, {}),
+        "mxfp8 W8A8 (llm-compressor MXFP8)": (out / "mxfp8", write_mxfp8_checkpoint, {}),
+        "fp8 online (per channel)": (src, None, {"quantization": "fp8"}),
+    }
+    chosen = {}
+    for name, (path, write, extra) in writers.items():
+        if only and not any(o in name for o in only):
+            continue
+        if write is not None:
+            write(src, path)
+        chosen[name] = (str(path), extra)
+    return chosen
 
 
 def served(models: dict[str, tuple[str, dict]], batches: list[int], new_tokens: int, rounds: int, device: str,
@@ -256,8 +257,7 @@ def main() -> None:
         src = build_random_llama(config, Path(tmp) / "float")
         print(f"\nPart 2: a random model ({args.shape}, {shape['num_hidden_layers']} layers) served, "
               f"{args.new_tokens} new tokens per stream, { {'on': 'compiled', 'off': 'eager', 'auto': 'default (--compile auto)'}[args.compile]} step")
-        models = {name: v for name, v in variants(src, Path(tmp)).items()
-                  if not args.only or any(o in name for o in args.only)}
+        models = variants(src, Path(tmp), args.only)
         rows = served(models, args.batch, args.new_tokens, args.rounds, args.device, args.dtype, args.compile)
     print(table(rows))
     if args.json:
