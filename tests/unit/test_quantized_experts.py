@@ -384,9 +384,10 @@ def test_fp4_experts_are_the_dequantized_experts(tiny_models, tmp_path, fmt, gro
     _two_ranks_sum_to_one(cfg, layers[0], x)  # (gate and up columns each with their per-tensor scales)
 
 
-@pytest.mark.parametrize("fmt", ["fp8-weight-only", "mxfp8a16"])
+@pytest.mark.parametrize("fmt", ["fp8-weight-only", "mxfp8a16", "fp8-weight-only-experts"])
 def test_8_bit_fp8_experts_are_the_dequantized_experts(tiny_models, tmp_path, fmt) -> None:
-    """FP8 weight-only experts (compressed-tensors FP8 per channel without input activations) and
+    """FP8 weight-only experts (compressed-tensors FP8 per channel without input activations;
+    also as one config group, "re:.*mlp.*", beside an FP8_DYNAMIC attention group) and
     MXFP8A16 ones (E8M0 exponents per 32, kept as bytes) stay packed as 8-bit codes through the
     e4m3 table: the dequantized experts' outputs bit for bit eager, traced to float32's bound;
     two ranks sum to one."""
@@ -405,7 +406,12 @@ def test_8_bit_fp8_experts_are_the_dequantized_experts(tiny_models, tmp_path, fm
     else:
         write_w8a8_checkpoint(tmp_path / "qwen3_moe", path, kind="float", linears=linears)
         config = json.loads((path / "config.json").read_text())
-        config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = None
+        groups = config["quantization_config"]["config_groups"]
+        if fmt == "fp8-weight-only-experts":
+            groups["group_1"] = dict(groups["group_0"], input_activations=None, targets=["re:.*mlp.*"])
+            groups["group_0"]["targets"] = ["re:.*self_attn.*"]
+        else:
+            groups["group_0"]["input_activations"] = None
         (path / "config.json").write_text(json.dumps(config))
     cfg = ModelConfig.from_hf(path)
     model = load_model(cfg, torch.float32, "cpu", resident=True)[0]
@@ -413,6 +419,8 @@ def test_8_bit_fp8_experts_are_the_dequantized_experts(tiny_models, tmp_path, fm
     assert layers and all(isinstance(m.experts, Int4Experts) and m.experts.bits == 8 and m.experts.codebook is not None
                           and m.experts.group == (32 if fmt == "mxfp8a16" else -1) for _, m in layers)
     assert all(m.experts.w13_scales.dtype == (torch.uint8 if fmt == "mxfp8a16" else torch.float32) for _, m in layers)
+    if fmt == "fp8-weight-only-experts":  # the attention's inputs stay quantized: W8A8
+        assert all(type(m).__name__ == "Fp8Linear" for n, m in model.named_modules() if n.endswith("qkv_proj"))
     x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
     _packed_experts_are_the_dequantized_experts(cfg, model, x)
     _two_ranks_sum_to_one(cfg, layers[0], x)

@@ -65,6 +65,7 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("w8a16", False, None),
     ("fp8-block64", True, Fp8Linear),
     ("fp8-dynamic", True, Fp8Linear),
+    ("fp8-mixed-wo", True, Fp8Linear),  # FP8_DYNAMIC attention, the MLP's FP8 weight-only (packed codes)
     ("fbgemm-fp8", True, Fp8Linear),  # per token, each token's amax capped
     ("w8a8", True, Int8Linear),
     ("w8a8-static", True, Int8Linear),  # one input scale for every rank: only float32's rounding apart
@@ -91,7 +92,7 @@ def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, 
     cfg, full, ranks = _models(path, resident, quantization="fp8" if name == "online-fp8" else "auto")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, cfg.hidden_size, generator=g, dtype=torch.float64)
-    per_token = name in ("fp8-dynamic", "fbgemm-fp8", "online-fp8")
+    per_token = name in ("fp8-dynamic", "fp8-mixed-wo", "fbgemm-fp8", "online-fp8")
 
     def module(model, proj):
         return model.get_submodule(LAYER + proj)

@@ -190,61 +190,71 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
                                 "one is supported")
     sizes = {g["weights"].get("group_size") for g in groups.values() if g["weights"].get("strategy") == "group"}
     block = blocks.pop() if blocks else None
-    act_quant, act_symmetric = _activations(groups)
+    act_quant, act_symmetric, act_targets = _activations(groups)
     fp4 = ""
     if any((g["weights"].get("type"), g["weights"].get("num_bits")) == ("float", 4) for g in groups.values()):
         mx = fmt == "mxfp4-pack-quantized" or any(g.get("format") == "mxfp4-pack-quantized" for g in groups.values())
         fp4 = "MXFP4" if mx else "NVFP4"
     return QuantConfig("compressed-tensors", block=(block[0], block[1]) if block else None,
                        group_size=sizes.pop() if len(sizes) == 1 else -1, act_quant=act_quant,
-                       act_symmetric=act_symmetric, fp4=fp4)
+                       act_symmetric=act_symmetric, fp4=fp4, act_targets=act_targets)
 
 
-def _activations(groups: dict[str, Any]) -> tuple[str, bool]:
+def _activations(groups: dict[str, Any]) -> tuple[str, bool, tuple[tuple[str, bool], ...]]:
     """What the config groups quantize activations to, "fp8", "mxfp8" (per 32 inputs with E8M0
-    scales, kernels/mxfp8.py), "int8" (per token dynamically or
-    per tensor statically, symmetric or with zero points: what the int8 kernels run) or "none",
-    and whether symmetrically. Other int8 activation schemes run unquantized (W8A16), with a
-    warning."""
-    kinds, symmetric = set(), set()
-    for name, group in groups.items():
-        acts = group.get("input_activations")
-        if not isinstance(acts, dict):
-            continue
-        if acts.get("type") == "float" and acts.get("num_bits") == 4:
-            fp4 = (acts.get("strategy"), acts.get("group_size"), acts.get("dynamic"))
-            if fp4 != ("tensor_group", 16, "local"):  # (MXFP4's activations, per 32 with E8M0 scales: not read)
-                raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float 4-bit "
-                                        f"activations {fp4} are not supported (supported: NVFP4's, "
-                                        "tensor_group of 16, dynamic 'local' with a calibrated global scale)")
-            kinds.add("fp4")
-            continue
-        if acts.get("type") == "float" and str(acts.get("scale_dtype")).removeprefix("torch.") == "uint8":
-            if (acts.get("num_bits"), acts.get("strategy"), acts.get("group_size")) != (8, "group", 32):
-                raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float "
-                                        f"{acts.get('num_bits')}-bit activations with E8M0 scales per "
-                                        f"{acts.get('strategy')} of {acts.get('group_size')} are not supported "
-                                        "(supported: MXFP8's, 8-bit per group of 32)")
-            kinds.add("mxfp8")
-        elif acts.get("type") == "float":
-            kinds.add("fp8")
-        elif acts.get("type") == "int" and acts.get("num_bits") == 8:
-            scheme = (acts.get("strategy"), bool(acts.get("dynamic")))
-            if scheme in (("token", True), ("tensor", False)):
-                kinds.add("int8")
-                symmetric.add(bool(acts.get("symmetric", True)))
-            else:
-                logger.warning("compressed-tensors config_groups.%s.input_activations: int8 %s %s activations "
-                               "are not supported (per-token dynamic and per-tensor static are); its "
-                               "layers run with unquantized activations (W8A16)", name,
-                               "dynamic" if scheme[1] else "static", scheme[0])
+    scales, kernels/mxfp8.py), "int8" (per token dynamically or per tensor statically, symmetric
+    or with zero points: what the int8 kernels run), "fp4" (NVFP4's) or "none", and whether
+    symmetrically; where some groups quantize their inputs and others do not, every target and
+    whether its group does (`QuantConfig.act_targets`; a later group's target overrides an
+    earlier one's, as compressed-tensors maps them)."""
+    found = {name: _activation_kind(name, group.get("input_activations")) for name, group in groups.items()}
+    kinds = {k[0] for k in found.values() if k}
+    symmetric = {k[1] for k in found.values() if k and k[0] == "int8"}
     if len(kinds) > 1:
         raise QuantizationError(f"compressed-tensors config_groups quantize activations to {' and '.join(sorted(kinds))}; "
                                 "one kind per checkpoint is supported")
     if len(symmetric) > 1:
         raise QuantizationError("compressed-tensors config_groups quantize int8 activations both symmetrically and "
                                 "asymmetrically (input_activations.symmetric); one kind per checkpoint is supported")
-    return (kinds.pop() if kinds else "none"), symmetric.pop() if symmetric else True
+    targets: dict[str, bool] = {}
+    if kinds and None in found.values():
+        for name, group in groups.items():
+            named = group.get("targets") or []
+            for t in [named] if isinstance(named, str) else named:
+                targets[str(t)] = found[name] is not None
+    return (kinds.pop() if kinds else "none"), symmetric.pop() if symmetric else True, tuple(targets.items())
+
+
+def _activation_kind(name: str, acts: Any) -> tuple[str, bool] | None:
+    """What group `name`'s `input_activations` quantize to and whether symmetrically, or None:
+    its inputs stay float (none stated; int8 schemes the kernels do not run, with a warning:
+    those layers run W8A16)."""
+    if not isinstance(acts, dict):
+        return None
+    if acts.get("type") == "float" and acts.get("num_bits") == 4:
+        fp4 = (acts.get("strategy"), acts.get("group_size"), acts.get("dynamic"))
+        if fp4 != ("tensor_group", 16, "local"):  # (MXFP4's activations, per 32 with E8M0 scales: not read)
+            raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float 4-bit "
+                                    f"activations {fp4} are not supported (supported: NVFP4's, "
+                                    "tensor_group of 16, dynamic 'local' with a calibrated global scale)")
+        return "fp4", True
+    if acts.get("type") == "float" and str(acts.get("scale_dtype")).removeprefix("torch.") == "uint8":
+        if (acts.get("num_bits"), acts.get("strategy"), acts.get("group_size")) != (8, "group", 32):
+            raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float "
+                                    f"{acts.get('num_bits')}-bit activations with E8M0 scales per "
+                                    f"{acts.get('strategy')} of {acts.get('group_size')} are not supported "
+                                    "(supported: MXFP8's, 8-bit per group of 32)")
+        return "mxfp8", True
+    if acts.get("type") == "float":
+        return "fp8", True
+    if acts.get("type") == "int" and acts.get("num_bits") == 8:
+        scheme = (acts.get("strategy"), bool(acts.get("dynamic")))
+        if scheme in (("token", True), ("tensor", False)):
+            return "int8", bool(acts.get("symmetric", True))
+        logger.warning("compressed-tensors config_groups.%s.input_activations: int8 %s %s activations are not "
+                       "supported (per-token dynamic and per-tensor static are); its layers run with unquantized "
+                       "activations (W8A16)", name, "dynamic" if scheme[1] else "static", scheme[0])
+    return None
 
 
 def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:

@@ -36,10 +36,11 @@ def _per_channel(scale: tuple[int, ...], n: int) -> bool:
 
 
 def weight_only(ckpt: Checkpoint, names: set[str], prefix: str, scale: str, quant: QuantConfig, n: int) -> bool:
-    """An FP8 layer whose inputs are not quantized: the checkpoint's activations are float, or a
+    """An FP8 layer whose inputs are not quantized: the checkpoint's (or the layer's config
+    group's) activations are float, or a
     ModelOpt layer scaled per block without an input scale (FP8_PB_WO, also among a
     MIXED_PRECISION checkpoint's layers: ModelOpt's W8A8 FP8 is per tensor or channel)."""
-    if quant.act_quant == "none":
+    if not quant.quantizes_inputs(prefix):  # (compressed-tensors: by the config group the layer is in)
         return True
     return (quant.method == "modelopt" and f"{prefix}.input_scale" not in names
             and not _per_channel(tuple(ckpt.shape(scale)), n))

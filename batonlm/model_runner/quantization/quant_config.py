@@ -3,7 +3,9 @@ the checkpoint's `quantization_config`), and `QuantizationError`, a config baton
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 
 class QuantizationError(ValueError):
@@ -26,6 +28,9 @@ class QuantConfig:
     `input_zero_point`). `llm_int8_threshold`: bitsandbytes 8-bit's (LLM.int8) outlier threshold,
     activations at least this large multiplied in float (0: none). `act_amax_ub`: FBGEMM FP8's
     `activation_scale_ub`, a token's amax capped at it before its scale is taken (None: not capped).
+    `act_targets`: where a compressed-tensors checkpoint's config groups disagree on quantizing
+    their inputs (W8A8 groups beside weight-only ones), each group target and whether its layers
+    quantize their inputs, in the config's order (`quantizes_inputs` matches a layer to one).
     Which modules are quantized the checkpoint's tensors say (a module left in float, e.g. one
     of `modules_to_not_convert` or compressed-tensors' `ignore`, has a float `weight`)."""
 
@@ -43,6 +48,31 @@ class QuantConfig:
     fp4: str = ""  # the FP4 weight format, "NVFP4" or "MXFP4" (compressed-tensors'; ModelOpt's NVFP4)
     mixed: tuple[str, ...] = ()  # ModelOpt's MIXED_PRECISION: its layers' algorithms (each layer's tensors say which)
     act_amax_ub: float | None = None
+    act_targets: tuple[tuple[str, bool], ...] = ()
+
+    def quantizes_inputs(self, layer: str) -> bool:
+        """Whether the checkpoint layer `layer` (its module name) quantizes its inputs: by the
+        compressed-tensors group its name matches where the groups disagree (`act_targets`)."""
+        if not self.act_targets:
+            return self.act_quant != "none"
+        target = group_target(layer, [t for t, _ in self.act_targets])
+        return self.act_quant != "none" if target is None else dict(self.act_targets)[target]
+
+    def for_layers(self, module: str, layers: Iterable[str]) -> QuantConfig:
+        """This config as the projection `module` (the checkpoint layers `layers`, fused) runs:
+        itself, or weight-only where none of its layers quantize their inputs; layers fused into
+        one input that disagree are refused (one input is quantized or not)."""
+        if not self.act_targets:
+            return self
+        kinds = {layer: self.quantizes_inputs(layer) for layer in layers}
+        if set(kinds.values()) == {False}:
+            return replace(self, act_quant="none", act_targets=())
+        if set(kinds.values()) == {True}:
+            return self
+        yes, no = [k for k, v in kinds.items() if v], [k for k, v in kinds.items() if not v]
+        raise QuantizationError(f"{module}: the config groups quantize the inputs of {_some(yes)} and not of "
+                                f"{_some(no)}, layers batonlm runs as one (fused, or one MoE layer's experts); "
+                                "their groups must agree")
 
     @property
     def description(self) -> str:
@@ -75,4 +105,21 @@ class QuantConfig:
         if self.fp4:
             return self.method + (f" ({self.fp4} weights and activations)" if self.act_quant == "fp4"
                                   else f" ({self.fp4} weights)")
-        return self.method + (f" ({asym}{self.act_quant} activations)" if self.act_quant != "none" else "")
+        some = ", weight-only where its config groups say" if self.act_targets else ""
+        return self.method + (f" ({asym}{self.act_quant} activations{some})" if self.act_quant != "none" else "")
+
+
+def _some(names: list[str]) -> str:
+    return names[0] + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+
+
+def group_target(layer: str, targets: list[str]) -> str | None:
+    """The compressed-tensors target a linear layer named `layer` takes its scheme from, as
+    compressed-tensors' `match_targets` orders them: an exact name first, then a regular
+    expression ("re:", matched from the name's start), each kind in sorted order, then a class
+    name (a linear layer's "Linear"); None where none matches."""
+    ordered = sorted(targets, key=lambda t: (t.startswith("re:"), t))
+    for t in ordered:
+        if t == layer or (t.startswith("re:") and re.match(t[3:], layer)):
+            return t
+    return next((t for t in ordered if t in ("Linear", "Module")), None)

@@ -76,7 +76,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def make_resident(
-    model: CausalLM, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], quant: QuantConfig,
+    model: CausalLM, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], config: QuantConfig,
     targets: dict[str, Target | list[Target]], dtype: torch.dtype,
 ) -> list[ResidentLayer]:
     """Swap every decoder projection of `model` (on the meta device, not allocated yet) that can
@@ -97,6 +97,7 @@ def make_resident(
             continue
         n, k = weight.shape
         storages = {lin.storage for lin, _ in sources}
+        quant = config.for_layers(module_name, [lin.prefix for lin, _ in sources])  # (its inputs quantized or not)
         layer: Fp8Linear | Int8Linear | LlmInt8Linear | PackedIntLinear
         static = any(static_scale(lin) for lin, _ in sources)
         awq = pre_quant_scale(ckpt, module_name, sources) is not None

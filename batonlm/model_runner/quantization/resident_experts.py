@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 
 def make_resident_experts(
-    model: CausalLM, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], quant: QuantConfig,
+    model: CausalLM, ckpt: Checkpoint, linears: dict[str, QuantizedLinear], config: QuantConfig,
     targets: dict[str, Target | list[Target]], fp8_experts: bool = True,
 ) -> list[ResidentLayer]:
     """Swap every MoE layer's `FusedExperts` whose checkpoint experts the kernels cover for its
@@ -55,6 +55,7 @@ def make_resident_experts(
         if not any(n in linears for n in names):
             continue  # float experts (a checkpoint's `ignore`)
         sources = [(linears[n], t) for n in names if n in linears and isinstance(t := targets.get(n), Target)]
+        quant = config.for_layers(module_name, [lin.prefix for lin, _ in sources])  # (the experts share their inputs)
         layer = None
         awq = any(f"{lin.prefix}.pre_quant_scale" in lin.members for lin, _ in sources)  # (dequantized: folded in)
         if awq and quant.act_quant != "none":
@@ -72,7 +73,7 @@ def make_resident_experts(
         out.append(layer)
     if kept:
         # W8A8 experts run dequantized do not quantize their activations: not the checkpoint's outputs.
-        w8a8 = quant.act_quant != "none" and not quant.online
+        w8a8 = config.act_quant != "none" and not config.online
         logger.log(logging.WARNING if w8a8 else logging.INFO,
                    "%d MoE layer(s) run their experts dequantized%s (formats the expert kernels do not cover: gate "
                    "and up in different activation orders, static and dynamic activations mixed, int8 activations "

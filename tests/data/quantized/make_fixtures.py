@@ -68,6 +68,9 @@ LLMC_FIXTURES = {
     "mxfp8": ("rtn", "MXFP8"),  # FP8 weights with an E8M0 exponent per 32 inputs; inputs MXFP8 too (dynamic)
     "mxfp8a16": ("rtn", "MXFP8A16"),  # the same weights only
     "nvfp4": ("calibrated", "NVFP4"),  # FP4 activations too: their global scales calibrated
+    # two config groups: attention FP8_DYNAMIC ("re:.*self_attn.*"), every other Linear FP8
+    # weight-only per channel ("Linear": the regex outranks the class name where both match)
+    "fp8-mixed-wo": ("mixed", "FP8_DYNAMIC attention, FP8 weight-only elsewhere"),
 }
 
 
@@ -138,6 +141,16 @@ def make_llmcompressor(names: list[str]) -> None:
             recipe = QuantizationModifier(config_groups={"group_0": group}, ignore=["lm_head"])
             ds = calibration_dataset()
             oneshot(model=model, recipe=recipe, dataset=ds, num_calibration_samples=len(ds), max_seq_length=64)
+        elif kind == "mixed":
+            from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+            def fp8(strategy: str, dynamic: bool) -> QuantizationArgs:
+                return QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True, dynamic=dynamic)
+
+            groups = {"attention": QuantizationScheme(targets=["re:.*self_attn.*"], weights=fp8("channel", False),
+                                                      input_activations=fp8("token", True)),
+                      "rest": QuantizationScheme(targets=["Linear"], weights=fp8("channel", False))}
+            oneshot(model=model, recipe=QuantizationModifier(config_groups=groups, ignore=["lm_head"]))
         else:
             recipe = GPTQModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
             ds = calibration_dataset()

@@ -59,9 +59,10 @@ def unpack_ct(packed: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor
 
 
 def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Tensor]:
-    (group,) = qcfg["config_groups"].values()
+    group, *others = qcfg["config_groups"].values()
     w_args = group["weights"]
-    fmt = group.get("format") or qcfg["format"]
+    assert all(g["weights"] == w_args for g in others), "one weight scheme a fixture"
+    fmt = group.get("format") or qcfg["format"]  # (fp8-mixed-wo's weight-only group is "naive-quantized": alike)
     out = {}
     for k in list(t):
         if fmt == "mxfp8-quantized" and k.endswith(".weight_scale"):  # FP8 codes, an E8M0 exponent per 32 inputs
@@ -240,8 +241,9 @@ def activation_args(d: Path) -> dict | None:
     qcfg = json.loads((d / "config.json").read_text()).get("quantization_config") or {}
     if qcfg.get("quant_method") != "compressed-tensors":
         return None
-    (group,) = qcfg["config_groups"].values()
-    a = group.get("input_activations")
+    groups = [g for g in qcfg["config_groups"].values() if g.get("input_activations")] or [None]
+    (group,) = groups  # (one activation scheme a fixture; other groups weight-only: `weight_only_layers`)
+    a = group.get("input_activations") if group else None
     if a and a["num_bits"] == 8 and (a["dynamic"] or a["type"] == "int"):
         return a
     if a and (a["type"], a["num_bits"]) == ("float", 4):
@@ -258,6 +260,29 @@ def add_activation_quant(model, args: dict, d: Path) -> None:
         add_int8_activation_quant(model, args)
     else:
         add_static_int8_activation_quant(model, load_tensors(d))
+    for name in weight_only_layers(model, d):  # their inputs stay float: the hook off again
+        model.get_submodule(name)._forward_pre_hooks.clear()
+
+
+def weight_only_layers(model, d: Path) -> list[str]:
+    """The decoder Linears whose config group quantizes no inputs, where a compressed-tensors
+    fixture's groups disagree (`fp8-mixed-wo`): each layer's group as compressed-tensors' own
+    `match_targets` picks it (its first target: exact names, then regular expressions, then
+    class names)."""
+    from compressed_tensors.utils.match import match_targets
+
+    qcfg = json.loads((d / "config.json").read_text())["quantization_config"]
+    scheme = {}
+    for group in qcfg["config_groups"].values():
+        for t in group["targets"]:
+            scheme[t] = group
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
+            found = match_targets(name, mod, list(scheme))
+            if found and not scheme[found[0]].get("input_activations"):
+                out.append(name)
+    return out
 
 
 def asym_int8(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
