@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from test_quantized_checkpoints import DATA, RELATIVE, _prompt_logits, _reference, _runner
 
 from batonlm.model_runner.quantization.config import resolve_quantization
@@ -99,3 +100,33 @@ def test_weight_only_groups_beside_int8_schemes_the_kernels_do_not_run_stay_floa
     assert quant.act_quant == "int8"
     assert quant.quantizes_inputs("model.layers.1.mlp.up_proj")
     assert not quant.quantizes_inputs("model.layers.1.self_attn.v_proj")
+
+
+def _with_groups(src: Path, out: Path, split: bool) -> Path:
+    """`src` with its one config group split: the attention's keeps its input_activations, every
+    other layer's (the MLP's) has none (`split`), or every layer's none."""
+    shutil.copytree(src, out)
+    raw = json.loads((out / "config.json").read_text())
+    (group,) = raw["quantization_config"]["config_groups"].values()
+    groups = {"attention": dict(group, targets=["re:.*self_attn.*"]), "rest": dict(group, input_activations=None)}
+    raw["quantization_config"]["config_groups"] = groups if split else {"rest": groups["rest"]}
+    (out / "config.json").write_text(json.dumps(raw))
+    return out
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp8"])
+def test_fp4_and_mxfp8_inputs_are_quantized_only_where_the_group_says(name: str, tmp_path: Path) -> None:
+    """NVFP4 (W4A4) and MXFP8 layers beside their weight-only twins (NVFP4A16, MXFP8A16) in one
+    checkpoint: the attention's projections are the W4A4 / MXFP8 checkpoint's bit for bit, the
+    MLP's the weight-only one's, which differ."""
+    mixed = _runner(_with_groups(DATA / name, tmp_path / "mixed", split=True), resident=True).model
+    quantized = _runner(DATA / name, resident=True).model
+    weight_only = _runner(_with_groups(DATA / name, tmp_path / "wo", split=False), resident=True).model
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))
+
+    def out(model, proj: str) -> torch.Tensor:
+        return model.get_submodule("model.layers.1." + proj)(x)
+
+    for proj, same, other in (("self_attn.qkv_proj", quantized, weight_only), ("mlp.gate_up_proj", weight_only, quantized)):
+        assert torch.equal(out(mixed, proj), out(same, proj)), proj
+        assert not torch.equal(out(mixed, proj), out(other, proj)), proj
