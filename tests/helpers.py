@@ -81,6 +81,8 @@ def randomize_biases_and_norms(model: torch.nn.Module) -> None:
                 p.normal_(0.0, 0.2)
             elif name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
+            elif name.endswith(".sinks"):  # gpt-oss's attention sinks: large enough to take a share
+                p.normal_(0.0, 2.0)
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias, saved with the weights
                 b.normal_(0.0, 0.2)

@@ -12,6 +12,10 @@ dtype; the layer's scales are arguments: k_scale multiplies the scores (with the
 scale), v_scale the normalised output. The interpreter (triton 3.9) loads and converts FP8
 tensors as the compiled kernels do, for every finite value (its NaN/inf encodings differ from
 torch's, and the pool never holds one: writes clamp), so the CPU tests run this code as is.
+
+Attention sinks (a logit per query head, float32) join the softmax's denominator once every key
+is folded in: the extend kernel's running max and sum take the sink as one more score with no
+value; the decode merge does the same over its parts' log-sum-exps.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, r2t_row, k_stride_s, start, hi
 @triton.jit
 def _extend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, r2t_ptr, r2t_stride, slots_ptr, prefix_ptr, ext_ptr, starts_ptr,
                    q_stride_t, q_stride_h, k_stride_h, k_stride_s, o_stride_t, o_stride_h, scale, k_scale, v_scale,
-                   window, softcap, D, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                   window, softcap, sinks_ptr, D, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                   HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -109,6 +114,12 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, r2t_ptr, r2t_stride, slots_ptr, p
             m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_head, v_head, r2t_row, k_stride_s, start, hi, q_pos,
                                           offs_d, d_valid, qk_scale, window, softcap, HAS_WINDOW, HAS_SOFTCAP,
                                           BLOCK_N, IEEE)
+        if HAS_SINKS:  # one more score, exp(sink), in the denominator only
+            sink = tl.load(sinks_ptr + head).to(tl.float32)
+            m_all = tl.maximum(m_i, sink)
+            alpha = exp(m_i - m_all)
+            l_i = l_i * alpha + exp(sink - m_all)
+            acc = acc * alpha[:, None]
         out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
         o_off = (first + offs_m).to(tl.int64)[:, None] * o_stride_t + head * o_stride_h + offs_d[None, :]
         tl.store(o_ptr + o_off, out, mask=m_valid[:, None] & d_valid[None, :])
@@ -162,8 +173,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, part_ptr, lse_ptr, r2t_ptr, r2t_st
 
 
 @triton.jit
-def _decode_merge_kernel(part_ptr, lse_ptr, o_ptr, starts_ptr, o_stride_t, o_stride_h, D, H,
-                         SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_merge_kernel(part_ptr, lse_ptr, o_ptr, starts_ptr, sinks_ptr, o_stride_t, o_stride_h, D, H,
+                         SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -171,14 +182,25 @@ def _decode_merge_kernel(part_ptr, lse_ptr, o_ptr, starts_ptr, o_stride_t, o_str
     base = (row * H + head).to(tl.int64) * SPLITS
     lse = tl.load(lse_ptr + base + offs_s, mask=s_valid, other=NEG_INF)
     m = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        m = tl.maximum(m, sink)
     w = tl.where(s_valid & (lse > NEG_INF), exp(lse - m), 0.0)
     offs_d = tl.arange(0, BLOCK_D)
     d_valid = offs_d < D
     parts = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :],
                     mask=s_valid[:, None] & d_valid[None, :], other=0.0)
-    out = tl.sum(w[:, None] * parts, axis=0) / tl.sum(w, axis=0)
+    total = tl.sum(w, axis=0)
+    if HAS_SINKS:  # the sink's term in the denominator, no value with it
+        total += exp(sink - m)
+    out = tl.sum(w[:, None] * parts, axis=0) / total
     token = tl.load(starts_ptr + row).to(tl.int64)
     tl.store(o_ptr + token * o_stride_t + head * o_stride_h + offs_d, out, mask=d_valid)
+
+
+def _sinks(sinks: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """The sinks as the kernels read them, float32 (a placeholder where there are none)."""
+    return like if sinks is None else sinks.to(torch.float32).contiguous()
 
 
 def _vec(x: torch.Tensor) -> torch.Tensor:
@@ -196,7 +218,8 @@ def _dims(q: torch.Tensor, k_pool: torch.Tensor) -> tuple[int, int, int, bool]:
 
 
 def extend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
-           window: int | None, k_scale: float = 1.0, v_scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+           window: int | None, k_scale: float = 1.0, v_scale: float = 1.0, softcap: float | None = None,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     heads, d, group, ieee = _dims(q, k_pool)
     b = batch.req_slots.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -211,8 +234,9 @@ def extend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: P
         q, k_pool, v_pool, out, batch.req_to_token, batch.req_to_token.stride(0), _vec(batch.req_slots),
         _vec(batch.prefix_lens), _vec(batch.extend_lens), _vec(batch.extend_starts), q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1), scale, k_scale, v_scale, window or 0,
-        softcap or 1.0, d, GROUP=group, HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        IEEE=ieee, **NO_FMA,
+        softcap or 1.0, _sinks(sinks, out), d, GROUP=group, HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=block_d, IEEE=ieee, **NO_FMA,
     )
     return out.to(q.dtype)
 
@@ -224,7 +248,7 @@ def default_splits(max_seq_len: int) -> int:
 
 def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
            window: int | None, splits: int | None, k_scale: float = 1.0, v_scale: float = 1.0,
-           softcap: float | None = None) -> torch.Tensor:
+           softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     heads, d, group, ieee = _dims(q, k_pool)
     b = batch.req_slots.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -245,7 +269,8 @@ def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: P
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, BLOCK_G=block_g, BLOCK_N=64 if INTERPRET else 32, BLOCK_D=block_d, IEEE=ieee, **NO_FMA,
     )
     _decode_merge_kernel[(b, heads)](
-        parts, lse, out, _vec(batch.extend_starts), out.stride(0), out.stride(1), d, heads, SPLITS=splits,
-        BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d, **NO_FMA,
+        parts, lse, out, _vec(batch.extend_starts), _sinks(sinks, out), out.stride(0), out.stride(1), d, heads,
+        SPLITS=splits, HAS_SINKS=sinks is not None, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+        **NO_FMA,
     )
     return out.to(q.dtype)

@@ -9,6 +9,9 @@ prefill, a chunk on a cached prefix and a decode step are one computation:
     j over positions max(0, p - W + 1) .. p, p = the query's position, h_kv = h // (H / H_kv),
 
 with logit soft-capping (Gemma 2) each score s becomes cap * tanh(s / cap) before the softmax.
+With attention sinks (gpt-oss: a learned logit per query head, `sinks` [H] float32) the softmax's
+denominator has one more term, exp(sink[h]), that no value goes with: the weights sum to less
+than one, softmax over [scores, sink] with the sink's weight dropped.
 
 An FP8 pool (`--kv-cache-dtype`) holds k / k_scale and v / v_scale rounded to FP8: every
 function takes the layer's two scales and reads the pool as `stored * scale` (1.0: as stored).
@@ -40,6 +43,7 @@ class PagedBatch:
 def paged_attention_reference(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
     window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0, softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, H, D], k_pool / v_pool [H_kv, slots, D] (read as stored * k_scale / v_scale) ->
     [T, H, D] (in q's dtype; float32 math, float64 for a float64 q)."""
@@ -65,7 +69,11 @@ def paged_attention_reference(
         if window is not None:
             visible &= k_pos[None, :] > q_pos[:, None] - window
         scores = scores.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:  # one more logit per head, its weight dropped
+            sink = sinks.to(math_dtype).reshape(kv_heads, group, 1, 1).expand(kv_heads, group, n, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         ob = torch.einsum("kgnl,kld->nkgd", probs, v).reshape(n, heads, d)
         out[start : start + n] = ob.to(q.dtype)
     return out
@@ -74,7 +82,7 @@ def paged_attention_reference(
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
+def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, sinks: torch.Tensor | None = None) -> None:
     if q.dim() != 3 or k_pool.dim() != 3 or k_pool.shape != v_pool.shape:
         raise ValueError(f"expected q [T, H, D] and pools [H_kv, S, D], got {tuple(q.shape)}, {tuple(k_pool.shape)}")
     if k_pool.dtype != v_pool.dtype or (k_pool.dtype != q.dtype and k_pool.dtype not in _FP8):
@@ -83,27 +91,31 @@ def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
     if q.shape[1] % k_pool.shape[0] or q.shape[2] != k_pool.shape[2]:
         raise ValueError(f"{q.shape[1]} query heads of dim {q.shape[2]} do not fit {k_pool.shape[0]} KV heads "
                          f"of dim {k_pool.shape[2]}")
+    if sinks is not None and tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"sinks of shape {tuple(sinks.shape)} for {q.shape[1]} query heads: one logit a head")
 
 
 def extend_attention_triton(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
     window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0, softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention_reference` for any rows: prefills, chunks on a cached prefix, decodes."""
-    _check(q, k_pool, v_pool)
+    _check(q, k_pool, v_pool, sinks)
     # Imported on first use: triton decides between compiling and interpreting at definition.
     from batonlm.kernels import _triton_attention
 
-    return _triton_attention.extend(q, k_pool, v_pool, batch, scale, window, k_scale, v_scale, softcap)
+    return _triton_attention.extend(q, k_pool, v_pool, batch, scale, window, k_scale, v_scale, softcap, sinks)
 
 
 def decode_attention_triton(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch, scale: float,
     window: int | None = None, splits: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-    softcap: float | None = None,
+    softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention_reference` for rows of one query each (decode steps), split-KV."""
-    _check(q, k_pool, v_pool)
+    _check(q, k_pool, v_pool, sinks)
     from batonlm.kernels import _triton_attention
 
-    return _triton_attention.decode(q, k_pool, v_pool, batch, scale, window, splits, k_scale, v_scale, softcap)
+    return _triton_attention.decode(q, k_pool, v_pool, batch, scale, window, splits, k_scale, v_scale, softcap,
+                                    sinks)

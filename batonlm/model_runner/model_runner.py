@@ -63,6 +63,7 @@ class ModelRunner:
             self.kv_pool, self.req_to_token, self.num_heads, self.num_kv_heads, cfg.kv_head_dim, cfg.sliding_windows,
             cfg.attention_scale, cfg.attn_logit_softcap,
         )
+        self.attn.has_sinks = self.model.attention_sinks
         self.sampler = SAMPLERS[sampler]()
         self.sampling_table = SlotSamplingTable(num_req_slots, cfg.vocab_size, self.device)
         self.context_length = context_length

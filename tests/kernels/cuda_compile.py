@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from batonlm.kernels import (  # noqa: E402
+    _triton_attention,
     _triton_int8,
     _triton_llm_int8,
     _triton_logprobs,
@@ -121,6 +122,27 @@ KERNELS = [
     *((_triton_mxfp8._mx_quant_kernel,
        dict(x_ptr="*bf16", y_ptr="*bf16", K="i32", stride_xm="i32", stride_ym="i32"),
        dict(RULE=rule, GROUPS=8), dict(num_warps=2, **NO_FMA)) for rule in (0, 1)),
+    # Paged attention, bfloat16 queries over a bfloat16 or FP8 pool: the tensor-core path (the
+    # interpreter runs the float32 one), with a window, soft-capping and gpt-oss's sinks.
+    *((_triton_attention._extend_kernel,
+       dict(q_ptr="*bf16", k_ptr=pool, v_ptr=pool, o_ptr=F32, r2t_ptr=I64, r2t_stride="i32", slots_ptr=I64,
+            prefix_ptr=I64, ext_ptr=I64, starts_ptr=I64, q_stride_t="i32", q_stride_h="i32", k_stride_h="i32",
+            k_stride_s="i32", o_stride_t="i32", o_stride_h="i32", scale="fp32", k_scale="fp32", v_scale="fp32",
+            window="i32", softcap="fp32", sinks_ptr=F32, D="i32"),
+       dict(GROUP=4, HAS_WINDOW=True, HAS_SOFTCAP=softcap, HAS_SINKS=sinks, BLOCK_M=32, BLOCK_N=32, BLOCK_D=64,
+            IEEE=False), dict(num_warps=4, **NO_FMA))
+      for pool, softcap, sinks in (("*bf16", False, False), ("*fp8e4nv", True, False), ("*bf16", False, True))),
+    (_triton_attention._decode_split_kernel,
+     dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", part_ptr=F32, lse_ptr=F32, r2t_ptr=I64, r2t_stride="i32",
+          slots_ptr=I64, prefix_ptr=I64, starts_ptr=I64, q_stride_t="i32", q_stride_h="i32", k_stride_h="i32",
+          k_stride_s="i32", scale="fp32", k_scale="fp32", v_scale="fp32", window="i32", softcap="fp32", D="i32",
+          H="i32"),
+     dict(SPLITS=4, GROUP=4, HAS_WINDOW=True, HAS_SOFTCAP=False, BLOCK_G=16, BLOCK_N=32, BLOCK_D=64, IEEE=False),
+     dict(num_warps=4, **NO_FMA)),
+    *((_triton_attention._decode_merge_kernel,
+       dict(part_ptr=F32, lse_ptr=F32, o_ptr=F32, starts_ptr=I64, sinks_ptr=F32, o_stride_t="i32", o_stride_h="i32",
+            D="i32", H="i32"),
+       dict(SPLITS=4, HAS_SINKS=sinks, BLOCK_S=4, BLOCK_D=64), dict(num_warps=4, **NO_FMA)) for sinks in (False, True)),
 ]
 
 

@@ -71,12 +71,12 @@ def bound(q, k, v, batch, scale, dtype, softcap=None) -> torch.Tensor:
     return vmax * (score_err + sum_err + half)
 
 
-def check(got, q, k, v, batch, scale, window, dtype, k_scale=1.0, v_scale=1.0, softcap=None):
+def check(got, q, k, v, batch, scale, window, dtype, k_scale=1.0, v_scale=1.0, softcap=None, sinks=None):
     """An FP8 pool is exact in float64: the reference reads it as stored * scale, and the bound
     is that of a pool holding those values (the kernels convert FP8 tiles exactly; the scales
     add one rounding to the scores' factor and one to the output's, within the bound's slack)."""
     exact = paged_attention_reference(q.double(), k.double(), v.double(), batch, scale, window, k_scale, v_scale,
-                                      softcap)
+                                      softcap, sinks)
     assert got.dtype == dtype and got.shape == q.shape
     err = (got.double() - exact).abs()
     tol = bound(q, k.double() * k_scale, v.double() * v_scale, batch, scale, dtype, softcap)
@@ -129,6 +129,26 @@ def test_logit_soft_capping(kernel):
     check(got, q, k, v, batch, scale, 9, torch.float32, softcap=cap)
     with pytest.raises(AssertionError, match="bound"):
         check(extend_attention_triton(q, k, v, batch, scale, 9), q, k, v, batch, scale, 9, torch.float32, softcap=cap)
+
+
+@pytest.mark.parametrize("kernel", ["extend", "decode"])
+def test_attention_sinks(kernel):
+    """gpt-oss's sink logit per query head, one more term in each softmax's denominator (no value
+    with it): drawn from N(0, 3) against scores of the same size, so a kernel that leaves it out
+    is far outside the bound (the check sees it). A sink only shrinks the weights: the bound of
+    the attention without it holds."""
+    rng = random.Random(22)
+    rows = random_rows(rng, 5, decode=kernel == "decode") + [(0, 1)]  # a first token: its key and the sink
+    q, k, v, batch = make_case(rows, 8, 2, 48, torch.float32, seed=22)
+    scale = 48**-0.5
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(3)) * 3
+    if kernel == "decode":
+        got = decode_attention_triton(q, k, v, batch, scale, 9, 3, sinks=sinks)
+    else:
+        got = extend_attention_triton(q, k, v, batch, scale, 9, sinks=sinks)
+    check(got, q, k, v, batch, scale, 9, torch.float32, sinks=sinks)
+    with pytest.raises(AssertionError, match="bound"):
+        check(extend_attention_triton(q, k, v, batch, scale, 9), q, k, v, batch, scale, 9, torch.float32, sinks=sinks)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -195,12 +215,13 @@ def test_the_bound_sees_a_missing_key():
     assert math.isfinite(float(exact.abs().max()))
 
 
-@pytest.mark.parametrize("window, cache_dtype, softcap",
-                         [(None, None, None), (24, None, None), (24, torch.float8_e4m3fn, None), (24, None, 3.0)])
-def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window, cache_dtype, softcap):
+@pytest.mark.parametrize("window, cache_dtype, softcap, sinks",
+                         [(None, None, None, False), (24, None, None, False), (24, torch.float8_e4m3fn, None, False),
+                          (24, None, 3.0, False), (24, None, None, True)])
+def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window, cache_dtype, softcap, sinks):
     """Both backends through ForwardBatch: extend rows on cached prefixes and decode rows; with
     an FP8 pool, the torch backend's dequantizing gather against the kernels' scaled reads; with
-    Gemma 2's logit soft-capping."""
+    Gemma 2's logit soft-capping; with gpt-oss's attention sinks (which change the outputs)."""
     from batonlm.model_runner.attention.torch_backend import TorchAttentionBackend
     from batonlm.model_runner.attention.triton_backend import TritonAttentionBackend
     from batonlm.model_runner.forward_batch import ForwardBatch
@@ -230,10 +251,19 @@ def test_triton_backend_equals_torch_backend_on_a_mixed_batch(window, cache_dtyp
     for cls in (TorchAttentionBackend, TritonAttentionBackend):
         backend = cls(pool, r2t, heads, kv_heads, d, windows)
         backend.softcap = softcap
+        backend.has_sinks = sinks
         batch = ForwardBatch.build(*batch_args)
         assert len(batch.groups) == 2  # extend rows, then decode rows
         backend.prepare(batch)
-        outs.append([backend.forward(q, k, v, layer, batch) for layer, (q, k, v) in enumerate(qkv)])
+        outs.append([])
+        for layer, (q, k, v) in enumerate(qkv):
+            backend.sinks = torch.randn(heads, generator=torch.Generator().manual_seed(layer)) * 3 if sinks else None
+            outs[-1].append(backend.forward(q, k, v, layer, batch))
+    if sinks:  # (without them, the torch backend's outputs differ)
+        plain = TorchAttentionBackend(pool, r2t, heads, kv_heads, d, windows)
+        batch = ForwardBatch.build(*batch_args)
+        plain.prepare(batch)
+        assert not torch.allclose(plain.forward(*qkv[0], 0, batch), outs[0][0], atol=1e-2)
     for a, b in zip(*outs):
         # Both are float32 attention over <= 49 keys of unit-scale data: a few units of 2^-24.
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)

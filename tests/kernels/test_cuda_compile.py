@@ -33,7 +33,7 @@ def test_every_kernel_compiles_for_sm90():
         "_quant_fp8_kernel", "_fp8_matmul_kernel", "_int4_matmul_kernel", "_quant_int8_kernel", "_int8_matmul_kernel",
         "_llm_int8_matmul_kernel",
         "_grouped_gemm_kernel", "_grouped_gemm_fp8_kernel", "_grouped_gemm_int8_kernel", "_grouped_gemm_int4_kernel",
-        "_mx_quant_kernel",
+        "_mx_quant_kernel", "_extend_kernel", "_decode_split_kernel", "_decode_merge_kernel",
     }
     assert all(r["ptx_chars"] > 1000 for r in kernels.values())
     # Penalties: no FMA, so that freq * count + pres rounds as torch's does.

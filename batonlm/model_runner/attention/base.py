@@ -43,18 +43,31 @@ class AttentionBackend(ABC):
         # Attention logit soft-capping (Gemma 2): scores -> cap * tanh(scores / cap) before the
         # mask and softmax; None: off. Every backend applies it.
         self.softcap = softcap
+        # Attention sinks (gpt-oss, on transformers' code): the layer in progress's logit per
+        # query head [H] float32, set before each call; None: none. `has_sinks`: the model has
+        # them (known before a forward is prepared: the CPU's in-place decode has none).
+        self.sinks: torch.Tensor | None = None
+        self.has_sinks = False
 
     def masked_attention(
-        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+        sink: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """softmax(scale * q k^T, where `mask`) v over gathered keys (the torch backend's and the
-        compiled step's): SDPA, or with soft-capping, which SDPA lacks, transformers' eager
-        order of operations."""
-        if self.softcap is None:
+        compiled step's): SDPA, or with soft-capping or a sink logit per query row (`sink`,
+        broadcast against the scores' last dimension), which SDPA lacks, transformers' eager order
+        of operations: the sink one more column of the softmax, its weight dropped."""
+        if self.softcap is None and sink is None:
             return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale)
         scores = torch.matmul(queries, keys.transpose(-1, -2)) * self.scale
-        scores = torch.tanh(scores / self.softcap) * self.softcap
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32)
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores = scores.masked_fill(~mask, float("-inf")).float()
+        if sink is None:
+            weights = torch.softmax(scores, dim=-1)
+        else:
+            sinks = sink.float().expand(*scores.shape[:-1], 1)
+            weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
         return torch.matmul(weights.to(queries.dtype), values)
 
     @abstractmethod

@@ -7,7 +7,7 @@ where `group` query heads share a KV head and E is the group's longest extend: S
 (kv head, row) as its batch and a row's query heads and positions as its query length, so
 grouped-query attention needs no expansion of K/V and nothing is copied into another layout.
 One masked SDPA call per layer and group serves prefills of different lengths, chunks on cached
-prefixes, and decodes. On the CPU (float32, heads of 16 or more, no soft-capping) a group of decode rows
+prefixes, and decodes. On the CPU (float32, heads of 16 or more, no soft-capping or sinks) a group of decode rows
 instead reads its keys and values where they are in the pool (`kernels/cpu_attention.py`).
 """
 
@@ -37,7 +37,7 @@ class TorchAttentionBackend(AttentionBackend):
     @property
     def in_place(self) -> bool:
         """Decode rows on the CPU read their keys in the pool (kernels/cpu_attention.py), no gather."""
-        return cpu_attention.supports(self.kv_pool, self.softcap)
+        return cpu_attention.supports(self.kv_pool, self.softcap) and not self.has_sinks
 
     def prepare(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = [self._prepare_group(batch, g) for g in batch.groups]
@@ -105,7 +105,10 @@ class TorchAttentionBackend(AttentionBackend):
             q = padded
         # [B * E, H, d] -> [kvh, B, group * E, d]
         queries = q.reshape(b, e, kvh, heads_per_kv, d).permute(2, 0, 3, 1, 4).reshape(kvh, b, heads_per_kv * e, d)
-        out = self.masked_attention(queries, keys, values, mask)
+        sink = None
+        if self.sinks is not None:  # a query row's sink is its head's: [kvh, 1, group * E, 1]
+            sink = self.sinks.view(kvh, heads_per_kv, 1).expand(kvh, heads_per_kv, e).reshape(kvh, 1, -1, 1)
+        out = self.masked_attention(queries, keys, values, mask, sink)
         # out: [kvh, B, group * E, d]
         out = out.view(kvh, b, heads_per_kv, e, d).permute(1, 3, 0, 2, 4).reshape(b * e, self.num_heads * d)
         return out if meta.query_index is None else out[meta.query_index]

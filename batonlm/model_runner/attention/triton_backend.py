@@ -51,8 +51,8 @@ class TritonAttentionBackend(AttentionBackend):
             t = g.group.tokens
             if g.decode:
                 out[t] = decode_attention_triton(q[t], k_pool, v_pool, g.paged, self.scale, window, None, k_scale, v_scale,
-                                                 self.softcap)
+                                                 self.softcap, self.sinks)
             else:
                 out[t] = extend_attention_triton(q[t], k_pool, v_pool, g.paged, self.scale, window, k_scale, v_scale,
-                                                 self.softcap)
+                                                 self.softcap, self.sinks)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

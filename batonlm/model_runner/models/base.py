@@ -50,6 +50,8 @@ class CausalLM(nn.Module, ABC):
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     # The LM head, or None when it is tied to the embedding (the checkpoint's is then skipped).
     lm_head: nn.Module | None
+    # Whether its attention layers have sinks (a logit per head in the softmax's denominator).
+    attention_sinks: bool = False
 
     def __init__(
         self, cfg: ModelConfig, shard: TPLayout | None = None, tp: TPGroup | None = None,

@@ -56,7 +56,8 @@ class _Forward:
 
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-               sliding_window: int | None = None, softcap: float | None = None, **_: Any):
+               sliding_window: int | None = None, softcap: float | None = None, s_aux: torch.Tensor | None = None,
+               **_: Any):
     """transformers' attention-function signature: q [1, H, T, D], k/v [1, H_kv, T, D] ->
     ([1, T, H, D], None)."""
     attn, batch = _Forward.attn, _Forward.batch
@@ -69,6 +70,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         raise ValueError(f"layer {layer} has sliding window {sliding_window}, batonlm read "
                          f"{attn.sliding_windows[layer]} from the config")
     attn.softcap = float(softcap) if softcap else None
+    attn.sinks = s_aux  # gpt-oss's attention sinks: a logit per query head
     heads, tokens, dim = query.shape[1], query.shape[2], query.shape[3]
     q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
     out = attn.forward(q, k, v, layer, batch)  # [T, H * D]
@@ -94,6 +96,8 @@ class TransformersCausalLM(CausalLM):
         self.softcap = getattr(text, "final_logit_softcapping", None)
         self.logits_divisor = getattr(text, "logits_scaling", None)  # Granite
         self.logit_scale = getattr(text, "logit_scale", None)  # Cohere
+        # gpt-oss: its attention layers pass a sink logit per head (`s_aux`)
+        self.attention_sinks = any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in hf.modules())
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         _Forward.attn, _Forward.batch = attn, batch
