@@ -181,6 +181,10 @@ class ModelConfig:
                                    f"quantized too runs on batonlm's native models only, and {architecture} has none "
                                    f"(--model-impl {model_impl}); on transformers' code weight-only formats run "
                                    "(GPTQ, AWQ, compressed-tensors W4A16 / W8A16), dequantized")
+        if quant is not None and quant.method == "mxfp4" and impl == "native":
+            raise ModelConfigError(f"{cfg_file}: mxfp4 checkpoints (gpt-oss's MoE experts) run on transformers' "
+                                   f"modeling code, dequantized; {architecture} runs on batonlm's native model "
+                                   f"(--model-impl {model_impl})")
         embedding_only = architecture != _declared_architecture(raw)
         # transformers' config maps other names (GPT-2's n_embd, ...) to the ones read below.
         text = raw if impl == "native" else _transformers_fields(root, raw)

@@ -4,7 +4,9 @@ both loops with the prefix cache and chunked prefill; what it cannot do is refus
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 import zlib
 
 import httpx
@@ -144,6 +146,48 @@ def test_a_weight_only_quantized_checkpoint_runs_dequantized(fallback_models, tm
     write_w8a8_checkpoint(src, tmp_path / "w8a8", linears=linears)
     with pytest.raises(ModelConfigError, match=r"activations are quantized too .*GPTNeoXForCausalLM has none.*GPTQ"):
         ModelConfig.from_hf(tmp_path / "w8a8")
+
+
+def test_gpt_oss_mxfp4_experts_run_as_transformers_reads_them(fallback_models, tiny_models, tmp_path):
+    """gpt-oss with its MoE experts in MXFP4 (OpenAI's release layout, `quant_method: mxfp4`:
+    tests/quant_gpt_oss.py), on transformers' code with the experts dequantized: the greedy tokens
+    of transformers loading the same checkpoint (`Mxfp4Config(dequantize=True)`, its own
+    dequantization), in both loops, with the prefix cache and chunked prefill; the GPU's KV
+    budget counts the float experts; a native architecture declaring mxfp4 is refused in one line."""
+    from quant_gpt_oss import write_gpt_oss_mxfp4_checkpoint
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    from batonlm.model_runner.weight_size import weight_bytes
+
+    src = fallback_models["gpt_oss"]
+    path = tmp_path / "gpt-oss-mxfp4"
+    write_gpt_oss_mxfp4_checkpoint(src, path)
+    cfg = ModelConfig.from_hf(path)
+    assert cfg.impl == "transformers" and cfg.quantization is not None and cfg.quantization.method == "mxfp4"
+    assert weight_bytes(cfg, torch.bfloat16, device="cpu") == weight_bytes(ModelConfig.from_hf(src), torch.bfloat16,
+                                                                          device="cpu")
+    prompts, max_new = _workload("gpt_oss")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                              quantization_config=Mxfp4Config(dequantize=True)).eval()
+    want = []
+    with torch.no_grad():
+        for ids, n in zip(prompts, max_new):
+            out = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
+                              attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            want.append(out[0, len(ids):].tolist())
+    assert want != hf_greedy(src, prompts, max_new)  # FP4's rounding shows: the float source is not the reference
+    h = SchedulerHarness(str(path), chunked_prefill_size=16)
+    try:
+        for overlap in (False, True):
+            assert _run(h, prompts, max_new, overlap) == want, f"overlap={overlap}"
+    finally:
+        h.close()
+    llama = tmp_path / "llama-mxfp4"
+    shutil.copytree(tiny_models["llama"], llama)
+    raw = json.loads((llama / "config.json").read_text())
+    (llama / "config.json").write_text(json.dumps({**raw, "quantization_config": {"quant_method": "mxfp4"}}))
+    with pytest.raises(ModelConfigError, match="mxfp4 checkpoints .gpt-oss's MoE experts. run on transformers'"):
+        ModelConfig.from_hf(llama)
 
 
 def test_serve_says_which_code_runs_the_model(fallback_models):

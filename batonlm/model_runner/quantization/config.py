@@ -20,7 +20,7 @@ from batonlm.model_runner.quantization.quant_config import QuantConfig, Quantiza
 logger = logging.getLogger(__name__)
 
 # `--quantization`'s values: auto (the checkpoint's), none, and the methods batonlm loads.
-QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "modelopt", "bitsandbytes", "fbgemm_fp8")
+QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "modelopt", "bitsandbytes", "fbgemm_fp8", "mxfp4")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 _FP8_SCHEMES = ("static", "dynamic")
 
@@ -281,4 +281,4 @@ def _bitsandbytes(qc: dict[str, Any]) -> QuantConfig:
 
 
 _READERS = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors, "modelopt": read_modelopt,
-            "bitsandbytes": _bitsandbytes, "fbgemm_fp8": _fbgemm_fp8}
+            "bitsandbytes": _bitsandbytes, "fbgemm_fp8": _fbgemm_fp8, "mxfp4": lambda qc: QuantConfig("mxfp4")}

@@ -4,6 +4,9 @@ every other tensor as it is. The weight loader reads it as it reads any checkpoi
 parallelism (a rank's rows or columns of the float weight), fused projections, LoRA and the
 compiled decode step need nothing of their own (docs/quantization.md: what runs where).
 
+gpt-oss's MXFP4 experts (`mxfp4_experts.py`) appear as transformers' stacked parameters
+(`<experts>.gate_up_proj` [E, K, N]), the model the transformers fallback builds.
+
 With `--quantization fp8` on a float checkpoint (`QuantConfig.online`), each projection's
 weight is rounded to FP8 e4m3 with one scale per output channel as it is read (where the
 projections stay FP8, `resident.py` keeps the codes and scales instead: `online_linears`).
@@ -17,6 +20,7 @@ from pathlib import Path
 import torch
 
 from batonlm.model_runner.checkpoint import Checkpoint
+from batonlm.model_runner.quantization import mxfp4_experts
 from batonlm.model_runner.quantization.config import QuantConfig
 from batonlm.model_runner.quantization.formats import QuantizedLinear, dequantize, find_linears
 
@@ -55,11 +59,15 @@ class DequantizedCheckpoint(Checkpoint):
         super().__init__(files)
         self.quant = quant
         self.linears: dict[str, QuantizedLinear] = {}
+        self.stacked: dict[str, tuple[str, str]] = {}  # gpt-oss's MXFP4 experts: parameter -> (blocks, scales)
         self._consumed: set[str] = set()
 
     def __enter__(self) -> DequantizedCheckpoint:
         super().__enter__()
-        if not self.quant.online:
+        if self.quant.method == "mxfp4":
+            self.stacked = mxfp4_experts.find(set(super().names()))
+            self._consumed = {m for pair in self.stacked.values() for m in pair}
+        elif not self.quant.online:
             self.linears = find_linears(self, self.quant)
             self._consumed = {m for lin in self.linears.values() for m in lin.members}
         return self
@@ -69,6 +77,7 @@ class DequantizedCheckpoint(Checkpoint):
         for f, names in super().names_by_file():
             shown = [n for n in names if n not in self._consumed]
             shown += [w for w, lin in self.linears.items() if lin.members[0] in names]
+            shown += [p for p, (blocks, _) in self.stacked.items() if blocks in names]
             out.append((f, shown))
         return out
 
@@ -76,16 +85,22 @@ class DequantizedCheckpoint(Checkpoint):
         return [n for _, names in self.names_by_file() for n in names]
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.stacked:
+            return mxfp4_experts.shape(self, self.stacked[name][0])
         lin = self.linears.get(name)
         return lin.shape if lin is not None else super().shape(name)
 
     def nbytes(self, name: str) -> int:
+        if name in self.stacked:
+            return sum(Checkpoint.nbytes(self, m) for m in self.stacked[name])
         lin = self.linears.get(name)
         return super().nbytes(name) if lin is None else sum(Checkpoint.nbytes(self, m) for m in lin.members)
 
     def read(self, name: str, dim: int = 0, start: int = 0, count: int | None = None) -> torch.Tensor:
         lin = self.linears.get(name)
-        if lin is None:
+        if name in self.stacked:
+            w = mxfp4_experts.dequantize(self, *self.stacked[name])
+        elif lin is None:
             if not (self.quant.online and _PROJECTION.search(name) and len(super().shape(name)) == 2):
                 return super().read(name, dim, start, count)
             w = fp8_round_per_channel(super().get(name))

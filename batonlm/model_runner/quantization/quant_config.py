@@ -87,6 +87,8 @@ class QuantConfig:
             if self.bits == 8:
                 return f"bitsandbytes 8-bit (LLM.int8: int8 activations, outliers from {self.llm_int8_threshold:g} in float)"
             return "bitsandbytes 4-bit"
+        if self.method == "mxfp4":
+            return "mxfp4 (gpt-oss's MoE experts)"
         if self.method == "fbgemm_fp8":
             return f"fbgemm_fp8 (per channel, dynamic activations, amax capped at {self.act_amax_ub:g})"
         if self.mixed:
