@@ -81,6 +81,29 @@ def test_cuda_triton_attention_equals_torch_attention(tiny_models, family):
     assert outs[0] == outs[1]
 
 
+def test_cuda_gpt_oss_attention_sinks_on_triton_match_transformers(tmp_path):
+    """gpt-oss on transformers' code through the Triton attention kernels on the GPU: its sinks
+    (a logit per head in each softmax's denominator) in the extend kernel and the split-KV decode
+    merge; transformers' greedy tokens (float32)."""
+    from helpers import build_tiny_model, copy_tokenizer
+
+    path = tmp_path / "gpt_oss"
+    build_tiny_model("gpt_oss", path)
+    copy_tokenizer(path)
+    rng = random.Random(8)
+    prompts = random_prompts(6, rng, lo=1, hi=120)
+    max_new = [rng.randint(8, 20) for _ in prompts]
+    expected = hf_greedy(str(path), prompts, max_new)
+    h = SchedulerHarness(str(path), device="cuda", dtype="float32", attention_backend="triton", chunked_prefill_size=32)
+    try:
+        reqs = [(f"r{i}", p, {"temperature": 0.0, "max_new_tokens": n}, 2 * i)
+                for i, (p, n) in enumerate(zip(prompts, max_new))]
+        got = _run(h, reqs, overlap=True)
+        assert [got[f"r{i}"] for i in range(len(prompts))] == expected
+    finally:
+        h.close()
+
+
 def _graph_runner(h: SchedulerHarness):
     return h.sched.device.executor.runner
 
