@@ -167,8 +167,11 @@ def _dequantized(cfg: ModelConfig, dtype: torch.dtype) -> PreTrainedModel:
     import transformers
 
     config = float_config(cfg.path)
+    state = {}
     with open_checkpoint(checkpoint_files(cfg.path), cfg.quantization) as ckpt:
-        state = {name: ckpt.read(name) for name in ckpt.names()}
+        for name in ckpt.names():  # each in the model's dtype as it is read (gpt-oss-20b's experts: 42 GB in bf16)
+            t = ckpt.read(name)
+            state[name] = t.to(dtype) if t.is_floating_point() else t
     model_class = getattr(transformers, cfg.architecture)  # (the auto class needs a path)
     hf, info = model_class.from_pretrained(None, config=config, state_dict=state, dtype=dtype,
                                            attn_implementation=IMPLEMENTATION, output_loading_info=True)
