@@ -20,8 +20,10 @@ quantized too: run with float ones, their outputs are not the checkpoint's).
 What it does not do: tensor parallelism and DP attention (transformers' layers are whole), the
 compiled CPU step and CUDA graphs (the step runs eagerly); attention logit soft-capping (Gemma 2)
 only on the torch attention backend. The backend attends with the scale each layer passes; each layer's
-sliding window is checked against the one batonlm read from the config on every call: a model
-that disagrees fails loudly rather than computing something else.
+sliding window is checked against the one batonlm read from the config on every call, gpt-oss's
+sinks (`s_aux`) reach the backend, and any other argument that would change the attention (a
+key selection, a positional bias, non-causal) stops the forward: a model that disagrees fails
+loudly rather than computing something else.
 """
 
 from __future__ import annotations
@@ -57,13 +59,19 @@ class _Forward:
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                sliding_window: int | None = None, softcap: float | None = None, s_aux: torch.Tensor | None = None,
-               **_: Any):
+               **kwargs: Any):
     """transformers' attention-function signature: q [1, H, T, D], k/v [1, H_kv, T, D] ->
     ([1, T, H, D], None)."""
     attn, batch = _Forward.attn, _Forward.batch
     if attn is None:
         raise RuntimeError("batonlm's attention was called outside a batonlm forward")
     layer = int(module.layer_idx)  # type: ignore[arg-type]
+    unknown = [k for k, v in kwargs.items() if _changes_attention(k, v)]
+    if unknown:
+        raise ValueError(f"{type(module).__name__} (layer {layer}) passes {', '.join(sorted(unknown))} to its attention "
+                         "function: attention batonlm's paged backends do not compute (a key selection, a "
+                         "positional bias, non-causal or other sinks), so this architecture cannot run on the "
+                         "transformers fallback")
     # The model's own softmax scale (OPT scales its queries and passes 1.0, Granite a multiplier).
     attn.scale = float(scaling) if scaling is not None else attn.head_dim**-0.5
     if sliding_window != attn.sliding_windows[layer]:
@@ -75,6 +83,21 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
     out = attn.forward(q, k, v, layer, batch)  # [T, H * D]
     return out.view(1, tokens, heads, dim), None
+
+
+# What transformers' attention modules pass beside q, k and v, and mean no other attention than
+# batonlm's causal paged one (handled above: scaling, sliding_window, softcap, s_aux).
+_NEUTRAL = frozenset({"dropout", "position_ids", "cache_position", "output_attentions", "use_cache", "cu_seq_lens_q",
+                      "cu_seq_lens_k", "max_length_q", "max_length_k", "layer_idx", "attention_mask"})
+
+
+def _changes_attention(name: str, value: Any) -> bool:
+    """An argument that would make the layer's attention something the backends do not compute:
+    DeepSeek-V3.2's selected `indices`, `block_indices`, a `position_bias`, other `sinks`, or
+    `is_causal=False`; None (and is_causal True) means the default."""
+    if name == "is_causal":
+        return value is False
+    return name not in _NEUTRAL and value is not None
 
 
 def _register() -> None:
