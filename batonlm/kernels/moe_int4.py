@@ -16,8 +16,9 @@ expert's per-tensor scale per column, multiplying them or (`scale_2_divides`) di
 (`kernels/int4.py`). NVFP4 W4A4 experts also quantize each expert's
 input to FP4 with that expert's own scale (`input_scale` [E], `fp4_input`: the format whose
 arithmetic, kernels/fp4.py): every formulation quantizes each routed row by its expert's before
-the gate/up product, and the gated product before the down product. MXFP8 experts (`mx_input`)
-quantize the same two inputs to MXFP8 (kernels/mxfp8.py), each row by its own groups.
+the gate/up product, and the gated product before the down product. MXFP8, W4AFP8 and W4A8
+experts (`input_quant`) quantize the same two inputs so and back (kernels/input_quant.py), each
+row by itself.
 
 Four formulations, as for float experts:
 - `fused_moe_int4_grouped`: one expert at a time over its rows, through the torch reference (the
@@ -39,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from batonlm.kernels.fp4 import FP4_INPUTS
+from batonlm.kernels.input_quant import INPUT_QUANTS
 from batonlm.kernels.int4 import dequantize_int4, int4_dequant_matmul_reference
 from batonlm.kernels.moe import (
     Activation,
@@ -48,7 +50,6 @@ from batonlm.kernels.moe import (
     gathered_by_expert,
     grouped_by_expert,
 )
-from batonlm.kernels.mxfp8 import MX_INPUTS
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Int4Weights:
     scale_2: torch.Tensor | None = None
     scale_2_divides: bool = False
     dense: torch.Tensor | None = None  # [E, N, K]: the weights the codes mean, kept (the CPU's operand)
-    mx_input: str = ""  # MXFP8 experts: every row quantized per 32 first (kernels/mxfp8.py, this tool's rule)
+    input_quant: str = ""  # every row quantized and back first (a key of kernels/input_quant.INPUT_QUANTS)
 
     def expert(self, e: int | torch.Tensor) -> Int4Weights:
         """Expert e's weights (a tensor of experts: those experts', gathered)."""
@@ -78,14 +79,14 @@ class Int4Weights:
                            None if self.g_idx is None else self.g_idx[e], self.bits, self.codebook,
                            None if self.input_scale is None else self.input_scale[e], self.fp4_input,
                            None if self.scale_2 is None else self.scale_2[e], self.scale_2_divides,
-                           None if self.dense is None else self.dense[e], self.mx_input)
+                           None if self.dense is None else self.dense[e], self.input_quant)
 
     def quantized_input(self, rows: torch.Tensor, experts: torch.Tensor | None = None) -> torch.Tensor:
         """rows [M, K] as this projection takes them: unchanged, quantized to FP4 by the scale of
-        each row's expert (`experts` [M]; None: one expert's, this one's scalar), or to MXFP8
+        each row's expert (`experts` [M]; None: one expert's, this one's scalar), or as `input_quant` says
         (no scale: each row's groups their own)."""
-        if self.mx_input:
-            return MX_INPUTS[self.mx_input](rows)
+        if self.input_quant:
+            return INPUT_QUANTS[self.input_quant](rows)
         if self.input_scale is None:
             return rows
         scale = self.input_scale if experts is None else self.input_scale[experts]
@@ -166,7 +167,7 @@ def fused_moe_int4_dense(
 
     def per_expert(rows: torch.Tensor, w: Int4Weights) -> torch.Tensor:
         """rows [E, T, K] (every expert's copy of every token) each quantized by its expert's scale."""
-        if w.mx_input:  # (no expert's scale: one quantization of every copy)
+        if w.input_quant:  # (no expert's scale: one quantization of every copy)
             return w.quantized_input(rows.reshape(-1, rows.shape[2])).view(rows.shape)
         if w.input_scale is None:
             return rows
@@ -209,7 +210,7 @@ def fused_moe_int4_triton(
     pairs, k = topk_ids.numel(), topk_ids.shape[1]
 
     def mlp(sorted_ids: torch.Tensor, block_expert: torch.Tensor, pair_expert: torch.Tensor) -> torch.Tensor:
-        if w13.input_scale is None:  # (MXFP8: each token quantized once, whichever its experts)
+        if w13.input_scale is None:  # (input_quant: each token quantized once, whichever its experts)
             h = _triton_moe_int4.grouped_gemm_int4(w13.quantized_input(x), w13, group, sorted_ids, block_expert, pairs,
                                                    k)
         else:  # each pair's row quantized by its expert's scale

@@ -168,8 +168,8 @@ class Int4Experts(nn.Module):
     W8A16 experts; GPTQ's activation order with each expert's
     `g_idx`, `group` 0, of `order_groups` groups for w13 and w2; bitsandbytes 4-bit experts with
     their `codebook` and no zeros), weight-only (NVFP4 W4A4: with `fp4_input`, each expert's
-    inputs quantized to FP4 by its own `w13_input_scale` / `w2_input_scale`; MXFP8: with
-    `mx_input`, every input quantized to MXFP8 in that tool's rule; NVFP4's float8 group
+    inputs quantized to FP4 by its own `w13_input_scale` / `w2_input_scale`; MXFP8, W4AFP8,
+    W4A8: with `input_quant`, every input quantized so and back (kernels/input_quant.py); NVFP4's float8 group
     scales kept as such with `stored_scales` (MXFP4's exponents too), each expert's per-tensor scale per column in
     `w13_scale_2` / `w2_scale_2`; on the CPU, where NVFP4 W4A4 experts stay packed, `finish_load`
     keeps the reference's weight operands `w13_f`, `w2_f`, as `Fp8Experts` does), this rank's slice of
@@ -194,10 +194,10 @@ class Int4Experts(nn.Module):
 
     def __init__(self, experts: FusedExperts, group: int, order_groups: tuple[int, int] = (0, 0),
                  bits: int = 4, codebook: bool = False, fp4_input: str = "", stored_scales: str = "",
-                 scale_2_divides: bool = False, mx_input: str = "") -> None:
+                 scale_2_divides: bool = False, input_quant: str = "") -> None:
         super().__init__()
         self.intermediate, self.rows, self.group, self.bits = experts.intermediate, experts.rows, group, bits
-        self.mx_input = mx_input
+        self.input_quant = input_quant
         num, two_count, hidden = experts.w13.shape
         count = two_count // 2
         for (name, k, n), ordered in zip((("w13", hidden, two_count), ("w2", count, hidden)), order_groups):
@@ -220,10 +220,10 @@ class Int4Experts(nn.Module):
     def _weights(self) -> tuple[moe_int4.Int4Weights, moe_int4.Int4Weights]:
         w13 = moe_int4.Int4Weights(self.w13_qweight, self.w13_scales, self.w13_zeros, self.hidden, self.w13_g_idx,
                                    self.bits, self.codebook, self.w13_input_scale, self.fp4_input, self.w13_scale_2,
-                                   self.scale_2_divides, self.w13_f, self.mx_input)
+                                   self.scale_2_divides, self.w13_f, self.input_quant)
         w2 = moe_int4.Int4Weights(self.w2_qweight, self.w2_scales, self.w2_zeros, self.count, self.w2_g_idx, self.bits,
                                   self.codebook, self.w2_input_scale, self.fp4_input, self.w2_scale_2,
-                                  self.scale_2_divides, self.w2_f, self.mx_input)
+                                  self.scale_2_divides, self.w2_f, self.input_quant)
         return w13, w2
 
     def finish_load(self) -> None:

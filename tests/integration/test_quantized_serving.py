@@ -39,10 +39,11 @@ def _greedy(path: str | Path, prompts: list[list[int]], max_new: list[int], grap
 # (kept packed: its reference is ModelOpt's own arithmetic, transformers has no ModelOpt loader) and
 # its MIXED_PRECISION (FP8 and NVFP4 layers; FP8_PB_WO weight-only blocks, kept packed as 8-bit
 # codes, and NVFP4), its MXFP8 (kept packed, inputs quantized per 32 in ModelOpt's arithmetic),
-# its int4 AWQ (dequantized, the pre_quant_scale folded into the weights).
+# its int4 AWQ (dequantized, the pre_quant_scale folded into the weights); llm-compressor's W4AFP8 (packed int4,
+# each input quantized to FP8 per token and back).
 @pytest.mark.parametrize("name", ["fp8-block", "w8a8", "w8a8-asym", "w8a8-static-asym", "w4a16-asym", "bnb-nf4",
                                   "bnb-int8", "nvfp4a16", "modelopt-nvfp4", "modelopt-mixed", "modelopt-mixed-pb-wo", "modelopt-mxfp8",
-                                  "modelopt-int4-awq",
+                                  "modelopt-int4-awq", "w4afp8",
                                   "gptqmodel-w4g64-asym-descact"])
 def test_served_greedy_tokens_are_transformers(name: str) -> None:
     ref = load_file(str(DATA / name / "reference.safetensors"))

@@ -295,7 +295,7 @@ def _mx_case(t: int, k: int, experts: int, hidden: int, inter: int, seed: int, t
         w = (E2M1_TABLE.double()[q] * 2.0**-3).transpose(1, 2)
         packed = torch.stack([pack_int4(q[e]) for e in range(experts)])
         return Int4Weights(packed, torch.full((experts, 1, n), 2.0**-3), None, k, None, 4, E2M1_TABLE.clone(),
-                           mx_input=tool), w
+                           input_quant=f"mxfp8-{tool}"), w
 
     w13, w13_64 = weights(hidden, 2 * inter)
     w2, w2_64 = weights(inter, hidden)
@@ -326,7 +326,7 @@ def test_mxfp8_inputs_are_quantized_before_each_product(moe, t, tool):
             want[i] += y
             magnitude[i] += y.abs()
     assert ((got.double() - want).abs() <= (w2_64.shape[2] + 2 * ids.shape[1]) * EPS32 * magnitude + 1e-30).all()
-    plain = [dataclasses.replace(w, mx_input="") for w in (w13, w2)]
+    plain = [dataclasses.replace(w, input_quant="") for w in (w13, w2)]
     assert (moe(x, *plain, -1, ids, weights, act=torch.relu) - got).abs().max() > 1e-3 * got.abs().max()
 
 

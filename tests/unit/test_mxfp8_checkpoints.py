@@ -58,7 +58,7 @@ def test_mxfp8_checkpoints_give_their_tools_logits(name: str, resident: bool | N
         assert m.bits == 8 and m.group_size == 32 and m.codebook is not None and m.scales.dtype == torch.uint8
         held = sum(t.numel() * t.element_size() for t in (m.qweight, m.scales))
         assert held == m.n * m.k + m.n * m.k // 32
-        assert (m.mx_quant is not None) == activations
+        assert (m.input_fake_quant is not None) == activations
 
 
 def test_the_inputs_quantization_is_what_makes_the_logits(tmp_path: Path) -> None:

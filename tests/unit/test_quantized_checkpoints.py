@@ -23,6 +23,7 @@ from quant_formats import dequantize_awq, dequantize_gptq, save_dequantized
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from batonlm.kernels.input_quant import INPUT_QUANTS
 from batonlm.model_runner.forward_batch import ForwardBatch
 from batonlm.model_runner.model_config import ModelConfig
 from batonlm.model_runner.model_runner import ModelRunner
@@ -32,7 +33,7 @@ from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, LlmI
 DATA = Path(__file__).resolve().parents[1] / "data" / "quantized"
 # transformers (+ compressed-tensors) computes exactly what these mean.
 TRANSFORMERS_EXACT = ("fp8-dynamic", "fp8-block", "w4a16", "w4a16-asym", "w4a16-gptq", "w8a16", "w8a8", "w8a8-static",
-                      "w8a8-asym", "w8a8-static-asym")
+                      "w8a8-asym", "w8a8-static-asym", "w4afp8", "w4a8")
 GPTQ_AWQ = ("gptqmodel-w4g64", "gptqmodel-w4g64-asym-descact", "gptq-w4g64", "gptqmodel-awq-w4g64", "awq-w4g64")
 RELATIVE = 1e-4
 
@@ -75,6 +76,24 @@ def test_weight_only_checkpoints_kept_packed_give_transformers_logits(name: str)
     assert any(isinstance(m, PackedIntLinear) for m in runner.model.modules())
     ours = _prompt_logits(runner, ref["input_ids"].reshape(-1))
     assert (ours - ref["logits"]).abs().max() <= RELATIVE * ref["logits"].abs().max()
+
+
+@pytest.mark.parametrize("name, fake", [("w4afp8", "fp8"), ("w4a8", "int8")])
+def test_int4_weights_with_quantized_inputs_stay_packed_and_quantize_them(name: str, fake: str) -> None:
+    """llm-compressor's W4AFP8 / W4A8 (int4 values in an int8 `weight` per group of 128, inputs FP8
+    / int8 per token): packed int4 layers that quantize their inputs and back first, transformers'
+    logits (above); run on float inputs, as they ran before, the logits are 1000x the bound off."""
+    ref = _reference(name)
+    ids = ref["input_ids"].reshape(-1)
+    runner = _runner(DATA / name)
+    layers = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(layers) == 8 and all(m.input_fake_quant is not None and m.group_size == 128 for m in layers)
+    for m in layers:
+        m.input_fake_quant = None
+    bound = RELATIVE * ref["logits"].abs().max()
+    assert (_prompt_logits(runner, ids) - ref["logits"]).abs().max() > 1000 * bound
+    assert {m.input_fake_quant for m in _runner(DATA / name).model.modules() if isinstance(m, PackedIntLinear)} == \
+        {INPUT_QUANTS[fake]}
 
 
 @pytest.mark.parametrize("desc_act", [False, True])

@@ -487,30 +487,40 @@ def test_int8_experts_hold_and_compute_the_checkpoints_experts(family: str, int8
         assert torch.equal(traced, fused_moe_int8_dense(x, *want, ids, weights, moe.act))
 
 
-def test_experts_with_asymmetric_int8_activations_run_dequantized_with_a_warning(tiny_models, tmp_path,
-                                                                                 caplog) -> None:
+def test_experts_with_asymmetric_int8_activations_stay_packed_and_quantize_their_inputs(tiny_models, tmp_path) -> None:
     """W8A8 int8 with zero points on its activations: the projections keep them (`Int8Linear`,
-    the weight rows' sums), the experts (no kernel takes zero points) run dequantized, their
-    weights the checkpoint's codes times scales, and start-up says in a warning that their
-    activations are not quantized (so not the checkpoint's outputs)."""
+    the weight rows' sums); the experts (no int8 kernel takes zero points) stay packed as 8-bit
+    codes, `Int4Experts` quantizing both inputs to int8 with a zero point per row and back
+    (kernels/input_quant.py), their weights the checkpoint's codes times scales; the input
+    quantization changes the outputs (it ran dequantized on float inputs before)."""
+    import dataclasses
+
+    from batonlm.kernels.moe_int4 import dense_weights, fused_moe_int4_grouped
+    from batonlm.model_runner.moe import Int4Experts
     from batonlm.model_runner.quantization.linear import Int8Linear
 
     path = tmp_path / "asym"
     deq = write_w8a8_checkpoint(tiny_models["qwen3_moe"], path, torch.float32, LINEARS + FAMILIES["qwen3_moe"],
                                 asym_activations=True)
-    caplog.clear()
-    with caplog.at_level("INFO"):
-        model = load_model(ModelConfig.from_hf(path), torch.float32, "cpu")[0]
+    cfg = ModelConfig.from_hf(path)
+    model = load_model(cfg, torch.float32, "cpu")[0]
     projections = [m for m in model.modules() if isinstance(m, Int8Linear)]
     assert projections and all(m.weight_sum is not None for m in projections)
     layers = _moe_layers(model)
-    assert layers and all(type(m.experts) is FusedExperts for _, m in layers)
-    name, moe = layers[0]
-    prefix = checkpoint_name(model, name + ".experts")
-    gate = deq[f"{prefix}.0.gate_proj.weight"]
-    assert torch.equal(moe.experts.w13[0, : gate.shape[0]], gate)
-    (record,) = [r for r in caplog.records if "MoE layer" in r.getMessage()]
-    assert record.levelname == "WARNING" and "unquantized activations" in record.getMessage()
+    assert layers
+    x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+    for name, moe in layers:
+        experts = moe.experts
+        assert isinstance(experts, Int4Experts) and experts.bits == 8 and experts.input_quant == "int8-asym"
+        w13, w2 = experts._weights()
+        prefix = checkpoint_name(model, name + ".experts")
+        assert torch.equal(dense_weights(w2, experts.group, torch.float32)[0], deq[f"{prefix}.0.down_proj.weight"])
+        ids, weights = moe.route(x)
+        got = experts(x, ids, weights, moe.act)
+        assert torch.equal(got, fused_moe_int4_grouped(x, w13, w2, experts.group, ids, weights, moe.act))
+        plain = fused_moe_int4_grouped(x, dataclasses.replace(w13, input_quant=""), dataclasses.replace(w2, input_quant=""),
+                                       experts.group, ids, weights, moe.act)
+        assert not torch.equal(got, plain)
 
 
 @pytest.mark.parametrize("layout", ["compressed-tensors", "modelopt"])
@@ -709,7 +719,7 @@ def test_mxfp8_experts_stay_packed_and_quantize_their_inputs(tiny_models, tmp_pa
     x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
     for name, moe in layers:
         experts = moe.experts
-        assert isinstance(experts, Int4Experts) and experts.bits == 8 and experts.mx_input == "compressed-tensors"
+        assert isinstance(experts, Int4Experts) and experts.bits == 8 and experts.input_quant == "mxfp8-compressed-tensors"
         assert experts.w13_scales.dtype == torch.uint8 and experts.group == 32
         w13, w2 = experts._weights()
         prefix = name.replace(".mlp", ".mlp.experts")
@@ -717,7 +727,7 @@ def test_mxfp8_experts_stay_packed_and_quantize_their_inputs(tiny_models, tmp_pa
         ids, weights = moe.route(x)
         got = experts(x, ids, weights, moe.act)
         assert torch.equal(got, fused_moe_int4_grouped(x, w13, w2, 32, ids, weights, moe.act))
-        plain = fused_moe_int4_grouped(x, dataclasses.replace(w13, mx_input=""), dataclasses.replace(w2, mx_input=""),
+        plain = fused_moe_int4_grouped(x, dataclasses.replace(w13, input_quant=""), dataclasses.replace(w2, input_quant=""),
                                        32, ids, weights, moe.act)
         assert not torch.equal(got, plain)
 

@@ -48,11 +48,26 @@ def static_scale(lin: QuantizedLinear) -> bool:
     return any(m.endswith(".input_scale") for m in lin.members)
 
 
-def weight_only_int8(quant: QuantConfig) -> set[str]:
-    """{"int"} where unpacked int8 layers are weight-only (their activations are not int8: they
-    join the packed layout), else nothing (W8A8: its int8 layers the int8 kernels do not run stay
-    dequantized, as the CPU runs them faster so)."""
-    return set() if quant.act_quant == "int8" else {"int"}
+# Storages the packed int layout holds (`PackedIntLinear`, `Int4Experts`): 4- and 8-bit codes,
+# integers or a codebook's indices. "int": unpacked integer weights (W8A16, W4AFP8 / W4A8's int4
+# values in int8, W8A8 int8 the int8 kernels do not run: scaled per group or with zero points).
+PACKED_STORAGES = frozenset({"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo", "mxfp8", "moint4", "int"})
+
+
+def input_quant(quant: QuantConfig, storages: set[str], static: bool, module_name: str) -> str:
+    """How packed layers of `storages` quantize their inputs and back, as a key of
+    kernels/input_quant.INPUT_QUANTS ("": they do not, or NVFP4 W4A4's own): MXFP8's in its tool's
+    rule; FP8 or int8 per token where the checkpoint quantizes the inputs of integer weights
+    (llm-compressor's W4AFP8, W4A8; W8A8 int8 scaled per group). Weight-only FP8 layers
+    (`fp8wo`) take none whatever the checkpoint's other layers do."""
+    if quant.act_quant == "mxfp8" and storages == {"mxfp8"}:
+        return f"mxfp8-{quant.method}"
+    if quant.act_quant not in ("fp8", "int8") or "fp8wo" in storages:
+        return ""
+    if static:
+        raise QuantizationError(f"{module_name}: packed weights with static {quant.act_quant} activation scales "
+                                "(input_scale) are not supported; dynamic per-token activations are")
+    return "fp8" if quant.act_quant == "fp8" else "int8" if quant.act_symmetric else "int8-asym"
 
 
 def int8_per_channel(ckpt: Checkpoint, lin: QuantizedLinear) -> bool:

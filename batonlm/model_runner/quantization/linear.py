@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from batonlm.kernels.fp4 import FP4_INPUTS
+from batonlm.kernels.input_quant import INPUT_QUANTS
 from batonlm.kernels.int4 import STORED_SCALES, dequantize_int4, int4_dequant_matmul
 from batonlm.kernels.int8 import (
     int8_scaled_matmul,
@@ -18,7 +19,6 @@ from batonlm.kernels.int8 import (
     weight_sums,
 )
 from batonlm.kernels.llm_int8 import llm_int8_matmul, llm_int8_quant
-from batonlm.kernels.mxfp8 import MX_INPUTS
 from batonlm.kernels.quant import (
     MIN_SCALE,
     dequantize_fp8_block,
@@ -167,15 +167,15 @@ class PackedIntLinear(nn.Module):
     weight is codebook[q] * its group's scale, and there are no zeros. With `fp4_input` (NVFP4
     W4A4: the format whose arithmetic its activations follow, a key of FP4_INPUTS) the input is
     first quantized to FP4 and back with `fp4_input_scale`, the layer's calibrated scale as that
-    format stores it (kernels/fp4.py). With `mx_input` (MXFP8: the tool whose arithmetic its
-    inputs follow, a key of MX_INPUTS) the input is first quantized to MXFP8 and back, per 32
-    inputs with a power-of-two scale (kernels/mxfp8.py). With `pre_quant_scale` (ModelOpt's int4
+    format stores it (kernels/fp4.py). With `input_quant` (a key of INPUT_QUANTS,
+    kernels/input_quant.py: MXFP8 in its tool's rule, or FP8 / int8 per token for llm-compressor's
+    W4AFP8 / W4A8) the input is first quantized so and back. With `pre_quant_scale` (ModelOpt's int4
     AWQ) the input is first multiplied by it, per input feature. `stored_scales` "float8" (NVFP4): the scales are float8
     e4m3, each times its column's float32 `scale_2` (ModelOpt's) or, `scale_2_divides`, divided by
     it (compressed-tensors' global scale): 1 byte per 16 weights instead of 4; "e8m0" (MXFP4,
     MXFP8): uint8 exponents, 1 byte per 32 weights.
 
-    On the CPU (where only layers quantizing their inputs stay packed, NVFP4 W4A4 and MXFP8:
+    On the CPU (where only layers quantizing their inputs stay packed, NVFP4 W4A4, MXFP8, W4AFP8:
     weight-only formats are dequantized on load) `finish_load` keeps the reference's weight operand, the codes dequantized into the model
     dtype (`weight_f`), as `Fp8Linear` does: a call then quantizes the activations alone, the same
     operations on the same values (the reference dequantizes at every call, 20x the float step's
@@ -193,7 +193,7 @@ class PackedIntLinear(nn.Module):
 
     def __init__(self, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, groups: int = 0,
                  bits: int = 4, codebook: bool = False, fp4_input: str = "", stored_scales: str = "",
-                 scale_2_divides: bool = False, mx_input: str = "", pre_quant_scale: bool = False) -> None:
+                 scale_2_divides: bool = False, input_quant: str = "", pre_quant_scale: bool = False) -> None:
         super().__init__()
         self.n, self.k, self.group_size, self.bits = n, k, group_size, bits
         # (in the layer's dtype, as ModelOpt multiplies: no cast per call)
@@ -209,7 +209,7 @@ class PackedIntLinear(nn.Module):
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32) if codebook else None)
         self.register_buffer("fp4_input_scale", torch.empty(1, dtype=torch.float32) if fp4_input else None)
         self.fp4_quant = FP4_INPUTS[fp4_input] if fp4_input else None
-        self.mx_quant = MX_INPUTS[mx_input] if mx_input else None
+        self.input_fake_quant = INPUT_QUANTS[input_quant] if input_quant else None
         self.scale_2_divides, self.dtype = scale_2_divides, dtype
         self.register_buffer("weight_f", None, persistent=False)
         self.bias = nn.Parameter(torch.empty(n, dtype=dtype)) if bias else None
@@ -227,8 +227,8 @@ class PackedIntLinear(nn.Module):
             flat = flat * self.pre_quant_scale
         if self.fp4_input_scale is not None and self.fp4_quant is not None:
             flat = self.fp4_quant(flat, self.fp4_input_scale)
-        if self.mx_quant is not None:
-            flat = self.mx_quant(flat)
+        if self.input_fake_quant is not None:
+            flat = self.input_fake_quant(flat)
         if self.weight_f is not None and self.weight_f.dtype == flat.dtype:  # the reference's operand, kept
             y = nn.functional.linear(flat, self.weight_f, None if self.bias is None else self.bias.to(flat.dtype))
             return y.reshape(*x.shape[:-1], self.n)

@@ -42,13 +42,14 @@ from batonlm.model_runner.quantization.formats import (
 )
 from batonlm.model_runner.quantization.int_weights import IntWeights
 from batonlm.model_runner.quantization.layer_kinds import (
+    PACKED_STORAGES,
+    input_quant,
     int4_group,
     int8_per_channel,
     pre_quant_scale,
     same_codebook,
     static_scale,
     stored_scales,
-    weight_only_int8,
 )
 from batonlm.model_runner.quantization.linear import Fp8Linear, Int8Linear, LlmInt8Linear, PackedIntLinear
 from batonlm.model_runner.weight_loader import Target
@@ -120,16 +121,16 @@ def make_resident(
         elif storages == {"online"}:  # --quantization fp8 on a float checkpoint: per channel, W8A8 dynamic
             with torch.device("meta"):
                 layer = Fp8Linear(n, k, None, static=False, bias=False)
-        elif storages <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo", "mxfp8", "moint4"} | \
-                weight_only_int8(quant):
-            group = int4_group(ckpt, module_name, sources, quant)  # weight-only, 4 or 8 bits (or W4A4, MXFP8)
+        elif storages <= PACKED_STORAGES:
+            group = int4_group(ckpt, module_name, sources, quant)  # 4 or 8 bits, weight-only or inputs quantized
             books = [codebook_of(ckpt, lin) for lin, _ in sources]
             w4a4 = quant.act_quant == "fp4" and storages == {"nvfp4"}
-            mx_input = quant.method if quant.act_quant == "mxfp8" and storages == {"mxfp8"} else ""
+            fake_input = input_quant(quant, storages, static, module_name)
             if group is None or not same_codebook(books):
-                if w4a4 or mx_input:  # dequantized, its activations would not be quantized
-                    raise QuantizationError(f"{module_name}: its {'NVFP4' if w4a4 else 'MXFP8'} layers cannot be fused "
-                                            "into one packed layer (different widths or groups); they run packed only")
+                if w4a4 or fake_input:  # dequantized, its activations would not be quantized
+                    raise QuantizationError(f"{module_name}: its layers quantize their inputs "
+                                            f"({'NVFP4' if w4a4 else fake_input}) but cannot be fused into one packed "
+                                            "layer (different widths or groups); they run packed only")
                 kept.add(module_name)
                 continue
             bits, _, num_groups = int_layout(ckpt, sources[0][0], quant)
@@ -141,7 +142,7 @@ def make_resident(
             with torch.device("meta"):
                 layer = PackedIntLinear(n, k, group, dtype, bias=False, groups=num_groups if group == 0 else 0,
                                         bits=bits, codebook=books[0] is not None, fp4_input=fp4_input,
-                                        stored_scales=stored, scale_2_divides=divides, mx_input=mx_input,
+                                        stored_scales=stored, scale_2_divides=divides, input_quant=fake_input,
                                         pre_quant_scale=awq)
         else:
             kept.add(module_name)

@@ -23,13 +23,14 @@ from batonlm.model_runner.quantization.config import QuantConfig, QuantizationEr
 from batonlm.model_runner.quantization.dequantized import fp8_per_channel
 from batonlm.model_runner.quantization.formats import QuantizedLinear, codebook_of, int_layout, int_weights
 from batonlm.model_runner.quantization.layer_kinds import (
+    PACKED_STORAGES,
+    input_quant,
     int4_group,
     int8_per_channel,
     per_channel_scale,
     same_codebook,
     static_scale,
     stored_scales,
-    weight_only_int8,
 )
 from batonlm.model_runner.quantization.resident import ResidentLayer, cdiv, channel_scales, fill_int4
 from batonlm.model_runner.weight_loader import Target, checkpoint_name
@@ -76,8 +77,8 @@ def make_resident_experts(
         w8a8 = config.act_quant != "none" and not config.online
         logger.log(logging.WARNING if w8a8 else logging.INFO,
                    "%d MoE layer(s) run their experts dequantized%s (formats the expert kernels do not cover: gate "
-                   "and up in different activation orders, static and dynamic activations mixed, int8 activations "
-                   "with zero points, other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
+                   "and up in different activation orders, static and dynamic activations mixed, "
+                   "other mixes), e.g. %s", len(kept), ", with unquantized activations" if w8a8 else "",
                    kept[0])
     return out
 
@@ -134,8 +135,8 @@ def _int4_experts(
     """`Int4Experts` when every expert's projections are 4-bit with consecutive groups of one
     size (a rank's slice of the down projections' rows in whole groups, or a start-up error), or
     in activation order (each expert's gate and up in one order, as GPTQ orders them)."""
-    if not {lin.storage for lin, _ in sources} <= {"gptq", "awq", "packed", "bnb4", "nvfp4", "mxfp4", "fp8wo", "mxfp8"} | \
-            weight_only_int8(quant):
+    storages = {lin.storage for lin, _ in sources}
+    if not storages <= PACKED_STORAGES - {"moint4"}:
         return None
     books = [codebook_of(ckpt, lin) for lin, _ in sources]
     if not same_codebook(books):
@@ -155,12 +156,11 @@ def _int4_experts(
         order_groups = (int_layout(ckpt, gate, quant)[2], int_layout(ckpt, down, quant)[2])
     bits = int_layout(ckpt, sources[0][0], quant)[0]
     fp4_input = nvfp4.layout(sources[0][0].members) if quant.act_quant == "fp4" else ""
-    mx = quant.act_quant == "mxfp8" and {lin.storage for lin, _ in sources} == {"mxfp8"}
-    mx_input = quant.method if mx else ""  # (MXFP8: the tool's exponent rule)
+    fake_input = input_quant(quant, storages, any(static_scale(lin) for lin, _ in sources), module_name)
     stored, divides = stored_scales(ckpt, sources)
     with torch.device("meta"):
         layer = Int4Experts(module, group, order_groups, bits, codebook=books[0] is not None, fp4_input=fp4_input,
-                            stored_scales=stored, scale_2_divides=divides, mx_input=mx_input)
+                            stored_scales=stored, scale_2_divides=divides, input_quant=fake_input)
     return ResidentLayer(module_name, layer, sources, _fill_int4)
 
 

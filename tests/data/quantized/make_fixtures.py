@@ -71,6 +71,8 @@ LLMC_FIXTURES = {
     # two config groups: attention FP8_DYNAMIC ("re:.*self_attn.*"), every other Linear FP8
     # weight-only per channel ("Linear": the regex outranks the class name where both match)
     "fp8-mixed-wo": ("mixed", "FP8_DYNAMIC attention, FP8 weight-only elsewhere"),
+    "w4afp8": ("rtn", "W4AFP8"),  # int4 weights per group of 128, FP8 dynamic per-token activations
+    "w4a8": ("rtn", "W4A8"),  # int4 weights per group of 128, int8 dynamic per-token activations
 }
 
 

@@ -77,6 +77,8 @@ def dequantize_ct(t: dict[str, torch.Tensor], qcfg: dict) -> dict[str, torch.Ten
             if w_args["strategy"] == "block":
                 bn, bk = w_args["block_structure"]
                 s = s.repeat_interleave(bn, 0).repeat_interleave(bk, 1)[: w.shape[0], : w.shape[1]]
+            elif w_args["strategy"] == "group":  # (W4AFP8 / W4A8: int4 values in an int8 `weight`)
+                s = s.repeat_interleave(w_args["group_size"], 1)[:, : w.shape[1]]
             out[p + ".weight"] = w * s
         elif fmt == "pack-quantized" and k.endswith(".weight_packed"):
             p = k[: -len(".weight_packed")]
