@@ -98,11 +98,12 @@ def build_tiny_model(family: str, path: Path, **changes: Any) -> None:
 
 
 def hf_greedy(model_path: str, prompts: list[list[int]], max_new: list[int],
-              dtype: torch.dtype = torch.float32) -> list[list[int]]:
-    """transformers' greedy continuation of each prompt, one at a time (no padding)."""
+              dtype: torch.dtype = torch.float32, **load: Any) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, one at a time (no padding); `load`:
+    more `from_pretrained` arguments (a `quantization_config`)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **load).eval()
     outs = []
     with torch.no_grad():
         for ids, n in zip(prompts, max_new):

@@ -17,20 +17,24 @@ def _run(h: SchedulerHarness, reqs, overlap: bool):
     return {k: v.token_ids for k, v in records.items()}
 
 
-@pytest.mark.parametrize("family", TEST_FAMILIES)
-def test_cuda_greedy_matches_transformers(tiny_models, family):
-    rng = random.Random(5)
-    prompts = random_prompts(8, rng, lo=1, hi=200)
+def _greedy_is_transformers(path: str, rng: random.Random, n: int, hi: int, **harness) -> None:
+    """n random prompts (up to `hi` tokens) on CUDA in float32, overlap loop: transformers' greedy tokens."""
+    prompts = random_prompts(n, rng, lo=1, hi=hi)
     max_new = [rng.randint(8, 24) for _ in prompts]
-    expected = hf_greedy(tiny_models[family], prompts, max_new)
-    h = SchedulerHarness(tiny_models[family], device="cuda", dtype="float32", sampler="triton")
+    expected = hf_greedy(path, prompts, max_new)
+    h = SchedulerHarness(path, device="cuda", dtype="float32", **harness)
     try:
-        reqs = [(f"r{i}", p, {"temperature": 0.0, "max_new_tokens": n}, 2 * i)
-                for i, (p, n) in enumerate(zip(prompts, max_new))]
+        reqs = [(f"r{i}", p, {"temperature": 0.0, "max_new_tokens": k}, 2 * i)
+                for i, (p, k) in enumerate(zip(prompts, max_new))]
         got = _run(h, reqs, overlap=True)
         assert [got[f"r{i}"] for i in range(len(prompts))] == expected
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("family", TEST_FAMILIES)
+def test_cuda_greedy_matches_transformers(tiny_models, family):
+    _greedy_is_transformers(tiny_models[family], random.Random(5), 8, 200, sampler="triton")
 
 
 def test_cuda_overlap_equals_normal_with_triton_sampling(stories_path):
@@ -90,18 +94,7 @@ def test_cuda_gpt_oss_attention_sinks_on_triton_match_transformers(tmp_path):
     path = tmp_path / "gpt_oss"
     build_tiny_model("gpt_oss", path)
     copy_tokenizer(path)
-    rng = random.Random(8)
-    prompts = random_prompts(6, rng, lo=1, hi=120)
-    max_new = [rng.randint(8, 20) for _ in prompts]
-    expected = hf_greedy(str(path), prompts, max_new)
-    h = SchedulerHarness(str(path), device="cuda", dtype="float32", attention_backend="triton", chunked_prefill_size=32)
-    try:
-        reqs = [(f"r{i}", p, {"temperature": 0.0, "max_new_tokens": n}, 2 * i)
-                for i, (p, n) in enumerate(zip(prompts, max_new))]
-        got = _run(h, reqs, overlap=True)
-        assert [got[f"r{i}"] for i in range(len(prompts))] == expected
-    finally:
-        h.close()
+    _greedy_is_transformers(str(path), random.Random(8), 6, 120, attention_backend="triton", chunked_prefill_size=32)
 
 
 def _graph_runner(h: SchedulerHarness):

@@ -48,6 +48,18 @@ def _workload(family: str):
     return prompts, [rng.randint(8, 20) for _ in prompts]
 
 
+def _both_loops_give(path, prompts, max_new, want) -> int:
+    """Both loops (chunked prefill of 16, the second pass on the first's cached prompts) give
+    `want`; returns the tokens the prefix cache held after them."""
+    h = SchedulerHarness(str(path), chunked_prefill_size=16)
+    try:
+        for overlap in (False, True):
+            assert _run(h, prompts, max_new, overlap) == want, f"overlap={overlap}"
+        return h.sched.memory.cached_tokens
+    finally:
+        h.close()
+
+
 def _run(h: SchedulerHarness, prompts, max_new, overlap: bool) -> list[list[int]]:
     for i, (ids, n) in enumerate(zip(prompts, max_new)):
         h.submit(f"r{i}", ids, {"temperature": 0.0, "max_new_tokens": n}, at=2 * i)
@@ -61,14 +73,8 @@ def test_fallback_matches_transformers_generate(fallback_models, family):
     path = fallback_models[family]
     assert ModelConfig.from_hf(path).impl == "transformers"  # auto: batonlm has no module for it
     prompts, max_new = _workload(family)
-    want = hf_greedy(path, prompts, max_new)
-    h = SchedulerHarness(path, chunked_prefill_size=16)
-    try:
-        for overlap in (False, True):
-            assert _run(h, prompts, max_new, overlap) == want, f"overlap={overlap}"
-        assert h.sched.memory.cached_tokens > 0, "the second pass found no prompt cached"
-    finally:
-        h.close()
+    cached = _both_loops_give(path, prompts, max_new, hf_greedy(path, prompts, max_new))
+    assert cached > 0, "the second pass found no prompt cached"
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
@@ -137,12 +143,7 @@ def test_a_weight_only_quantized_checkpoint_runs_dequantized(fallback_models, tm
     prompts, max_new = _workload("gpt_neox")
     want = hf_greedy(str(tmp_path / "float"), prompts, max_new)
     assert want != hf_greedy(src, prompts, max_new)  # the rounding shows: the float source is not the reference
-    h = SchedulerHarness(str(gptq), chunked_prefill_size=16)
-    try:
-        for overlap in (False, True):
-            assert _run(h, prompts, max_new, overlap) == want, f"overlap={overlap}"
-    finally:
-        h.close()
+    _both_loops_give(gptq, prompts, max_new, want)
     write_w8a8_checkpoint(src, tmp_path / "w8a8", linears=linears)
     with pytest.raises(ModelConfigError, match=r"activations are quantized too .*GPTNeoXForCausalLM has none.*GPTQ"):
         ModelConfig.from_hf(tmp_path / "w8a8")
@@ -155,7 +156,7 @@ def test_gpt_oss_mxfp4_experts_run_as_transformers_reads_them(fallback_models, t
     dequantization), in both loops, with the prefix cache and chunked prefill; the GPU's KV
     budget counts the float experts; a native architecture declaring mxfp4 is refused in one line."""
     from quant_gpt_oss import write_gpt_oss_mxfp4_checkpoint
-    from transformers import AutoModelForCausalLM, Mxfp4Config
+    from transformers import Mxfp4Config
 
     from batonlm.model_runner.weight_size import weight_bytes
 
@@ -167,21 +168,9 @@ def test_gpt_oss_mxfp4_experts_run_as_transformers_reads_them(fallback_models, t
     assert weight_bytes(cfg, torch.bfloat16, device="cpu") == weight_bytes(ModelConfig.from_hf(src), torch.bfloat16,
                                                                           device="cpu")
     prompts, max_new = _workload("gpt_oss")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                              quantization_config=Mxfp4Config(dequantize=True)).eval()
-    want = []
-    with torch.no_grad():
-        for ids, n in zip(prompts, max_new):
-            out = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
-                              attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-            want.append(out[0, len(ids):].tolist())
+    want = hf_greedy(str(path), prompts, max_new, quantization_config=Mxfp4Config(dequantize=True))
     assert want != hf_greedy(src, prompts, max_new)  # FP4's rounding shows: the float source is not the reference
-    h = SchedulerHarness(str(path), chunked_prefill_size=16)
-    try:
-        for overlap in (False, True):
-            assert _run(h, prompts, max_new, overlap) == want, f"overlap={overlap}"
-    finally:
-        h.close()
+    _both_loops_give(path, prompts, max_new, want)
     llama = tmp_path / "llama-mxfp4"
     shutil.copytree(tiny_models["llama"], llama)
     raw = json.loads((llama / "config.json").read_text())

@@ -115,40 +115,25 @@ def test_decode_kernel_split_kv(d, heads, kv_heads, window, splits):
 
 
 @pytest.mark.parametrize("kernel", ["extend", "decode"])
-def test_logit_soft_capping(kernel):
+@pytest.mark.parametrize("modifier", ["softcap", "sinks"])
+def test_score_modifiers(kernel, modifier):
     """Gemma 2's cap * tanh(score / cap), a cap small enough to bend most scores (|score| up to
-    ~30 here); the check sees a kernel that leaves it out."""
+    ~30 here); gpt-oss's sink logit per query head, one more term in each softmax's denominator
+    (no value with it), drawn from N(0, 3) against scores of the same size (a sink only shrinks
+    the weights: the bound without it holds; a first token sees its key and the sink). The
+    check sees a kernel that leaves either out."""
     rng = random.Random(21)
-    rows = random_rows(rng, 5, decode=kernel == "decode")
+    rows = random_rows(rng, 5, decode=kernel == "decode") + [(0, 1)]
     q, k, v, batch = make_case(rows, 8, 2, 48, torch.float32, seed=21)
-    scale, cap = 48**-0.5, 2.5
-    if kernel == "decode":
-        got = decode_attention_triton(q, k, v, batch, scale, 9, 3, softcap=cap)
-    else:
-        got = extend_attention_triton(q, k, v, batch, scale, 9, softcap=cap)
-    check(got, q, k, v, batch, scale, 9, torch.float32, softcap=cap)
-    with pytest.raises(AssertionError, match="bound"):
-        check(extend_attention_triton(q, k, v, batch, scale, 9), q, k, v, batch, scale, 9, torch.float32, softcap=cap)
-
-
-@pytest.mark.parametrize("kernel", ["extend", "decode"])
-def test_attention_sinks(kernel):
-    """gpt-oss's sink logit per query head, one more term in each softmax's denominator (no value
-    with it): drawn from N(0, 3) against scores of the same size, so a kernel that leaves it out
-    is far outside the bound (the check sees it). A sink only shrinks the weights: the bound of
-    the attention without it holds."""
-    rng = random.Random(22)
-    rows = random_rows(rng, 5, decode=kernel == "decode") + [(0, 1)]  # a first token: its key and the sink
-    q, k, v, batch = make_case(rows, 8, 2, 48, torch.float32, seed=22)
     scale = 48**-0.5
-    sinks = torch.randn(8, generator=torch.Generator().manual_seed(3)) * 3
+    extra = {"softcap": 2.5} if modifier == "softcap" else {"sinks": torch.randn(8, generator=torch.Generator().manual_seed(3)) * 3}
     if kernel == "decode":
-        got = decode_attention_triton(q, k, v, batch, scale, 9, 3, sinks=sinks)
+        got = decode_attention_triton(q, k, v, batch, scale, 9, 3, **extra)
     else:
-        got = extend_attention_triton(q, k, v, batch, scale, 9, sinks=sinks)
-    check(got, q, k, v, batch, scale, 9, torch.float32, sinks=sinks)
+        got = extend_attention_triton(q, k, v, batch, scale, 9, **extra)
+    check(got, q, k, v, batch, scale, 9, torch.float32, **extra)
     with pytest.raises(AssertionError, match="bound"):
-        check(extend_attention_triton(q, k, v, batch, scale, 9), q, k, v, batch, scale, 9, torch.float32, sinks=sinks)
+        check(extend_attention_triton(q, k, v, batch, scale, 9), q, k, v, batch, scale, 9, torch.float32, **extra)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
