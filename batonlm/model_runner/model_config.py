@@ -167,10 +167,12 @@ class ModelConfig:
         # First: an unsupported model may lack the fields read below.
         architecture, impl = _architecture(raw, cfg_file, model_impl)
         if impl == "transformers" and raw.get("kv_lora_rank"):
+            native = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+            hint = ("batonlm's native model runs it (--model-impl auto)" if architecture in native else
+                    f"batonlm's native latent attention runs {' and '.join(native)} only")
             raise ModelConfigError(
                 f"{cfg_file}: {architecture} uses multi-head latent attention (kv_lora_rank), whose keys and values "
-                f"differ in size: transformers' modeling code cannot run on batonlm's KV cache; batonlm's native "
-                f"DeepseekV2ForCausalLM / DeepseekV3ForCausalLM run it (--model-impl auto)")
+                f"differ in size: transformers' modeling code cannot run on batonlm's KV cache; {hint}")
         try:
             raw = with_quantize_config(root, raw)
             quant = resolve_quantization(raw, quantization)
