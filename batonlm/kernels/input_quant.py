@@ -6,7 +6,7 @@ but whose config quantizes its inputs too, as its tool computes that:
 - `int8` / `int8-asym`: int8 per token, symmetric (scale = amax / 127.5) or with a zero point
   (compressed-tensors' W4A8, as `kernels/int8.py` defines them);
 - `mxfp8-compressed-tensors` / `mxfp8-modelopt`: MXFP8 per 32 inputs in that tool's exponent
-  rule (`kernels/mxfp8.py`).
+  rule (`kernels/mxfp8.py`); `mxfp4-compressed-tensors`: MXFP4 alike (`kernels/mxfp4.py`).
 
 Each takes rows [M, K] and returns them in their dtype, every value the quantized one: the
 codes times their scale in float32, rounded once to the dtype (exact in float32), what the tools'
@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from batonlm.kernels.int8 import per_token_quant_int8, per_token_quant_int8_asym
+from batonlm.kernels.mxfp4 import ct_mxfp4_fake_quant
 from batonlm.kernels.mxfp8 import MX_INPUTS
 from batonlm.kernels.quant import per_token_quant_fp8
 
@@ -41,4 +42,5 @@ def int8_per_token_asym(x: torch.Tensor) -> torch.Tensor:
 INPUT_QUANTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "fp8": fp8_per_token, "int8": int8_per_token, "int8-asym": int8_per_token_asym,
     **{f"mxfp8-{tool}": quant for tool, quant in MX_INPUTS.items()},
+    "mxfp4-compressed-tensors": ct_mxfp4_fake_quant,
 }

@@ -406,6 +406,30 @@ def test_mxfp4_weights_give_the_dequantized_models_logits(resident: bool) -> Non
     assert (_prompt_logits(runner, ids) - want).abs().max() <= RELATIVE * want.abs().max()
 
 
+def test_mxfp4_activations_are_quantized_as_compressed_tensors_does() -> None:
+    """llm-compressor's MXFP4 (the MXFP4A16 fixture's weights, byte for byte, with MXFP4 inputs:
+    E8M0 scales per 32 computed per token): packed E2M1 layers that quantize each input so and
+    back (kernels/mxfp4.py): the float32 model with compressed-tensors' own `fake_quantize` on every
+    layer's input (`dequantized_logits`, make_references.py) bit for bit here (the test holds the
+    float32 bound); without the input quantization far off. (transformers runs it in bfloat16
+    only: 10.4 off, its FP4 inputs magnifying bfloat16's rounding.)"""
+    from batonlm.kernels.mxfp4 import ct_mxfp4_fake_quant
+
+    ref = _reference("mxfp4")
+    ids = ref["input_ids"].reshape(-1)
+    cfg = ModelConfig.from_hf(DATA / "mxfp4")
+    assert cfg.quantization is not None and cfg.quantization.description == "compressed-tensors (MXFP4 weights and activations)"
+    runner = _runner(DATA / "mxfp4")
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedIntLinear)]
+    assert len(packed) == 8 and all(m.input_fake_quant is ct_mxfp4_fake_quant and m.group_size == 32 for m in packed)
+    want = ref["dequantized_logits"]
+    bound = RELATIVE * want.abs().max()
+    assert (_prompt_logits(runner, ids) - want).abs().max() <= bound
+    for m in packed:
+        m.input_fake_quant = None  # the MXFP4A16 model
+    assert (_prompt_logits(runner, ids) - want).abs().max() > 100 * bound
+
+
 @pytest.mark.parametrize("name, description, greedy", [
     ("nvfp4", "compressed-tensors (NVFP4 weights and activations)", False),
     ("modelopt-nvfp4", "modelopt (NVFP4 weights and activations)", True),

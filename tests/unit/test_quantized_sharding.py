@@ -85,6 +85,7 @@ def _models(path: Path, resident: bool, size: int = 2, quantization: str = "auto
     ("modelopt-int4-awq", False, None),  # groups of 128 (192 down_proj inputs a rank): pre_quant_scale folded
     ("mxfp8", True, PackedIntLinear),  # MXFP8: groups of 32 (a rank's slice of a token quantizes its whole groups)
     ("modelopt-mxfp8", True, PackedIntLinear),  # ModelOpt's MXFP8
+    ("mxfp4", True, PackedIntLinear),  # MXFP4 inputs too: a rank's slice of a token quantizes its whole groups
     ("mxfp4a16", True, PackedIntLinear),  # MXFP4: groups of 32 (two ranks' 192 down_proj inputs: 6 each)  # LLM.int8: a row-parallel rank's slice of a row its own statistic
 ])
 def test_each_ranks_projections_are_its_part_of_the_whole(name, resident, kind, fp8_block64, fbgemm_fp8) -> None:

@@ -233,10 +233,13 @@ def _activation_kind(name: str, acts: Any) -> tuple[str, bool] | None:
         return None
     if acts.get("type") == "float" and acts.get("num_bits") == 4:
         fp4 = (acts.get("strategy"), acts.get("group_size"), acts.get("dynamic"))
-        if fp4 != ("tensor_group", 16, "local"):  # (MXFP4's activations, per 32 with E8M0 scales: not read)
+        if fp4 == ("group", 32, True) and str(acts.get("scale_dtype")).removeprefix("torch.") == "uint8":
+            return "mxfp4", True  # MXFP4's: E8M0 scales per 32, computed per token (kernels/mxfp4.py)
+        if fp4 != ("tensor_group", 16, "local"):
             raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float 4-bit "
                                     f"activations {fp4} are not supported (supported: NVFP4's, "
-                                    "tensor_group of 16, dynamic 'local' with a calibrated global scale)")
+                                    "tensor_group of 16, dynamic 'local' with a calibrated global scale; MXFP4's, "
+                                    "group of 32, dynamic, uint8 scales)")
         return "fp4", True
     if acts.get("type") == "float" and str(acts.get("scale_dtype")).removeprefix("torch.") == "uint8":
         if (acts.get("num_bits"), acts.get("strategy"), acts.get("group_size")) != (8, "group", 32):

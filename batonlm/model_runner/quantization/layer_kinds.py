@@ -60,8 +60,8 @@ def input_quant(quant: QuantConfig, storages: set[str], static: bool, module_nam
     rule; FP8 or int8 per token where the checkpoint quantizes the inputs of integer weights
     (llm-compressor's W4AFP8, W4A8; W8A8 int8 scaled per group). Weight-only FP8 layers
     (`fp8wo`) take none whatever the checkpoint's other layers do."""
-    if quant.act_quant == "mxfp8" and storages == {"mxfp8"}:
-        return f"mxfp8-{quant.method}"
+    if quant.act_quant in ("mxfp8", "mxfp4") and storages == {quant.act_quant}:
+        return f"{quant.act_quant}-{quant.method}"
     if quant.act_quant not in ("fp8", "int8") or "fp8wo" in storages:
         return ""
     if static:

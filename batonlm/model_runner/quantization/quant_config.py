@@ -42,7 +42,7 @@ class QuantConfig:
     checkpoint_format: str = "gptq"
     block: tuple[int, int] | None = None
     activation_scheme: str = "dynamic"
-    act_quant: str = "none"  # "fp8" / "int8" / "fp4" / "mxfp8": the checkpoint's layers quantize their inputs
+    act_quant: str = "none"  # "fp8" / "int8" / "fp4" / "mxfp8" / "mxfp4": the checkpoint's layers quantize their inputs
     act_symmetric: bool = True
     llm_int8_threshold: float = 0.0
     fp4: str = ""  # the FP4 weight format, "NVFP4" or "MXFP4" (compressed-tensors'; ModelOpt's NVFP4)
@@ -105,7 +105,7 @@ class QuantConfig:
                                       else "(per channel, dynamic activations)")
         asym = "" if self.act_symmetric else "asymmetric "
         if self.fp4:
-            return self.method + (f" ({self.fp4} weights and activations)" if self.act_quant == "fp4"
+            return self.method + (f" ({self.fp4} weights and activations)" if self.act_quant in ("fp4", "mxfp4")
                                   else f" ({self.fp4} weights)")
         some = ", weight-only where its config groups say" if self.act_targets else ""
         return self.method + (f" ({asym}{self.act_quant} activations{some})" if self.act_quant != "none" else "")

@@ -73,6 +73,7 @@ LLMC_FIXTURES = {
     "fp8-mixed-wo": ("mixed", "FP8_DYNAMIC attention, FP8 weight-only elsewhere"),
     "w4afp8": ("rtn", "W4AFP8"),  # int4 weights per group of 128, FP8 dynamic per-token activations
     "w4a8": ("rtn", "W4A8"),  # int4 weights per group of 128, int8 dynamic per-token activations
+    "mxfp4": ("rtn", "MXFP4"),  # MXFP4A16's weights; inputs MXFP4 too (dynamic, E8M0 scales per 32)
 }
 
 

@@ -449,7 +449,8 @@ def main() -> None:
         meaning = "dequantized fp32 weights"
         if (act := activation_args(d)) is not None:
             add_activation_quant(ref_model, act, d)
-            kind = "int8" if act["type"] == "int" else "mxfp8" if act.get("scale_dtype") == "torch.uint8" else \
+            mx = act.get("scale_dtype") == "torch.uint8"
+            kind = "int8" if act["type"] == "int" else f"mxfp{act['num_bits']}" if mx else \
                 "fp8 e4m3" if act["num_bits"] == 8 else "nvfp4"
             how = ("dynamic" if act["dynamic"] else "static") + ("" if act["symmetric"] else " asymmetric")
             meaning += f" + {kind} {how} activations per {act['strategy']}"
