@@ -52,6 +52,9 @@ def dequantize(ckpt: Checkpoint, blocks: str, scales: str) -> torch.Tensor:
                                 f"({exponents.dtype} {list(exponents.shape)}) are not uint8 [E, N, K / 32, 16] "
                                 "codes and [E, N, K / 32] exponents")
     e, n, groups, half = codes.shape
-    nibbles = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(e, n, groups, GROUP)  # the low nibble first
-    values = CODEBOOK[nibbles.long()] * e8m0_scales(exponents)[..., None]
-    return values.reshape(e, n, groups * GROUP).transpose(1, 2).contiguous()
+    out = torch.empty(e, groups * GROUP, n, dtype=torch.float32)
+    for i in range(e):  # one expert at a time: gpt-oss-120b's are 128 of [5760, 2880] in one tensor
+        nibbles = torch.stack([codes[i] & 15, codes[i] >> 4], dim=-1).reshape(n, groups, GROUP)  # the low nibble first
+        values = CODEBOOK[nibbles.int()] * e8m0_scales(exponents[i])[..., None]
+        out[i] = values.reshape(n, groups * GROUP).t()
+    return out
