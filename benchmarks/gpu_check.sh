@@ -16,7 +16,8 @@
 #              activations) vs int4 vs bitsandbytes NF4 and LLM.int8 vs NVFP4A16 decode tok/s and
 #              the per-projection GEMMs on a random 32M Llama (quantization_gpu.json) and
 #              a small Qwen3-MoE whose experts stay quantized (quantization_moe_gpu.json);
-#              bf16 vs FP8 vs int8 vs int4 on Llama-3-8B's shapes, 4 of its layers (quantization_8b_gpu.json);
+#   quantization_8b  bf16 vs FP8 vs int8 vs int4 on Llama-3-8B's shapes, 4 of its layers
+#              (quantization_8b_gpu.json: a step of its own, it writes 7.6 GB of checkpoints first);
 #   host       the host side next to the real device step (host_gpu.json);
 #   tp         scale-out, where there are at least 2 GPUs (tp_sync_gpu.json): NCCL collective
 #              costs, decode tokens/s at --tp 1/2, serving with --tp 2, --dp 2, DP attention.
@@ -30,7 +31,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 export TRITON_INTERPRET=0
-STEPS="${GPU_CHECK_STEPS:-tests kernels decode spec models lora quantization host tp}"
+STEPS="${GPU_CHECK_STEPS:-tests kernels decode spec models lora quantization quantization_8b host tp}"
 LIMIT="${GPU_CHECK_LIMIT:-300}"
 LOGS=benchmarks/results/local
 mkdir -p "$LOGS"
@@ -61,16 +62,16 @@ for s in $STEPS; do
     quantization)
       step quantization "$PY" benchmarks/quantization.py --device cuda --dtype bfloat16 --json benchmarks/results/quantization_gpu.json
       step quantization_moe "$PY" benchmarks/quantization.py --device cuda --dtype bfloat16 --shape qwen3-moe --batch 1 16 \
-        --json benchmarks/results/quantization_moe_gpu.json
-      # Llama-3-8B's layer shapes (4096 -> 14336, 128256 vocabulary) in 4 of its 32 layers: Part 1 is
-      # the 8B's GEMMs; Part 2 serves bf16 vs FP8 blocks vs int8 vs int4 (the 8B's per-layer decode cost)
+        --json benchmarks/results/quantization_moe_gpu.json ;;
+    quantization_8b)  # Llama-3-8B's layer shapes (4096 -> 14336, 128256 vocabulary) in 4 of its 32 layers:
+      # Part 1 is the 8B's GEMMs; Part 2 serves bf16 vs FP8 blocks vs int8 vs int4 (the 8B's per-layer decode cost)
       step quantization_8b "$PY" benchmarks/quantization.py --device cuda --dtype bfloat16 --shape llama3-8b --layers 4 \
         --rounds 2 --only float "fp8 W8A8 block" "int8 W8A8" "gptq int4" --json benchmarks/results/quantization_8b_gpu.json ;;
     host) step host "$PY" benchmarks/host_overhead.py --device cuda --quick --streams 1 64 256 --json benchmarks/results/host_gpu.json ;;
     tp) if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
           step tp "$PY" benchmarks/tp_sync.py --device cuda --tp 1 2 --json benchmarks/results/tp_sync_gpu.json
         fi ;;
-    *) echo "unknown step $s (steps: tests kernels decode spec models lora quantization host tp)"; exit 2 ;;
+    *) echo "unknown step $s (steps: tests kernels decode spec models lora quantization quantization_8b host tp)"; exit 2 ;;
   esac
 done
 echo "== summary"; cat "$SUMMARY"

@@ -8,6 +8,7 @@
 #   run(command="benchmarks/gpu_session.sh", carry=[".whl"], timeout_s=600)
 #   GPU_CHECK_STEPS="tests quantization" benchmarks/gpu_session.sh   # first call (a call runs 10 minutes at most)
 #   GPU_CHECK_STEPS="decode kernels spec models lora host" benchmarks/gpu_session.sh   # second
+#   GPU_CHECK_STEPS="quantization_8b" benchmarks/gpu_session.sh   # a third, where device time is left
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
