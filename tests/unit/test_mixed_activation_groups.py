@@ -30,7 +30,7 @@ def test_each_layer_runs_as_its_group_says_and_gives_transformers_logits() -> No
     (group "Linear", no input_activations) runs weight-only, its FP8 codes packed. The logits are
     transformers + compressed-tensors' (which equal the dequantized weights with only the
     attention's inputs quantized, bit for bit: make_references.py); quantizing every layer's
-    inputs, as one activation scheme per checkpoint did, is 800x the bound off."""
+    inputs, as one activation scheme per checkpoint did, is over 100x the bound off (870x here)."""
     ref = _reference("fp8-mixed-wo")
     runner = _runner(FIXTURE)
     layer = runner.model.get_submodule("model.layers.0")
@@ -40,7 +40,7 @@ def test_each_layer_runs_as_its_group_says_and_gives_transformers_logits() -> No
     bound = RELATIVE * ref["logits"].abs().max()
     assert (_prompt_logits(runner, ids) - ref["logits"]).abs().max() <= bound
     everywhere = _runner(DATA / "fp8-dynamic")  # the same codes, every layer's inputs quantized
-    assert (_prompt_logits(everywhere, ids) - ref["logits"]).abs().max() > 800 * bound
+    assert (_prompt_logits(everywhere, ids) - ref["logits"]).abs().max() > 100 * bound
     assert "weight-only where its config groups say" in runner.cfg.quantization.description
 
 

@@ -82,7 +82,8 @@ def test_weight_only_checkpoints_kept_packed_give_transformers_logits(name: str)
 def test_int4_weights_with_quantized_inputs_stay_packed_and_quantize_them(name: str, fake: str) -> None:
     """llm-compressor's W4AFP8 / W4A8 (int4 values in an int8 `weight` per group of 128, inputs FP8
     / int8 per token): packed int4 layers that quantize their inputs and back first, transformers'
-    logits (above); run on float inputs, as they ran before, the logits are 1000x the bound off."""
+    logits (above); run on float inputs, as they ran before, the logits are over 100x the bound off
+    (2800x / 1000x here)."""
     ref = _reference(name)
     ids = ref["input_ids"].reshape(-1)
     runner = _runner(DATA / name)
@@ -91,7 +92,7 @@ def test_int4_weights_with_quantized_inputs_stay_packed_and_quantize_them(name: 
     for m in layers:
         m.input_fake_quant = None
     bound = RELATIVE * ref["logits"].abs().max()
-    assert (_prompt_logits(runner, ids) - ref["logits"]).abs().max() > 1000 * bound
+    assert (_prompt_logits(runner, ids) - ref["logits"]).abs().max() > 100 * bound
     assert {m.input_fake_quant for m in _runner(DATA / name).model.modules() if isinstance(m, PackedIntLinear)} == \
         {INPUT_QUANTS[fake]}
 
