@@ -493,10 +493,6 @@ def test_experts_with_asymmetric_int8_activations_stay_packed_and_quantize_their
     codes, `Int4Experts` quantizing both inputs to int8 with a zero point per row and back
     (kernels/input_quant.py), their weights the checkpoint's codes times scales; the input
     quantization changes the outputs (it ran dequantized on float inputs before)."""
-    import dataclasses
-
-    from batonlm.kernels.moe_int4 import dense_weights, fused_moe_int4_grouped
-    from batonlm.model_runner.moe import Int4Experts
     from batonlm.model_runner.quantization.linear import Int8Linear
 
     path = tmp_path / "asym"
@@ -506,12 +502,25 @@ def test_experts_with_asymmetric_int8_activations_stay_packed_and_quantize_their
     model = load_model(cfg, torch.float32, "cpu")[0]
     projections = [m for m in model.modules() if isinstance(m, Int8Linear)]
     assert projections and all(m.weight_sum is not None for m in projections)
+    _packed_experts_quantize_their_inputs(model, cfg, deq, "int8-asym")
+
+
+def _packed_experts_quantize_their_inputs(model, cfg: ModelConfig, deq: dict[str, torch.Tensor], input_quant: str) -> None:
+    """Every MoE layer's experts are 8-bit `Int4Experts` quantizing both inputs by `input_quant`:
+    their down weights the checkpoint's dequantized ones, their outputs the grouped formulation's
+    (kernels/moe_int4.py's formulations are tested against it), which the input quantization
+    changes."""
+    import dataclasses
+
+    from batonlm.kernels.moe_int4 import dense_weights, fused_moe_int4_grouped
+    from batonlm.model_runner.moe import Int4Experts
+
     layers = _moe_layers(model)
     assert layers
     x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
     for name, moe in layers:
         experts = moe.experts
-        assert isinstance(experts, Int4Experts) and experts.bits == 8 and experts.input_quant == "int8-asym"
+        assert isinstance(experts, Int4Experts) and experts.bits == 8 and experts.input_quant == input_quant
         w13, w2 = experts._weights()
         prefix = checkpoint_name(model, name + ".experts")
         assert torch.equal(dense_weights(w2, experts.group, torch.float32)[0], deq[f"{prefix}.0.down_proj.weight"])
@@ -701,35 +710,16 @@ def test_mxfp8_experts_stay_packed_and_quantize_their_inputs(tiny_models, tmp_pa
     codes through the e4m3 table, the exponents as bytes, and compressed-tensors' MXFP8 rule on
     both inputs (kernels/moe_int4.py's formulations are tested against it); their weights are the
     checkpoint's, and the input quantization changes the outputs."""
-    import dataclasses
-
     from helpers import build_tiny_model
     from quant_mxfp8 import write_mxfp8_checkpoint
-
-    from batonlm.kernels.moe_int4 import dense_weights, fused_moe_int4_grouped
-    from batonlm.model_runner.moe import Int4Experts
 
     build_tiny_model("qwen3_moe", tmp_path / "qwen3_moe", moe_intermediate_size=64, intermediate_size=128)
     path = tmp_path / "qwen3_moe-mxfp8"
     deq = write_mxfp8_checkpoint(tmp_path / "qwen3_moe", path, linears=LINEARS + FAMILIES["qwen3_moe"])
     cfg = ModelConfig.from_hf(path)
     model = load_model(cfg, torch.float32, "cpu")[0]  # (the CPU keeps MXFP8 packed: its inputs are quantized)
-    layers = _moe_layers(model)
-    assert layers
-    x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
-    for name, moe in layers:
-        experts = moe.experts
-        assert isinstance(experts, Int4Experts) and experts.bits == 8 and experts.input_quant == "mxfp8-compressed-tensors"
-        assert experts.w13_scales.dtype == torch.uint8 and experts.group == 32
-        w13, w2 = experts._weights()
-        prefix = name.replace(".mlp", ".mlp.experts")
-        assert torch.equal(dense_weights(w2, 32, torch.float32)[0], deq[f"{prefix}.0.down_proj.weight"])
-        ids, weights = moe.route(x)
-        got = experts(x, ids, weights, moe.act)
-        assert torch.equal(got, fused_moe_int4_grouped(x, w13, w2, 32, ids, weights, moe.act))
-        plain = fused_moe_int4_grouped(x, dataclasses.replace(w13, input_quant=""), dataclasses.replace(w2, input_quant=""),
-                                       32, ids, weights, moe.act)
-        assert not torch.equal(got, plain)
+    assert all(m.experts.w13_scales.dtype == torch.uint8 and m.experts.group == 32 for _, m in _moe_layers(model))
+    _packed_experts_quantize_their_inputs(model, cfg, deq, "mxfp8-compressed-tensors")
 
 
 def test_nvfp4_awq_experts_are_named(tiny_models, tmp_path) -> None:
