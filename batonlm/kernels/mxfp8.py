@@ -37,8 +37,8 @@ GROUP = 32
 E4M3_MAX = 448.0
 
 
-def _groups(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """x as float32 [..., G, 32] (the last group zero-padded) and K."""
+def mx_groups(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x as float32 [..., G, 32] (the last group zero-padded) and K (MXFP8's and MXFP4's groups)."""
     if not x.is_floating_point():
         raise fail("x", "a floating-point tensor", x.dtype)
     k = x.shape[-1]
@@ -70,7 +70,7 @@ def modelopt_mxfp8_fake_quant(x: torch.Tensor, *, use_triton: bool | None = None
     """ModelOpt's MXFP8: e = ceil(log2(amax / 448)) in [-127, 127] (amax 0: -127)."""
     if _on_triton(x, use_triton):
         return _triton(x, 0)
-    xg, k = _groups(x)
+    xg, k = mx_groups(x)
     descale = xg.abs().amax(dim=-1) / torch.tensor(E4M3_MAX)
     mantissa, exponent = torch.frexp(descale)  # descale = m 2^x, m in [0.5, 1): ceil(log2) = x, or x - 1 at m = 0.5
     e = torch.where(mantissa == 0.5, exponent - 1, exponent)
@@ -83,12 +83,19 @@ def ct_mxfp8_fake_quant(x: torch.Tensor, *, use_triton: bool | None = None) -> t
     p - 8, 127 + e clamped to [0, 255] (amax 0: e = -127)."""
     if _on_triton(x, use_triton):
         return _triton(x, 1)
-    xg, k = _groups(x)
+    xg, k = mx_groups(x)
+    return _apply(xg, ct_mx_exponents(xg, 8), k, x)
+
+
+def ct_mx_exponents(xg: torch.Tensor, largest: int) -> torch.Tensor:
+    """compressed-tensors' MX scale exponent of each group of `xg` [..., G, 32] ([..., G]): the
+    amax rounded to a power of two 2^p (up from a mantissa of 1.75), e = p - `largest` (the
+    element format's largest power of two: e4m3's 8, E2M1's 2), 127 + e clamped to [0, 255]
+    (amax 0: e = -127)."""
     amax = xg.abs().amax(dim=-1)
     mantissa, exponent = torch.frexp(amax)  # amax = m 2^x, m in [0.5, 1): p = x - 1, + 1 where 2m >= 1.75
     p = exponent - 1 + (mantissa >= 0.875).to(exponent.dtype)
-    e = torch.where(amax > 0, p - 8, torch.full_like(p, -127)).clamp(-127, 128)
-    return _apply(xg, e, k, x)
+    return torch.where(amax > 0, p - largest, torch.full_like(p, -127)).clamp(-127, 128)
 
 
 # A layer's MXFP8 activation quantization by the tool whose arithmetic it follows.

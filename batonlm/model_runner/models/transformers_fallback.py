@@ -88,7 +88,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
 # What transformers' attention modules pass beside q, k and v, and mean no other attention than
 # batonlm's causal paged one (handled above: scaling, sliding_window, softcap, s_aux).
 _NEUTRAL = frozenset({"dropout", "position_ids", "cache_position", "output_attentions", "use_cache", "cu_seq_lens_q",
-                      "cu_seq_lens_k", "max_length_q", "max_length_k", "layer_idx", "attention_mask"})
+                      "cu_seq_lens_k", "max_length_q", "max_length_k", "layer_idx"})
 
 
 def _changes_attention(name: str, value: Any) -> bool:

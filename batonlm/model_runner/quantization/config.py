@@ -231,9 +231,10 @@ def _activation_kind(name: str, acts: Any) -> tuple[str, bool] | None:
     those layers run W8A16)."""
     if not isinstance(acts, dict):
         return None
+    e8m0 = str(acts.get("scale_dtype")).removeprefix("torch.") == "uint8"  # MX scales
     if acts.get("type") == "float" and acts.get("num_bits") == 4:
         fp4 = (acts.get("strategy"), acts.get("group_size"), acts.get("dynamic"))
-        if fp4 == ("group", 32, True) and str(acts.get("scale_dtype")).removeprefix("torch.") == "uint8":
+        if fp4 == ("group", 32, True) and e8m0:
             return "mxfp4", True  # MXFP4's: E8M0 scales per 32, computed per token (kernels/mxfp4.py)
         if fp4 != ("tensor_group", 16, "local"):
             raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float 4-bit "
@@ -241,7 +242,7 @@ def _activation_kind(name: str, acts: Any) -> tuple[str, bool] | None:
                                     "tensor_group of 16, dynamic 'local' with a calibrated global scale; MXFP4's, "
                                     "group of 32, dynamic, uint8 scales)")
         return "fp4", True
-    if acts.get("type") == "float" and str(acts.get("scale_dtype")).removeprefix("torch.") == "uint8":
+    if acts.get("type") == "float" and e8m0:
         if (acts.get("num_bits"), acts.get("strategy"), acts.get("group_size")) != (8, "group", 32):
             raise QuantizationError(f"compressed-tensors config_groups.{name}.input_activations: float "
                                     f"{acts.get('num_bits')}-bit activations with E8M0 scales per "
